@@ -1,0 +1,36 @@
+"""trl_thundersync: zero-staleness gradient streaming for TRL (ThunderSyncRL, arXiv 2610.05935).
+
+    from trl_thundersync import ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig
+
+Public names import lazily so `import trl_thundersync` stays cheap and optional dependencies load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ThunderSyncGRPOTrainer": "trl_thundersync.trainers.grpo_trainer",
+    "ThunderSyncGRPOConfig": "trl_thundersync.trainers.grpo_config",
+    "LocalProcessEngine": "trl_thundersync.rollout.local",
+    "RolloutEngine": "trl_thundersync.rollout.engine",
+}
+
+__all__ = [*_LAZY, "errors", "types", "__version__"]
+
+if TYPE_CHECKING:
+    from .rollout.engine import RolloutEngine
+    from .rollout.local import LocalProcessEngine
+    from .trainers.grpo_config import ThunderSyncGRPOConfig
+    from .trainers.grpo_trainer import ThunderSyncGRPOTrainer
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in ("errors", "types"):
+        return importlib.import_module(f"trl_thundersync.{name}")
+    raise AttributeError(f"module 'trl_thundersync' has no attribute {name!r}")

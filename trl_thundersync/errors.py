@@ -1,0 +1,39 @@
+"""Typed exceptions. Every failure a user can cause or meet has its own class and a message naming the problem."""
+
+from __future__ import annotations
+
+
+class ThunderSyncError(RuntimeError):
+    """Base class of every error raised by trl_thundersync at run time."""
+
+
+class ConfigurationError(ValueError):
+    """A config field holds a value ThunderSync refuses (the message names the field, the value and the fix)."""
+
+
+class UnsupportedOptionError(ConfigurationError):
+    """A TRL option that cannot be streamed exactly; refused at construction instead of approximated."""
+
+
+class StalePolicyError(ThunderSyncError):
+    """A trajectory was sampled with a policy version other than the one the learner is accumulating (invariant 1)."""
+
+
+class RewardFunctionError(ThunderSyncError):
+    """A reward function raised, or returned the wrong number or type of values."""
+
+
+class UnscorableGroupError(ThunderSyncError):
+    """Every reward function returned None for every member of a group: the group carries no learning signal."""
+
+
+class NonFiniteGradientError(ThunderSyncError):
+    """NaN or inf reached a log-probability or the batch direction; the optimizer step is refused."""
+
+
+class RolloutError(ThunderSyncError):
+    """The rollout engine failed, returned a malformed trajectory, or lost a trajectory of the open batch."""
+
+
+class BatchIncompleteError(ThunderSyncError):
+    """The barrier was reached while a registered trajectory or group of the batch had not closed."""

@@ -1,0 +1,170 @@
+"""Generation-ready weights of a policy, under plain Hugging Face names, without touching the policy.
+
+A rollout engine holds a plain `transformers` model (`AutoModelForCausalLM.from_config(base_config(policy))`) and
+needs the weights the *policy's forward* uses. For a plain `PreTrainedModel` that is its state dict. For a
+`peft.PeftModel` with LoRA it is, per adapted layer, `W + ΔW` with `ΔW = layer.get_delta_weight(adapter)`
+(`B @ A * scaling`, transposed for `fan_in_fan_out`), summed over the active adapters, with PEFT's name prefixes
+(`base_model.model.`, `.base_layer`) removed and the `lora_*` tensors dropped.
+
+The merge is computed out of place: `merge_adapter()` / `unmerge_adapter()` would round-trip the base weights through
+`W + ΔW - ΔW`, which is not bit-exact, and would silently drift the learner's θ at every publication.
+
+    state = policy_state_dict(model)          # {name: detached CPU float32 clone}
+    replica = AutoModelForCausalLM.from_config(base_config(model)); replica.load_state_dict(state)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedOptionError
+
+
+def unwrap_model(model: Any) -> nn.Module:
+    """Strip accelerate / DDP / DeepSpeed wrappers (`.module`) until the policy itself is reached."""
+    while isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module policy, got {type(model).__name__}")
+    return model
+
+
+def _is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is a dependency, but a plain model must not need it
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """The underlying `transformers` model: the policy itself, or the model inside a PeftModel (LoRA layers in it)."""
+    return model.get_base_model() if _is_peft_model(model) else model
+
+
+def base_config(model: Any) -> Any:
+    """The `transformers` config of the policy (of its base model for a PeftModel)."""
+    inner = _transformers_model(unwrap_model(model))
+    config = getattr(inner, "config", None)
+    if config is None:
+        raise TypeError(f"{type(inner).__name__} has no `.config`: not a transformers model")
+    return config
+
+
+def _fp32_clone(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
+    return tensor.to(device="cpu", dtype=dtype, copy=True)
+
+
+def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """Full weights the policy generates with, as `{plain HF name: detached CPU clone}` (floating tensors in FP32).
+
+    Never mutates `model`. Raises `UnsupportedOptionError` for PEFT methods other than vanilla LoRA (DoRA and other
+    variants, prompt learning, trainable-token wrappers), which cannot be expressed as `W + ΔW` here.
+    """
+    model = unwrap_model(model)
+    if not _is_peft_model(model):
+        return {name: _fp32_clone(t) for name, t in model.state_dict().items()}
+    return _merged_lora_state_dict(model)
+
+
+def _merged_lora_state_dict(peft_model: nn.Module) -> dict[str, torch.Tensor]:
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+
+    for name, cfg in peft_model.peft_config.items():
+        if getattr(cfg, "is_prompt_learning", False) or cfg.peft_type != "LORA":
+            raise UnsupportedOptionError(
+                f"adapter {name!r} is {cfg.peft_type}; only LoRA adapters can be merged into rollout weights"
+            )
+    inner = peft_model.get_base_model()
+    state = inner.state_dict()
+    merged: dict[str, torch.Tensor] = {}  # plain weight name -> W + ΔW
+    dropped: set[str] = set()  # key prefixes of inactive module copies
+    renamed: dict[str, str] = {}  # key prefix of the active ModulesToSaveWrapper copy -> the wrapper's own prefix
+    with torch.no_grad():
+        for mod_name, module in inner.named_modules():
+            prefix = f"{mod_name}." if mod_name else ""
+            if isinstance(module, LoraLayer):
+                merged.update(_merged_layer(module, prefix))
+            elif isinstance(module, ModulesToSaveWrapper):
+                active = None if module.disable_adapters else module.active_adapter
+                if isinstance(active, list):
+                    active = active[0] if active else None
+                if active is not None and active in module.modules_to_save:
+                    renamed[f"{prefix}modules_to_save.{active}."] = prefix
+                    dropped.add(f"{prefix}original_module.")
+                else:
+                    renamed[f"{prefix}original_module."] = prefix
+                dropped.add(f"{prefix}modules_to_save.")
+            elif isinstance(module, (AuxiliaryTrainingWrapper, BaseTunerLayer)):
+                raise UnsupportedOptionError(
+                    f"module {mod_name!r} is a {type(module).__name__}; only LoRA layers and modules_to_save are "
+                    "supported when building rollout weights"
+                )
+
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        plain = _plain_name(key, renamed, dropped)
+        if plain is not None:
+            out[plain] = _fp32_clone(merged.get(plain, tensor))
+    missing = set(merged) - set(out)
+    if missing:
+        raise UnsupportedOptionError(f"merged LoRA weights {sorted(missing)[:3]} have no matching base-model tensor")
+    return out
+
+
+def _plain_name(key: str, renamed: dict[str, str], dropped: set[str]) -> str | None:
+    """Map a PEFT state-dict key to its plain HF name, or None for adapter tensors and inactive copies."""
+    for old, new in renamed.items():
+        if key.startswith(old):
+            key = new + key[len(old) :]
+            break
+    else:
+        if any(key.startswith(p) for p in dropped):
+            return None
+    parts = key.split(".")
+    if any(p.startswith("lora_") for p in parts):
+        return None
+    return ".".join(p for p in parts if p != "base_layer")
+
+
+def _merged_layer(layer: Any, prefix: str) -> dict[str, torch.Tensor]:
+    """`{prefix+'weight': W + Σ ΔW_a}` (and the bias with LoRA biases) for one LoRA layer, computed out of place.
+
+    Mirrors the layer's forward: disabled adapters contribute nothing, an already-merged layer is used as it is.
+    """
+    if layer.lora_variant:
+        raise UnsupportedOptionError(
+            f"LoRA layer {prefix[:-1]!r} uses a variant ({', '.join(sorted(layer.lora_variant))}: e.g. DoRA); "
+            "only vanilla LoRA can be merged without mutating the policy"
+        )
+    if layer.merged:
+        if layer.disable_adapters:
+            raise UnsupportedOptionError(
+                f"LoRA layer {prefix[:-1]!r} has merged adapters but adapters are disabled; unmerge them first"
+            )
+        return {}
+    if layer.disable_adapters:
+        return {}
+    base = layer.get_base_layer()
+    adapters = [a for a in layer.active_adapters if a in layer.lora_A or a in getattr(layer, "lora_embedding_A", {})]
+    if not adapters:
+        return {}
+    weight = base.weight.detach().to(torch.float32, copy=True)
+    bias = None
+    for adapter in adapters:
+        weight += layer.get_delta_weight(adapter).to(torch.float32)
+        if getattr(layer, "lora_bias", {}).get(adapter, False):
+            if bias is None:
+                bias = base.bias.detach().to(torch.float32, copy=True)
+            bias += layer.lora_B[adapter].bias.detach().float() * layer.scaling[adapter]
+    out = {f"{prefix}weight": weight}
+    if bias is not None:
+        out[f"{prefix}bias"] = bias
+    return out

@@ -1,0 +1,75 @@
+"""TRL 1.16's GRPO loss normalizers, split into what is known per trajectory and what only at the barrier.
+
+With one iteration per generation batch the importance ratio is exactly 1 at θ_k, so for every supported
+`loss_type` the per-token loss gradient is `ν_it · (−c·A_i ∇log π(o_it) + β ∇[KL_it · ratio_it])` with
+`ν_it = u_i · s_b`: `u_i` is fixed when trajectory i is scored, `s_b` is fixed when the batch closes.
+
+| loss_type            | u_i (per trajectory)  | s_b (barrier scalar, bucket b)                              |
+|----------------------|-----------------------|-------------------------------------------------------------|
+| grpo, sapo           | 1 / max(|m_i|, 1)     | 1 / B                                                       |
+| bnpo                 | 1                     | 1 / (max(N_b, 1) · GA)  (N_b: loss tokens of micro-batch b) |
+| dr_grpo              | 1                     | 1 / (B · max_completion_length)                             |
+| dapo, cispo, vespo   | 1                     | 1 / max(N, 1)           (N: loss tokens of the whole batch)  |
+| luspo                | 1                     | 1 / B                                                       |
+
+B is the number of trajectories in the (local) generation batch and GA = steps_per_generation micro-batches.
+`c` is 1 except for cispo, where TRL's detached clamp gives `min(1, epsilon_high)`. sapo's soft gate and vespo's
+gamma weight both have value 1 and unit slope at ratio 1, so they reduce to the same gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo")
+_PER_SEQUENCE_MEAN = ("grpo", "sapo")
+_MICRO_BATCH_TOKEN_NORMALIZED = ("bnpo",)
+
+
+@dataclass(frozen=True)
+class LossNormalization:
+    """Normalization rule of one loss type for one generation batch shape."""
+
+    loss_type: str
+    batch_size: int  # B: trajectories in the local generation batch
+    micro_batches: int  # steps_per_generation: micro-batches the generation batch is split into
+    max_completion_length: int
+    policy_coefficient: float = 1.0  # c in the table above
+
+    @classmethod
+    def from_config(cls, args, batch_size: int) -> "LossNormalization":
+        coefficient = min(1.0, args.epsilon_high) if args.loss_type == "cispo" else 1.0
+        return cls(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length, coefficient)
+
+    @property
+    def uses_buckets(self) -> bool:
+        """Whether micro-batch membership changes the gradient (bnpo with several micro-batches)."""
+        return self.loss_type in _MICRO_BATCH_TOKEN_NORMALIZED and self.micro_batches > 1
+
+    def sequence_weight(self, scored_tokens: int) -> float:
+        """u_i: the per-trajectory factor known as soon as its loss mask is fixed."""
+        if self.loss_type in _PER_SEQUENCE_MEAN:
+            return 1.0 / max(scored_tokens, 1)
+        return 1.0
+
+    def bucket_scales(self, tokens_per_bucket: dict[int, int], total_tokens: int) -> dict[int, float]:
+        """s_b for every bucket, from token counts that are final only at the barrier."""
+        b = self.batch_size
+        if self.loss_type in ("grpo", "sapo", "luspo"):
+            return {k: 1.0 / b for k in tokens_per_bucket}
+        if self.loss_type == "dr_grpo":
+            return {k: 1.0 / (b * self.max_completion_length) for k in tokens_per_bucket}
+        if self.loss_type == "bnpo":
+            ga = self.micro_batches
+            if not self.uses_buckets:
+                return {k: 1.0 / max(total_tokens, 1) for k in tokens_per_bucket}
+            return {k: 1.0 / (max(n, 1) * ga) for k, n in tokens_per_bucket.items()}
+        if self.loss_type in ("dapo", "cispo", "vespo"):
+            return {k: 1.0 / max(total_tokens, 1) for k in tokens_per_bucket}
+        raise ValueError(f"unsupported loss_type {self.loss_type!r}; supported: {SUPPORTED_LOSS_TYPES}")
+
+
+def micro_batch_of(permutation: list[int], micro_batches: int) -> dict[int, int]:
+    """Row → micro-batch index under TRL's shuffle-then-split (`shuffle_sequence_dict`, `split_tensor_dict`)."""
+    size = len(permutation) // micro_batches
+    return {row: position // size for position, row in enumerate(permutation)}

@@ -1,0 +1,92 @@
+"""One logical batch end to end: rollouts → scoring (producer thread) → learner (caller's thread) → barrier.
+
+The producer thread drains `engine.results()` in completion order and scores each trajectory the moment it
+arrives; the caller's thread runs the learner. Under `schedule="thundersync"` every scored trajectory is handed to
+the learner immediately; under `"sync"` the learner waits until the batch has closed, then processes the same
+sources in the same arrival order — the same code path, only the release time differs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import RolloutError
+from ..rollout.engine import RolloutEngine
+from ..types import Rollout, RolloutRequest, ScoredRollout
+from .learner import BatchTotals, GRPOBatchLearner
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Wall-clock landmarks of one logical batch (perf_counter seconds)."""
+
+    start: float  # requests admitted
+    rollout_end: float  # last trajectory scored: the rollout batch closed (R)
+    learner_busy: float  # Σ service time of learner work items (L)
+    barrier: float  # every learner item done
+    arrival_order: tuple[int, ...]  # trajectory indices in the order they were scored
+
+    @property
+    def tail(self) -> float:
+        """Learner time after the rollout batch closed."""
+        return max(0.0, self.barrier - self.rollout_end)
+
+
+def _produce(engine: RolloutEngine, score: Callable[[Rollout], ScoredRollout], out: queue.Queue) -> None:
+    try:
+        for rollout in engine.results():
+            out.put(score(rollout))
+    except BaseException as exc:  # handed to the learner thread, which re-raises it
+        out.put(exc)
+    finally:
+        out.put(_DONE)
+
+
+def run_logical_batch(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    policy_version: int,
+    score: Callable[[Rollout], ScoredRollout],
+    learner: GRPOBatchLearner,
+    schedule: str = "thundersync",
+    on_source: Callable[[ScoredRollout], None] | None = None,
+) -> tuple[BatchTotals, BatchTiming]:
+    start = time.perf_counter()
+    engine.start_batch(requests, policy_version)
+    inbox: queue.Queue = queue.Queue()
+    producer = threading.Thread(target=_produce, args=(engine, score, inbox), name="thundersync-rollouts", daemon=True)
+    producer.start()
+    arrived: list[ScoredRollout] = []
+    rollout_end = start
+    try:
+        while True:
+            item = inbox.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            arrived.append(item)
+            rollout_end = time.perf_counter()
+            if on_source is not None:
+                on_source(item)
+            if schedule == "thundersync":
+                learner.submit(item)
+    finally:
+        producer.join(timeout=60)
+    if len(arrived) != len(requests):
+        raise RolloutError(f"the rollout engine delivered {len(arrived)} of {len(requests)} trajectories")
+    if schedule == "sync":
+        for item in arrived:
+            learner.submit(item)
+    totals = learner.finish()
+    barrier = time.perf_counter()
+    rollout_end = max([s.scored_at for s in arrived], default=rollout_end)
+    busy = sum(w.end - w.start for w in totals.work)
+    order = tuple(s.rollout.index for s in arrived)
+    return totals, BatchTiming(start, rollout_end, busy, barrier, order)

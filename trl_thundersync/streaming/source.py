@@ -1,0 +1,126 @@
+"""Backward pass of one GRPO trajectory at the frozen θ_k: H_i and the advantage-free term K_i.
+
+    H_i = ∇ Σ_t m_it · u_i · log π(o_it)                         (gradient, not a loss: the sign lives in A)
+    K_i = ∇ Σ_t m_it · u_i · β · KL_it · ratio_it                 (TRL's k3 KL, ratio ≡ 1 with unit slope)
+
+`m_it` is the loss mask (environment tokens and masked truncated completions are 0), `u_i` the loss type's
+per-trajectory weight. One forward; two vector-Jacobian products only when β ≠ 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..errors import NonFiniteGradientError
+from ..types import ScoredRollout
+from .learner import SourceGradients
+from .normalization import LossNormalization
+
+# (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
+LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def flatten_grads(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-parameter gradients into one FP32 vector (zeros where a parameter got none)."""
+    parts = [
+        (g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32) for g, p in zip(grads, params)
+    ]
+    return torch.cat(parts)
+
+
+def write_flat_grads(vector: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
+    """Write a flat direction into `param.grad` (overwriting), in each parameter's dtype and shape."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        chunk = vector[offset : offset + n].view_as(p).to(p.dtype)
+        if p.grad is None:
+            p.grad = chunk.clone()
+        else:
+            p.grad.copy_(chunk)
+        offset += n
+
+
+def loss_mask(rollout, eos_and_pad: Sequence[int], mask_truncated: bool) -> torch.Tensor:
+    """TRL's per-token loss mask for one trajectory: env_mask × (not truncated, if masking truncations)."""
+    ids = rollout.completion_ids
+    mask = torch.tensor(rollout.env_mask if rollout.env_mask is not None else [1] * len(ids), dtype=torch.float32)
+    if mask_truncated and ids and ids[-1] not in eos_and_pad:
+        mask = torch.zeros_like(mask)
+    return mask
+
+
+class TrajectoryBackward:
+    """Callable handed to `GRPOBatchLearner` as its `source_backward`."""
+
+    def __init__(
+        self,
+        *,
+        params: Sequence[torch.Tensor],
+        logps_fn: LogProbFn,
+        normalization: LossNormalization,
+        eos_and_pad: Sequence[int],
+        mask_truncated: bool,
+        beta: float = 0.0,
+        ref_logps_fn: LogProbFn | None = None,
+        bias_correction_kl: bool = True,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if beta != 0.0 and ref_logps_fn is None:
+            raise ValueError("beta != 0 needs reference log-probabilities")
+        self.params = list(params)
+        self.logps_fn = logps_fn
+        self.ref_logps_fn = ref_logps_fn
+        self.normalization = normalization
+        self.eos_and_pad = tuple(eos_and_pad)
+        self.mask_truncated = mask_truncated
+        self.beta = beta
+        self.bias_correction_kl = bias_correction_kl
+        self.device = torch.device(device)
+
+    def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
+        rollout = source.rollout
+        ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)
+        attention = torch.ones_like(ids)
+        keep = len(rollout.completion_ids)
+        mask = loss_mask(rollout, self.eos_and_pad, self.mask_truncated).to(self.device).unsqueeze(0)
+        tokens = int(mask.sum().item())
+        weight = self.normalization.sequence_weight(tokens)
+
+        need_score = source.scorable and tokens > 0
+        need_free = self.beta != 0.0 and tokens > 0
+        if not (need_score or need_free):
+            return SourceGradients(None, None, tokens)
+
+        logps = self.logps_fn(ids, attention, keep)
+        if not torch.isfinite(logps[mask.bool()]).all():
+            raise NonFiniteGradientError(
+                f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
+                f"version {rollout.policy_version}; refusing to accumulate it"
+            )
+        outputs, kinds = [], []
+        if need_score:
+            outputs.append((logps * mask).sum() * weight * self.normalization.policy_coefficient)
+            kinds.append("score")
+        if need_free:
+            with torch.no_grad():
+                ref = self.ref_logps_fn(ids, attention, keep)
+            kl = torch.exp(ref - logps) - (ref - logps) - 1
+            if self.bias_correction_kl:
+                kl = kl * torch.exp(logps - logps.detach())
+            outputs.append((kl * mask).sum() * weight * self.beta)
+            kinds.append("free")
+
+        vectors: dict[str, torch.Tensor] = {}
+        for n, (kind, out) in enumerate(zip(kinds, outputs)):
+            grads = torch.autograd.grad(out, self.params, retain_graph=n + 1 < len(outputs), allow_unused=True)
+            vectors[kind] = flatten_grads(grads, self.params)
+        score = vectors.get("score")
+        if score is not None and not math.isfinite(float(score.abs().sum())):
+            raise NonFiniteGradientError(
+                f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
+            )
+        return SourceGradients(score, vectors.get("free"), tokens)

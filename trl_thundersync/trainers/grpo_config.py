@@ -1,0 +1,96 @@
+"""`ThunderSyncGRPOConfig`: `trl.GRPOConfig` plus the streaming fields; refuses what cannot stream exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..errors import ConfigurationError, UnsupportedOptionError
+from ..streaming.normalization import SUPPORTED_LOSS_TYPES
+
+SCHEDULES = ("thundersync", "sync")
+ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "trl")
+
+
+@dataclass
+class ThunderSyncGRPOConfig(GRPOConfig):
+    schedule: str = field(
+        default="thundersync",
+        metadata={
+            "help": "'thundersync' runs each trajectory's backward as soon as its reward is known; 'sync' waits until "
+            "the whole batch closed (the paper's Sync baseline). Same code, same update."
+        },
+    )
+    max_open_groups: int | None = field(
+        default=None,
+        metadata={
+            "help": "Admission cap: at most this many GRPO groups hold gradient statistics at once, bounding their "
+            "memory to 4·(2k+1)·P bytes. None = every group of the batch may be open."
+        },
+    )
+    rollout_engine: str = field(
+        default="auto",
+        metadata={
+            "help": "'local_process': embedded engine in a worker process (CPU default); 'local_thread': the same "
+            "engine in a thread (fights the learner for the GIL; for measurements); 'trl': TRL's own batch "
+            "generation (used automatically for rollout_func, tools and environments); 'auto' picks."
+        },
+    )
+    rollout_max_in_flight: int = field(
+        default=16, metadata={"help": "Trajectories the embedded engine decodes concurrently."}
+    )
+    rollout_num_threads: int = field(
+        default=1, metadata={"help": "torch threads of the embedded rollout worker process."}
+    )
+    allow_unscorable_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "If every reward function returns None for a whole group, raise (default) or, when True, give the "
+            "group zero advantage as trl.GRPOTrainer does."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._refuse_unstreamable()
+        if self.schedule not in SCHEDULES:
+            raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ConfigurationError(f"rollout_engine={self.rollout_engine!r} is not one of {ROLLOUT_ENGINES}")
+        if self.max_open_groups is not None and self.max_open_groups < 1:
+            raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
+        if self.rollout_max_in_flight < 1:
+            raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} must be ≥ 1")
+
+    def _refuse_unstreamable(self) -> None:
+        def refuse(name: str, value, why: str) -> None:
+            raise UnsupportedOptionError(f"ThunderSyncGRPOConfig: {name}={value!r} is not supported: {why}")
+
+        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+            refuse("loss_type", self.loss_type, f"supported loss types are {SUPPORTED_LOSS_TYPES}")
+        if self.num_iterations != 1:
+            refuse("num_iterations", self.num_iterations,
+                   "more than one update per generation batch trains on samples from an older policy; use 1")
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            refuse("steps_per_generation", self.steps_per_generation,
+                   f"one generation batch must feed exactly one optimizer step, so it must equal "
+                   f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
+        if self.top_entropy_quantile < 1.0:
+            refuse("top_entropy_quantile", self.top_entropy_quantile,
+                   "the entropy quantile is taken over a micro-batch that is only known at the barrier; use 1.0")
+        if self.off_policy_mask_threshold is not None:
+            refuse("off_policy_mask_threshold", self.off_policy_mask_threshold,
+                   "off-policy masking has nothing to mask at zero staleness; leave it None")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            refuse("entropy_coef", self.entropy_coef, "the entropy bonus is not streamed yet; use 0.0")
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            refuse("multi_objective_aggregation", self.multi_objective_aggregation,
+                   "only 'sum_then_normalize' is streamed so far")
+        if self.delta is not None and self.delta < 1.0:
+            refuse("delta", self.delta, "a two-sided clip below 1 cuts the on-policy gradient; use None or ≥ 1")
+        if self.use_vllm:
+            refuse("use_vllm", self.use_vllm,
+                   "the vLLM-server rollout engine is not available yet; use the embedded engine (use_vllm=False)")
+        if self.use_liger_kernel:
+            refuse("use_liger_kernel", self.use_liger_kernel, "the Liger GRPO loss bypasses the streamed learner")

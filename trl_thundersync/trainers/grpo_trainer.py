@@ -1,0 +1,334 @@
+"""`ThunderSyncGRPOTrainer`: `trl.GRPOTrainer` with zero-staleness gradient streaming.
+
+Swap `GRPOTrainer`/`GRPOConfig` for `ThunderSyncGRPOTrainer`/`ThunderSyncGRPOConfig`; nothing else changes. The
+first micro-step of every generation batch runs the whole logical batch through `streaming.pipeline`: rollouts at
+θ_k, each trajectory scored and back-propagated as soon as it finishes, group statistics folded as groups close,
+and at the barrier the fully normalized batch direction is written into `param.grad`. TRL's own loop then clips it
+and takes the one optimizer step; a callback publishes θ_{k+1} to the rollout engine and waits for its ack.
+The trainer only wires parts together; the math lives in `trl_thundersync.streaming`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+from trl.chat_template_utils import parse_response
+from trl.data_utils import apply_chat_template, is_conversational
+from trl.trainer.grpo_trainer import use_adapter
+from trl.trainer.utils import nanstd
+
+from ..errors import NonFiniteGradientError, UnsupportedOptionError
+from ..rollout.engine import RolloutEngine
+from ..rollout.trl_batch import TRLBatchEngine
+from ..streaming.accumulators import stats_memory_bytes
+from ..streaming.learner import BatchTotals, GRPOBatchLearner
+from ..streaming.normalization import LossNormalization, micro_batch_of
+from ..streaming.pipeline import BatchTiming, run_logical_batch
+from ..streaming.rewards import RewardContext, RewardScorer
+from ..streaming.source import TrajectoryBackward, write_flat_grads
+from ..types import Rollout, RolloutRequest, SamplingParams
+from .grpo_config import ThunderSyncGRPOConfig
+
+
+def trajectory_seed(run_seed: int, step: int, index: int) -> int:
+    """Sampling seed of one trajectory, independent of arrival order and schedule."""
+    return (run_seed * 1_000_003 + step * 65_537 + index) % (2**63 - 1)
+
+
+class _PublishCallback(TrainerCallback):
+    """After each optimizer step: publish θ_{k+1} and wait for the engine's acknowledgement."""
+
+    def __init__(self, trainer: "ThunderSyncGRPOTrainer") -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._publish(state.global_step)
+
+
+class ThunderSyncGRPOTrainer(GRPOTrainer):
+    """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
+
+    _tag_names = ["trl", "grpo", "thundersync"]
+
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
+                 quantization_config=None, peft_config=None, tools=None, rollout_func=None,
+                 environment_factory=None):
+        if args is None:
+            raise UnsupportedOptionError("ThunderSyncGRPOTrainer needs args=ThunderSyncGRPOConfig(...)")
+        if not isinstance(args, ThunderSyncGRPOConfig):
+            raise UnsupportedOptionError(
+                f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig so unsupported options are checked"
+            )
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         reward_processing_classes=reward_processing_classes, callbacks=callbacks,
+                         optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
+                         tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
+        if self.accelerator.num_processes > 1:
+            raise UnsupportedOptionError(
+                f"ThunderSyncGRPOTrainer runs on one process for now (got {self.accelerator.num_processes}); "
+                "cross-rank group statistics are not implemented yet"
+            )
+        if tools or environment_factory is not None:
+            raise UnsupportedOptionError(
+                "tools / environment_factory: streamed multi-turn agent rollouts are not available yet; "
+                "use trl.GRPOTrainer for tool-calling runs until the agent loop lands"
+            )
+        if self.aux_loss_enabled:
+            raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
+        self.policy_version = 0
+        self._engine: RolloutEngine | None = None
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
+        self.add_callback(_PublishCallback(self))
+
+    # -- TRL hook: the learner side -----------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        started = time.perf_counter()
+        model.train()
+        if self._step % self.args.steps_per_generation == 0:
+            loss = self._run_logical_batch(model, inputs)
+        else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
+            loss = torch.zeros((), device=self.args.device)
+        self._step += 1
+        self._current_train_step_time += time.perf_counter() - started
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
+        return loss
+
+    def _run_logical_batch(self, model, rows: list[dict]) -> torch.Tensor:
+        version = self.state.global_step
+        if version != self.policy_version:
+            self._publish(version)
+        permutation = torch.randperm(len(rows)).tolist()  # TRL's shuffle-then-split, drawn at the same RNG point
+        normalization = LossNormalization.from_config(self.args, len(rows))
+        buckets = micro_batch_of(permutation, self.args.steps_per_generation) if normalization.uses_buckets else None
+        prompts = self._prompts(rows)
+        requests = self._requests(rows, prompts, version)
+        engine = self._rollout_engine()
+        backward = TrajectoryBackward(
+            params=self._trainable,
+            logps_fn=lambda ids, mask, keep: self._get_per_token_logps_and_entropies(model, ids, mask, keep)[0],
+            ref_logps_fn=self._reference_logps if self.beta != 0.0 else None,
+            normalization=normalization,
+            eos_and_pad=[*self.eos_token_ids, self._tokenizer.pad_token_id],
+            mask_truncated=self.mask_truncated_completions,
+            beta=self.beta,
+            bias_correction_kl=self.args.use_bias_correction_kl,
+            device=self.accelerator.device,
+        )
+        learner = GRPOBatchLearner(
+            batch_size=len(rows), num_generations=self.num_generations,
+            num_params=sum(p.numel() for p in self._trainable), policy_version=version,
+            scale_rewards=self.scale_rewards, source_backward=backward,
+            bucket_of=(lambda i: buckets[i]) if buckets else (lambda i: 0),
+            max_open_groups=self.args.max_open_groups,
+            allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
+        )
+        scorer = self._reward_scorer()
+
+        def score(rollout: Rollout):
+            if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
+                completion = self._decode(prompts[rollout.index], rollout.prompt_ids, rollout.completion_ids)
+                rollout = replace(rollout, completion=completion)
+            context = RewardContext(self.state, self._log_completion_extra, self._log_metric,
+                                    self.environments[rollout.index] if self.environments else None)
+            return scorer.score(rollout, prompts[rollout.index], rows[rollout.index], context)
+
+        scored = []
+        totals, timing = run_logical_batch(engine, requests, version, score, learner, self.args.schedule,
+                                           on_source=scored.append)
+        self.last_batch = (totals, timing)
+        return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
+                             prompts)
+
+    def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
+        tokens = totals.scored_tokens
+        per_bucket: dict[int, int] = defaultdict(int)
+        for index, n in enumerate(tokens):
+            per_bucket[buckets[index] if buckets else 0] += n
+        scales = normalization.bucket_scales(dict(per_bucket), sum(tokens))
+        advantages, policy_scale = self._advantages(totals)
+        direction = totals.accumulator.direction(scales, policy_scale)
+        if not torch.isfinite(direction).all():
+            raise NonFiniteGradientError(
+                f"the batch direction of optimizer step {self.state.global_step} (policy version "
+                f"{self.policy_version}) contains NaN/inf; the step is refused"
+            )
+        write_flat_grads(direction, self._trainable)
+        self._log_batch(totals, timing, scored, advantages, prompts)
+        # The loss value TRL would report: −Σ ν·A over scored tokens (ratio ≡ 1), plus the KL term (logged apart).
+        loss = 0.0
+        for index, n in enumerate(tokens):
+            scale = scales[buckets[index] if buckets else 0]
+            loss -= advantages[index] * n * normalization.sequence_weight(n) * scale
+        return torch.tensor(loss, device=self.args.device)
+
+    def _advantages(self, totals: BatchTotals) -> tuple[list[float], float]:
+        """Per-trajectory advantages (for logs and the loss value) and the barrier-time policy scale."""
+        g = self.num_generations
+        rewards = torch.tensor(totals.rewards, dtype=torch.float32)
+        means = torch.tensor(totals.group_means, dtype=torch.float32).repeat_interleave(g)
+        if self.scale_rewards == "batch":
+            sigma = float(nanstd(rewards)) if rewards.numel() > 1 else 0.0
+            policy_scale = 1.0 / (sigma + 1e-4)
+            std = torch.full_like(rewards, sigma)
+        else:
+            policy_scale = 1.0
+            std = torch.tensor(totals.group_stds, dtype=torch.float32).repeat_interleave(g)
+        adv = rewards - means
+        if self.scale_rewards != "none":
+            adv = adv / (std + 1e-4)
+        self._zero_std_fraction = float(torch.isclose(std.nan_to_num(0.0), torch.zeros_like(std)).float().mean())
+        if not math.isfinite(policy_scale):
+            policy_scale = 0.0
+        return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale
+
+    # -- rollouts ---------------------------------------------------------------------------------------------------
+    def _prompts(self, rows: list[dict]) -> list:
+        if self.environment_factories is not None:
+            return [x.get("prompt", [{"role": "user", "content": ""}]) for x in rows]
+        return [x["prompt"] for x in rows]
+
+    def _uses_trl_generation(self) -> bool:
+        return (self.args.rollout_engine == "trl" or self.rollout_func is not None or bool(self.tools)
+                or self.environment_factories is not None)
+
+    def _requests(self, rows: list[dict], prompts: list, version: int) -> list[RolloutRequest]:
+        if self._uses_trl_generation():
+            prompt_ids = [()] * len(rows)  # TRL tokenizes inside its own generation
+        else:
+            prompt_ids = self._tokenize_prompts(prompts)[0]
+        g = self.num_generations
+        return [
+            RolloutRequest(index=i, group=i // g, prompt_ids=tuple(prompt_ids[i]),
+                           seed=trajectory_seed(self.args.seed, version, i), prompt=prompts[i])
+            for i in range(len(rows))
+        ]
+
+    def _rollout_engine(self) -> RolloutEngine:
+        if self._engine is not None:
+            return self._engine
+        if self._uses_trl_generation():
+            self._engine = TRLBatchEngine(self._trl_generate, policy_version=self.policy_version)
+        else:
+            from ..rollout.local import LocalProcessEngine
+
+            mode = "thread" if self.args.rollout_engine == "local_thread" else "process"
+            self._engine = LocalProcessEngine(
+                self.accelerator.unwrap_model(self.model), self._sampling_params(),
+                max_in_flight=self.args.rollout_max_in_flight, mode=mode,
+                num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
+            )
+        return self._engine
+
+    def _trl_generate(self, prompts: list):
+        """TRL's batch generation, plus a decode of completions identical to TRL's."""
+        return self._generate(prompts)
+
+    def _sampling_params(self) -> SamplingParams:
+        a = self.args
+        return SamplingParams(
+            max_new_tokens=a.max_completion_length, temperature=a.temperature, top_p=a.top_p,
+            top_k=a.top_k or 0, min_p=a.min_p or 0.0, repetition_penalty=a.repetition_penalty,
+            eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self._tokenizer.pad_token_id,
+        )
+
+    def _publish(self, version: int) -> None:
+        if self._engine is not None:
+            seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)
+            self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
+        self.policy_version = version
+
+    def _decode(self, prompt, prompt_ids, completion_ids):
+        """TRL's completion decoding for one trajectory (parse_response for chat prompts with a response schema)."""
+        if is_conversational({"prompt": prompt}):
+            tok = self._tokenizer
+            if Version(transformers.__version__) >= Version("5.0.0") and (
+                getattr(tok, "response_template", None) is not None or getattr(tok, "response_schema", None) is not None
+            ):
+                return [parse_response(tok, list(completion_ids), prefix=list(prompt_ids), tools=self.tools)]
+            text = self.processing_class.decode(list(completion_ids), skip_special_tokens=True)
+            return [{"role": "assistant", "content": text}]
+        return self.processing_class.decode(list(completion_ids), skip_special_tokens=True)
+
+    # -- rewards and reference ------------------------------------------------------------------------------------
+    def _reward_scorer(self) -> RewardScorer:
+        def render(prompt, completion, processing_class):
+            if is_conversational({"prompt": prompt}):
+                messages = {"messages": prompt + completion}
+                return apply_chat_template(messages, processing_class, **self.chat_template_kwargs)["text"]
+            return prompt + completion
+
+        return RewardScorer(self.reward_funcs, self.reward_func_names, self.reward_weights,
+                            processing_classes=self.reward_processing_classes,
+                            async_loop=getattr(self, "async_loop", None), render_text=render)
+
+    def _reference_logps(self, ids, mask, keep):
+        if self.ref_model is not None:
+            return self._get_per_token_logps_and_entropies(self.ref_model, ids, mask, keep)[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+            return self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)[0]
+
+    # -- metrics ------------------------------------------------------------------------------------------------------
+    def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts) -> None:
+        m = self._metrics["train"]
+        rewards_per_func = torch.tensor([s.rewards_per_func for s in scored], dtype=torch.float32)
+        for i, name in enumerate(self.reward_func_names):
+            m[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+            m[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())
+        rewards = torch.tensor(totals.rewards, dtype=torch.float32)
+        m["reward"].append(torch.nanmean(rewards).item())
+        m["reward_std"].append(nanstd(rewards).item())
+        m["frac_reward_zero_std"].append(self._zero_std_fraction)
+        lengths = torch.tensor([len(s.rollout.completion_ids) for s in scored], dtype=torch.float32)
+        prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
+        self.state.num_input_tokens_seen += int(prompt_tokens + lengths.sum().item())
+        m["num_tokens"] = [self.state.num_input_tokens_seen]
+        m["completions/mean_length"].append(lengths.mean().item())
+        m["completions/min_length"].append(lengths.min().item())
+        m["completions/max_length"].append(lengths.max().item())
+        eos = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
+        truncated = [bool(s.rollout.completion_ids) and s.rollout.completion_ids[-1] not in eos for s in scored]
+        m["completions/clipped_ratio"].append(sum(truncated) / len(truncated))
+        wall = timing.barrier - timing.start
+        rollout = timing.rollout_end - timing.start
+        m["thundersync/step_wall_seconds"].append(wall)
+        m["thundersync/rollout_seconds"].append(rollout)
+        m["thundersync/learner_busy_seconds"].append(timing.learner_busy)
+        m["thundersync/learner_tail_seconds"].append(timing.tail)
+        m["thundersync/learner_idle_fraction"].append(max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0)
+        m["thundersync/stats_peak_mb"].append(totals.peak_stats_bytes / 2**20)
+        m["thundersync/stats_bound_mb"].append(
+            stats_memory_bytes(totals.accumulator.num_params, self.args.max_open_groups or len(scored) // self.num_generations) / 2**20
+        )
+        m["thundersync/policy_version"].append(float(self.policy_version))
+        self._logs["prompt"].extend(prompts)
+        self._logs["completion"].extend(s.rollout.completion for s in scored)
+        for i, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+        self._logs["advantages"].extend(advantages)
+
+    def close(self) -> None:
+        """Stop the rollout engine's worker (also done at interpreter exit)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.close()
+
