@@ -392,6 +392,11 @@ class LocalProcessEngine:
         """The version the worker serves (acknowledged)."""
         return self._version
 
+    @property
+    def worker_pid(self) -> int | None:
+        """Process id of the worker (None in thread mode)."""
+        return getattr(self._handle.runner, "pid", None)
+
     def stats(self) -> EngineStats:
         return EngineStats(generation_seconds=self._gen_seconds, last_publication_seconds=self._last_pub, **self._counts)
 

@@ -64,16 +64,20 @@ class GroupStatistics:
         return any(not math.isnan(r) for r in self.rewards)
 
     def add(self, reward: float, score_grad: torch.Tensor | None, bucket: int = 0) -> None:
-        """Fold one member. `score_grad` is H_i (None only for unscorable members, whose H is never needed)."""
+        """Fold one member. `score_grad` is H_i; None means H_i = 0 (no scored tokens, or an unscorable member).
+
+        A member without scored tokens still enters μ and σ, as in TRL, where its advantage is computed but
+        multiplied by an all-zero mask.
+        """
         if self.complete:
             raise ValueError(f"group {self.group} already has its {self.size} members")
         self.rewards.append(reward)
         if math.isnan(reward):
             return
-        if score_grad is None:
-            raise ValueError(f"group {self.group}: a scorable member needs its score gradient")
         if self.shift is None:
             self.shift = reward
+        if score_grad is None:
+            return
         stats = self.buckets.get(bucket)
         if stats is None:
             zeros = torch.zeros(self.num_params, dtype=torch.float32, device=score_grad.device)

@@ -145,7 +145,7 @@ class GRPOBatchLearner:
         grads = self.source_backward(source, bucket)
         if grads.free_grad is not None:
             self.accumulator.add_free(grads.free_grad, bucket)
-        group.add(source.reward, grads.score_grad if source.scorable else None, bucket)
+        group.add(source.reward, grads.score_grad, bucket)
         self.rewards[rollout.index] = source.reward
         self.tokens[rollout.index] = grads.scored_tokens
         end = time.perf_counter()

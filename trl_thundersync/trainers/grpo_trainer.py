@@ -293,8 +293,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         m["reward_std"].append(nanstd(rewards).item())
         m["frac_reward_zero_std"].append(self._zero_std_fraction)
         lengths = torch.tensor([len(s.rollout.completion_ids) for s in scored], dtype=torch.float32)
-        prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
-        self.state.num_input_tokens_seen += int(prompt_tokens + lengths.sum().item())
+        if not isinstance(self._engine, TRLBatchEngine):  # TRL's own generation already counted its tokens
+            prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
+            self.state.num_input_tokens_seen += int(prompt_tokens + lengths.sum().item())
         m["num_tokens"] = [self.state.num_input_tokens_seen]
         m["completions/mean_length"].append(lengths.mean().item())
         m["completions/min_length"].append(lengths.min().item())
