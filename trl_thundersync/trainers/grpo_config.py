@@ -52,7 +52,15 @@ class ThunderSyncGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ConfigurationError:
+            raise
+        except ValueError as exc:  # TRL's own checks (batch sizes, generation fields): same text, typed
+            raise ConfigurationError(
+                f"{exc} (ThunderSync: one generation batch of per_device_train_batch_size × steps_per_generation × "
+                "processes rows is one logical batch of whole GRPO groups)"
+            ) from exc
         self._refuse_unstreamable()
         if self.schedule not in SCHEDULES:
             raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
