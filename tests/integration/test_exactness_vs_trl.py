@@ -9,67 +9,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.conftest import (cpu_config, load_model, prompt_dataset, reward_len, reward_parity,
-                            scripted_rollout_func)
+from trl_thundersync.testing.parity import (PARITY_CASES, load_model, relative_error, reward_len, reward_parity,
+                                           run_trainer)
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
 
 
-class CaptureGrads(TrainerCallback):
-    def __init__(self):
-        self.directions = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        grads = [p.grad.detach().reshape(-1).clone() for p in model.parameters() if p.requires_grad]
-        self.directions.append(torch.cat(grads))
+def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **kwargs):
+    result = run_trainer(trainer_cls, config_cls, tmp_path / trainer_cls.__name__, tokenizer, model_path, **kwargs)
+    return result.directions, result.params, result.trainer
 
 
-def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, *, rewards=(reward_len,), peft_config=None,
-        wrap_engine=None, **overrides):
-    capture = CaptureGrads()
-    args = cpu_config(config_cls, tmp_path / trainer_cls.__name__, **overrides)
-    trainer = trainer_cls(
-        model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
-        processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer), callbacks=[capture],
-        peft_config=peft_config,
-    )
-    if wrap_engine is not None:
-        trainer._engine = wrap_engine(trainer._rollout_engine())
-    trainer.train()
-    params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters() if p.requires_grad])
-    return capture.directions, params, trainer
+rel = relative_error
 
 
-def rel(a, b):
-    return float((a - b).norm() / b.norm().clamp(min=1e-30))
-
-
-CASES = {
-    "dapo": dict(),
-    "grpo": dict(loss_type="grpo"),
-    "dr_grpo": dict(loss_type="dr_grpo"),
-    "bnpo": dict(loss_type="bnpo"),
-    "cispo": dict(loss_type="cispo", epsilon_high=0.5),
-    "sapo": dict(loss_type="sapo"),
-    "vespo": dict(loss_type="vespo"),
-    "luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
-    "scale_batch": dict(scale_rewards="batch"),
-    "scale_none": dict(scale_rewards="none"),
-    "beta_kl": dict(beta=0.1),
-    "beta_kl_grpo_no_biascorr": dict(beta=0.05, loss_type="grpo", use_bias_correction_kl=False),
-    "mask_truncated": dict(mask_truncated_completions=True),
-    "sequence_level_is": dict(importance_sampling_level="sequence"),
-    "ga2_dapo": dict(gradient_accumulation_steps=2, per_device_train_batch_size=2),
-    "ga2_bnpo_beta": dict(gradient_accumulation_steps=2, per_device_train_batch_size=2, loss_type="bnpo", beta=0.1),
-    "ga2_grpo_group4": dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, num_generations=4,
-                            loss_type="grpo"),
-    "multi_reward_weights_none": dict(reward_weights=[0.5, 2.0]),
-}
+CASES = PARITY_CASES
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

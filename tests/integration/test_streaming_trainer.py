@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from tests.conftest import cpu_config, load_model, prompt_dataset, reward_len, reward_parity, scripted_rollout_func
-from tests.integration.test_exactness_vs_trl import CaptureGrads, rel, run
+from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.integration.test_exactness_vs_trl import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

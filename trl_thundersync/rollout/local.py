@@ -1,22 +1,22 @@
-"""`LocalProcessEngine`: the embedded CPU rollout engine (a plain `transformers` replica in a worker).
+"""`LocalProcessEngine`: the embedded CPU rollout engine (a plain FP32 `transformers` replica in a worker).
 
-The worker holds its own model built from `base_config(policy)` and `policy_state_dict(policy)` and runs a
-continuous-batching loop over *independent* trajectories:
+The worker builds its model from `base_config(policy)` and `policy_state_dict(policy)` and runs a continuous-batching
+loop over *independent* trajectories:
 
 - each trajectory has its own KV cache (batch size 1) and its own `torch.Generator` seeded with `request.seed`, so
   its tokens depend only on (θ, prompt, seed), never on which other trajectories share the worker;
 - every tick advances each in-flight trajectory by one token (round-robin), admits queued requests as slots free up
-  (at most `max_in_flight` in flight), and emits a `Rollout` the moment it ends (EOS, included, or `max_new_tokens`);
-  results therefore arrive in completion order.
+  (at most `max_in_flight` in flight) and emits a `Rollout` the moment it ends (EOS, included, or `max_new_tokens`):
+  results arrive in completion order.
 
 Sampling per token: last-position logits → repetition penalty (over prompt and completion) → / temperature → top-k →
-top-p → min-p → `torch.multinomial`. `sampling_logprobs` are log-softmax of that processed distribution at the
+top-p → min-p → `torch.multinomial`. `sampling_logprobs` are the log-softmax of that processed distribution at the
 sampled token (vLLM's "processed_logprobs"); with top-k/p/min-p off they are the temperature-scaled log-probs.
 
-`mode="process"` runs the loop in a spawned process (no GIL contention with the learner, `num_threads` intra-op
-threads); `mode="thread"` runs the identical loop in a daemon thread of this process and leaves the process-wide
-torch thread settings alone. Weights travel through one flat FP32 buffer (shared memory in process mode) allocated
-once and rewritten at each `publish`, which waits for the worker's acknowledgement before returning.
+`mode="process"` runs the loop in a spawned process (no GIL shared with the learner; `num_threads` intra-op threads);
+`mode="thread"` runs the identical loop in a daemon thread of this process and leaves torch's process-wide thread
+settings alone. Weights travel through one flat FP32 buffer (`FlatLayout`; shared memory in process mode) that
+`publish` rewrites in place and then waits for the worker's acknowledgement.
 
 Timestamps: the worker stamps `time.monotonic()` (CLOCK_MONOTONIC, system-wide on Linux); the engine maps them onto
 this process's `time.perf_counter()` clock with an offset measured at construction.
@@ -40,7 +40,7 @@ import torch
 
 from ..errors import ConfigurationError, RolloutError
 from ..types import Rollout, RolloutRequest, SamplingParams
-from .weights import base_config, policy_state_dict
+from .weights import FlatLayout, base_config, policy_state_dict
 
 _POLL_S = 0.2  # how often a blocked parent re-checks that the worker is alive
 _MODES = ("process", "thread")
@@ -57,37 +57,7 @@ class EngineStats:
     last_publication_seconds: float  # duration of the latest publish(), 0.0 before the first
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where each floating tensor of the state dict lives in the flat FP32 buffer."""
-
-    entries: tuple[tuple[str, int, tuple[int, ...]], ...]  # (name, offset, shape)
-    numel: int
-
-    @staticmethod
-    def of(state: dict[str, torch.Tensor]) -> _Layout:
-        entries, offset = [], 0
-        for name, t in state.items():
-            if t.is_floating_point():
-                entries.append((name, offset, tuple(t.shape)))
-                offset += t.numel()
-        return _Layout(tuple(entries), offset)
-
-
-def _pack(state: dict[str, torch.Tensor], layout: _Layout, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Copy the floating tensors of `state` into `buf`; return the other (integer) tensors to send by message."""
-    expected = {name: shape for name, _, shape in layout.entries}
-    floats = {n: t for n, t in state.items() if t.is_floating_point()}
-    if {n: tuple(t.shape) for n, t in floats.items()} != expected:
-        diff = sorted(set(floats).symmetric_difference(expected)) or [n for n in floats if floats[n].shape != expected[n]]
-        raise RolloutError(f"published state dict does not match the engine's model (first differences: {diff[:3]})")
-    for name, offset, shape in layout.entries:
-        t = floats[name]
-        buf[offset : offset + t.numel()].copy_(t.reshape(-1))
-    return {n: t for n, t in state.items() if not t.is_floating_point()}
-
-
-# ---------------------------------------------------------------------------------------------------------- worker
+# ------------------------------------------------------------------------------------------------------------ worker
 
 
 def _build_processors(sampling: SamplingParams) -> list[Any]:
@@ -116,7 +86,7 @@ class _Trajectory:
         self.cache = DynamicCache()
         self.generator = torch.Generator().manual_seed(request.seed)
         self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
-        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)
+        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)  # [1, T]: prompt, then one token
         self.logprobs: list[float] = []
         self.started = time.monotonic()
 
@@ -124,35 +94,34 @@ class _Trajectory:
 class _Worker:
     """The generation loop; identical in a spawned process and in a thread."""
 
-    def __init__(self, config, layout, buf, sampling, max_in_flight, commands, results, version) -> None:
+    def __init__(self, config, layout: FlatLayout, buf, sampling: SamplingParams, max_in_flight, commands, results):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         self.params = self.model.state_dict()
-        unknown = sorted(set(n for n, _, _ in layout.entries).symmetric_difference(self.params))
+        floats = {n for n, t in self.params.items() if t.is_floating_point()}
+        unknown = sorted(floats ^ {name for name, _, _ in layout.entries})
         if unknown:
             raise RolloutError(f"policy weights and the worker model disagree on tensor names: {unknown[:5]}")
+        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.layout, self.buf, self.sampling = layout, buf, sampling
         self.processors = _build_processors(sampling)
         self.eos = frozenset(sampling.eos_token_ids)
         self.max_in_flight, self.commands, self.results = max_in_flight, commands, results
-        # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this version's forward takes
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self.version = version
+        self.version = -1  # set by the first load
         self.pending: deque[RolloutRequest] = deque()
         self.active: list[_Trajectory] = []
 
-    def load(self, extras: dict[str, torch.Tensor]) -> None:
+    def load(self, version: int, extras: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
-            for name, offset, shape in self.layout.entries:
-                n = self.params[name].numel()
-                self.params[name].copy_(self.buf[offset : offset + n].view(shape))
-            for name, t in extras.items():
-                self.params[name].copy_(t)
-            # Tied parameters share storage: a conflicting pair (e.g. an untied adapter) would be overwritten here.
-            for name, offset, shape in self.layout.entries:
-                if not torch.equal(self.params[name].reshape(-1), self.buf[offset : offset + self.params[name].numel()]):
+            for name, tensor in [*self.layout.views(self.buf), *extras.items()]:
+                self.params[name].copy_(tensor)
+            # Tied parameters share storage: two different published values for them cannot both be served.
+            for name, tensor in self.layout.views(self.buf):
+                if not torch.equal(self.params[name], tensor):
                     raise RolloutError(f"tensor {name!r} could not be loaded as published (tied to another tensor?)")
+        self.version = version
 
     def run(self, alive) -> None:
         while True:
@@ -161,22 +130,18 @@ class _Worker:
                 command = self.commands.get_nowait() if busy else self.commands.get(timeout=1.0)
             except queue.Empty:
                 command = None
-            if command is None and not busy:
-                if not alive():
+            if command is None:
+                if busy:
+                    self.tick()
+                elif not alive():
                     return
-                continue
-            if command is not None:
-                kind = command[0]
-                if kind == "stop":
-                    return
-                if kind == "batch":
-                    self.pending.extend(command[1])
-                elif kind == "publish":
-                    self.load(command[2])
-                    self.version = command[1]
-                    self.results.put(("published", command[1]))
-                continue
-            self.tick()
+            elif command[0] == "stop":
+                return
+            elif command[0] == "batch":
+                self.pending.extend(command[1])
+            elif command[0] == "publish":
+                self.load(command[1], command[2])
+                self.results.put(("published", command[1]))
 
     def tick(self) -> None:
         while self.pending and len(self.active) < self.max_in_flight:
@@ -194,12 +159,11 @@ class _Worker:
         """Sample one token for `traj`; True when the trajectory is finished."""
         kwargs = {self.cache_kwarg: traj.cache}
         out = self.model(input_ids=traj.next_input, use_cache=True, logits_to_keep=1, **kwargs)
-        scores = out.logits[:, -1, :].float()
+        scores = out.logits[:, -1, :].float()  # [1, V]
         seen = torch.tensor([traj.tokens], dtype=torch.long)
         for proc in self.processors:
             scores = proc(seen, scores)
-        probs = torch.softmax(scores, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=traj.generator).item())
+        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=traj.generator).item())
         traj.logprobs.append(float(torch.log_softmax(scores, dim=-1)[0, token]))
         traj.tokens.append(token)
         traj.next_input = torch.tensor([[token]], dtype=torch.long)
@@ -221,35 +185,32 @@ class _Worker:
 
 
 def _worker_main(config, layout, buf, extras, sampling, max_in_flight, commands, results, version, num_threads):
-    """Entry point of the worker (process or thread). Reports ("ready", v), then rollouts; ("error", text) on failure."""
+    """Worker entry (process or thread): reports ("ready", v), then serves; ("error", traceback) on any failure."""
     try:
         if num_threads is not None:  # process mode only: thread mode must not change the learner's settings
             torch.set_num_threads(num_threads)
-        worker = _Worker(config, layout, buf, sampling, max_in_flight, commands, results, version)
-        worker.load(extras)
+        worker = _Worker(config, layout, buf, sampling, max_in_flight, commands, results)
+        worker.load(version, extras)
         results.put(("ready", version))
         if num_threads is None:
-            worker.run(alive=lambda: threading.main_thread().is_alive())
+            worker.run(alive=threading.main_thread().is_alive)
         else:
             import multiprocessing
 
             parent = multiprocessing.parent_process()
             worker.run(alive=lambda: parent is None or parent.is_alive())
-    except BaseException:  # reported to the parent, which raises RolloutError with this text
+    except BaseException:  # the parent raises RolloutError with this text
         results.put(("error", traceback.format_exc()))
 
 
-# ---------------------------------------------------------------------------------------------------------- parent
+# ------------------------------------------------------------------------------------------------------------ parent
 
 
 class _Handle:
-    """The worker and its queues; owned by the engine, shut down by `close()` or the finalizer (no engine reference)."""
+    """The worker and its queues. Holds no engine reference, so the engine's finalizer can own it."""
 
     def __init__(self, runner: Any, commands: Any, results: Any) -> None:
         self.runner, self.commands, self.results = runner, commands, results
-
-    def alive(self) -> bool:
-        return self.runner.is_alive()
 
     def exit_text(self) -> str:
         code = getattr(self.runner, "exitcode", None)
@@ -257,25 +218,21 @@ class _Handle:
 
     def shutdown(self) -> None:
         if self.runner.is_alive():
-            try:
-                self.commands.put(("stop",))
-            except (ValueError, OSError):  # queue already closed: fall through to terminate
-                pass
+            self.commands.put(("stop",))
             self.runner.join(timeout=5.0)
-        if hasattr(self.runner, "terminate") and self.runner.is_alive():
-            self.runner.terminate()
-            self.runner.join(timeout=5.0)
+        if isinstance(self.runner, threading.Thread):
+            return  # a daemon thread blocked in a forward pass ends with the tick; it cannot be killed
+        for stop in (self.runner.terminate, self.runner.kill):
             if self.runner.is_alive():
-                self.runner.kill()
+                stop()
                 self.runner.join(timeout=5.0)
         for q in (self.commands, self.results):
-            if hasattr(q, "close"):
-                q.close()
-                q.cancel_join_thread()
+            q.close()
+            q.cancel_join_thread()
 
 
 class LocalProcessEngine:
-    """Embedded rollout engine implementing `RolloutEngine` (see `engine.py` for the lifecycle)."""
+    """Embedded rollout engine implementing `RolloutEngine` (lifecycle in `engine.py`)."""
 
     def __init__(
         self,
@@ -294,44 +251,42 @@ class LocalProcessEngine:
             raise ConfigurationError(f"max_in_flight={max_in_flight} and num_threads={num_threads} must be >= 1")
         if sampling.temperature <= 0.0 or sampling.max_new_tokens < 1:
             raise ConfigurationError(
-                f"temperature={sampling.temperature} and max_new_tokens={sampling.max_new_tokens} must be > 0"
+                f"SamplingParams temperature={sampling.temperature} and max_new_tokens={sampling.max_new_tokens} "
+                "must be > 0 (greedy decoding has no sampling distribution)"
             )
         self.mode, self.start_timeout = mode, start_timeout
         self._clock_offset = time.perf_counter() - time.monotonic()
         state = policy_state_dict(model)
-        self._layout = _Layout.of(state)
+        self._layout = FlatLayout.of(state)
         self._buf = torch.empty(self._layout.numel, dtype=torch.float32)
         if mode == "process":
             self._buf.share_memory_()
-        extras = _pack(state, self._layout, self._buf)
+        extras = self._layout.pack(state, self._buf)
         del state
-        self._handle = self._spawn(base_config(model), extras, sampling, max_in_flight, num_threads, policy_version)
+        args = (base_config(model), self._layout, self._buf, extras, sampling, max_in_flight)
+        self._handle = self._spawn(args, policy_version, num_threads)
         self._finalizer = weakref.finalize(self, self._handle.shutdown)
         self._version = policy_version
         self._open: int | None = None  # rollouts still owed by results() for the open batch
         self._failure: str | None = None
-        self._batch_started = 0.0
+        self._batch_started = self._gen_seconds = self._last_pub = 0.0
         self._counts = {"trajectories": 0, "tokens": 0, "publications": 0}
-        self._gen_seconds = self._last_pub = 0.0
         self._receive("ready", timeout=start_timeout, what="start")
 
-    def _spawn(self, config, extras, sampling, max_in_flight, num_threads, version) -> _Handle:
+    def _spawn(self, args: tuple, version: int, num_threads: int) -> _Handle:
         if self.mode == "thread":
             commands, results = queue.Queue(), queue.Queue()
-            args = (config, self._layout, self._buf, extras, sampling, max_in_flight, commands, results, version, None)
+            args = (*args, commands, results, version, None)
             runner = threading.Thread(target=_worker_main, args=args, name="LocalProcessEngine", daemon=True)
         else:
-            import torch.multiprocessing as tmp
+            import torch.multiprocessing as torch_mp  # its pickler shares the buffer's storage instead of copying
 
-            ctx = tmp.get_context("spawn")
+            ctx = torch_mp.get_context("spawn")
             commands, results = ctx.Queue(), ctx.Queue()
-            args = (config, self._layout, self._buf, extras, sampling, max_in_flight, commands, results, version,
-                    num_threads)  # fmt: skip
+            args = (*args, commands, results, version, num_threads)
             runner = ctx.Process(target=_worker_main, args=args, name="LocalProcessEngine", daemon=True)
         runner.start()
         return _Handle(runner, commands, results)
-
-    # -- protocol
 
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
         self._check_usable()
@@ -372,20 +327,18 @@ class LocalProcessEngine:
         if self._open is not None:
             raise RolloutError(f"cannot publish while a batch is open ({self._open} rollouts not yet consumed)")
         start = time.perf_counter()
-        extras = _pack(policy_state_dict(model), self._layout, self._buf)
+        extras = self._layout.pack(policy_state_dict(model), self._buf)
         self._handle.commands.put(("publish", policy_version, extras))
         acked = self._receive("published", timeout=self.start_timeout, what="publish")
         if acked != policy_version:
-            raise RolloutError(f"worker acknowledged version {acked} instead of {policy_version}")
+            self._fail("publish", f"worker acknowledged version {acked} instead of {policy_version}")
         self._version = policy_version
         self._last_pub = time.perf_counter() - start
         self._counts["publications"] += 1
         return self._last_pub
 
     def close(self) -> None:
-        self._finalizer()  # idempotent: runs the shutdown at most once
-
-    # -- introspection
+        self._finalizer()  # idempotent: the shutdown runs at most once (also at garbage collection and exit)
 
     @property
     def policy_version(self) -> int:
@@ -398,9 +351,10 @@ class LocalProcessEngine:
         return getattr(self._handle.runner, "pid", None)
 
     def stats(self) -> EngineStats:
-        return EngineStats(generation_seconds=self._gen_seconds, last_publication_seconds=self._last_pub, **self._counts)
-
-    # -- internals
+        """Counters since construction (see `EngineStats`)."""
+        return EngineStats(
+            generation_seconds=self._gen_seconds, last_publication_seconds=self._last_pub, **self._counts
+        )
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -415,7 +369,7 @@ class LocalProcessEngine:
             try:
                 message = self._handle.results.get(timeout=_POLL_S)
             except queue.Empty:
-                if not self._handle.alive():  # one last look: the error message may have landed meanwhile
+                if not self._handle.runner.is_alive():  # one last look: its error report may have just landed
                     try:
                         message = self._handle.results.get(timeout=_POLL_S)
                     except queue.Empty:
@@ -434,4 +388,5 @@ class LocalProcessEngine:
         lost = self._open or 0
         self._failure = detail
         self._finalizer()
-        raise RolloutError(f"rollout worker failed during {what}; {lost} trajectories of the open batch lost:\n{detail}") from None
+        message = f"rollout worker failed during {what}; {lost} trajectories of the open batch lost:\n{detail}"
+        raise RolloutError(message) from None

@@ -11,16 +11,22 @@ The merge is computed out of place: `merge_adapter()` / `unmerge_adapter()` woul
 
     state = policy_state_dict(model)          # {name: detached CPU float32 clone}
     replica = AutoModelForCausalLM.from_config(base_config(model)); replica.load_state_dict(state)
+
+`FlatLayout` moves such a state dict between processes as one flat FP32 buffer (allocated once, in shared memory
+for a spawned worker, rewritten in place at each publication) instead of one pickled tensor per name.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import UnsupportedOptionError
+from ..errors import RolloutError, UnsupportedOptionError
 
 
 def unwrap_model(model: Any) -> nn.Module:
@@ -141,8 +147,9 @@ def _merged_layer(layer: Any, prefix: str) -> dict[str, torch.Tensor]:
     """
     if layer.lora_variant:
         raise UnsupportedOptionError(
-            f"LoRA layer {prefix[:-1]!r} uses a variant ({', '.join(sorted(layer.lora_variant))}: e.g. DoRA); "
-            "only vanilla LoRA can be merged without mutating the policy"
+            f"LoRA layer {prefix[:-1]!r} uses a LoRA variant ("
+            + ", ".join(f"{a}: {type(v).__name__}" for a, v in sorted(layer.lora_variant.items()))
+            + "), e.g. DoRA; only vanilla LoRA can be merged without mutating the policy"
         )
     if layer.merged:
         if layer.disable_adapters:
@@ -168,3 +175,39 @@ def _merged_layer(layer: Any, prefix: str) -> dict[str, torch.Tensor]:
     if bias is not None:
         out[f"{prefix}bias"] = bias
     return out
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each floating tensor of a state dict lives in a flat FP32 buffer of `numel` elements."""
+
+    entries: tuple[tuple[str, int, tuple[int, ...]], ...]  # (name, offset, shape), in state-dict order
+    numel: int  # total elements of the buffer
+
+    @staticmethod
+    def of(state: dict[str, torch.Tensor]) -> FlatLayout:
+        entries, offset = [], 0
+        for name, t in state.items():
+            if t.is_floating_point():
+                entries.append((name, offset, tuple(t.shape)))
+                offset += t.numel()
+        return FlatLayout(tuple(entries), offset)
+
+    def pack(self, state: dict[str, torch.Tensor], buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copy the floating tensors of `state` into `buf` [numel]; return the non-floating ones (sent as they are).
+
+        Raises `RolloutError` if `state` does not have exactly this layout's names and shapes.
+        """
+        floats = {n: t for n, t in state.items() if t.is_floating_point()}
+        expected = {name: shape for name, _, shape in self.entries}
+        if {n: tuple(t.shape) for n, t in floats.items()} != expected:
+            diff = sorted(set(floats) ^ set(expected)) or [n for n in floats if tuple(floats[n].shape) != expected[n]]
+            raise RolloutError(f"state dict does not match the engine's model (first differences: {diff[:3]})")
+        for name, offset, _ in self.entries:
+            buf[offset : offset + floats[name].numel()].copy_(floats[name].reshape(-1))
+        return {n: t for n, t in state.items() if not t.is_floating_point()}
+
+    def views(self, buf: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(name, tensor)` for every entry, as views into `buf` (no copy)."""
+        for name, offset, shape in self.entries:
+            yield name, buf[offset : offset + math.prod(shape)].view(shape)

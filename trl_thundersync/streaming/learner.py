@@ -30,6 +30,8 @@ class SourceGradients:
     score_grad: torch.Tensor | None  # H_i = ∇ Σ_t m_it u_i log π(o_it), FP32 (P,); None for unscorable rows
     free_grad: torch.Tensor | None  # K_i: gradient of advantage-free terms (β·KL), FP32 (P,); None if none
     scored_tokens: int  # Σ_t m_it: tokens that count in loss normalizers
+    free_value: float = 0.0  # value of the advantage-free loss term (Σ_t m_it u_i β KL_it), for logging
+    kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class BatchTotals:
     group_means: tuple[float, ...]
     group_stds: tuple[float, ...]
     scored_tokens: tuple[int, ...]  # per trajectory index
+    free_values: tuple[float, ...]  # per trajectory index: SourceGradients.free_value
+    kl_sums: tuple[float, ...]  # per trajectory index: SourceGradients.kl_sum
     work: tuple[WorkItem, ...]
     peak_stats_bytes: int  # high-water mark of group statistics + batch buffers
 
@@ -97,6 +101,8 @@ class GRPOBatchLearner:
         self.seen: set[int] = set()
         self.rewards = [math.nan] * batch_size
         self.tokens = [0] * batch_size
+        self.free_values = [0.0] * batch_size
+        self.kl_sums = [0.0] * batch_size
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
 
@@ -148,6 +154,8 @@ class GRPOBatchLearner:
         group.add(source.reward, grads.score_grad, bucket)
         self.rewards[rollout.index] = source.reward
         self.tokens[rollout.index] = grads.scored_tokens
+        self.free_values[rollout.index] = grads.free_value
+        self.kl_sums[rollout.index] = grads.kl_sum
         end = time.perf_counter()
         self.work.append(
             WorkItem("trajectory", rollout.index, rollout.group, rollout.policy_version, source.scored_at, start, end,
@@ -198,6 +206,8 @@ class GRPOBatchLearner:
             group_means=tuple(g.mean for g in groups),
             group_stds=tuple(g.std for g in groups),
             scored_tokens=tuple(self.tokens),
+            free_values=tuple(self.free_values),
+            kl_sums=tuple(self.kl_sums),
             work=tuple(self.work),
             peak_stats_bytes=self.peak_bytes,
         )

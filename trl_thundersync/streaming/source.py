@@ -101,7 +101,7 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
                 f"version {rollout.policy_version}; refusing to accumulate it"
             )
-        outputs, kinds = [], []
+        outputs, kinds, free_value, kl_sum = [], [], 0.0, 0.0
         if need_score:
             outputs.append((logps * mask).sum() * weight * self.normalization.policy_coefficient)
             kinds.append("score")
@@ -109,9 +109,11 @@ class TrajectoryBackward:
             with torch.no_grad():
                 ref = self.ref_logps_fn(ids, attention, keep)
             kl = torch.exp(ref - logps) - (ref - logps) - 1
+            kl_sum = float((kl.detach() * mask).sum())
             if self.bias_correction_kl:
                 kl = kl * torch.exp(logps - logps.detach())
             outputs.append((kl * mask).sum() * weight * self.beta)
+            free_value = float(outputs[-1].detach())
             kinds.append("free")
 
         vectors: dict[str, torch.Tensor] = {}
@@ -123,4 +125,4 @@ class TrajectoryBackward:
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
-        return SourceGradients(score, vectors.get("free"), tokens)
+        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum)

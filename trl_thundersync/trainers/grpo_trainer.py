@@ -167,11 +167,13 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             )
         write_flat_grads(direction, self._trainable)
         self._log_batch(totals, timing, scored, advantages, prompts)
-        # The loss value TRL would report: −Σ ν·A over scored tokens (ratio ≡ 1), plus the KL term (logged apart).
+        # The loss value TRL reports: Σ ν·(−A + β·KL) over scored tokens (ratio ≡ 1).
         loss = 0.0
         for index, n in enumerate(tokens):
             scale = scales[buckets[index] if buckets else 0]
-            loss -= advantages[index] * n * normalization.sequence_weight(n) * scale
+            loss += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
+        if self.beta != 0.0:
+            self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
         return torch.tensor(loss, device=self.args.device)
 
     def _advantages(self, totals: BatchTotals) -> tuple[list[float], float]:

@@ -1,0 +1,137 @@
+"""Side-by-side runs of stock `trl.GRPOTrainer` and `ThunderSyncGRPOTrainer` on identical batches.
+
+Both trainers get the same model weights, data order, scripted rollouts (through TRL's `rollout_func`, so the
+completions are identical) and reward functions; `CaptureGrads` records the batch direction right before each
+`optimizer.step()`. Used by the exactness tests and by `python -m trl_thundersync.bench.exactness`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+
+def scripted_rollout_func(tokenizer, max_len: int = 8, vocab_low: int = 10, with_eos: float = 0.5):
+    """A TRL `rollout_func` with deterministic pseudo-random completions, identical for every trainer.
+
+    Content depends on (prompt text, occurrence within the batch, global step); some completions end in EOS, the
+    others are truncated.
+    """
+
+    def rollout_func(prompts, trainer):
+        step = trainer.state.global_step
+        seen: dict[str, int] = {}
+        prompt_ids, completion_ids = [], []
+        for prompt in prompts:
+            text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            k = seen.get(text, 0)
+            seen[text] = k + 1
+            digest = hashlib.sha256(f"{text}|{k}|{step}".encode()).digest()
+            length = 2 + digest[0] % (max_len - 1)
+            ids = [vocab_low + digest[1 + j] % (len(tokenizer) - vocab_low - 1) for j in range(length)]
+            if digest[-1] / 255 < with_eos:
+                ids[-1] = tokenizer.eos_token_id
+            prompt_ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            completion_ids.append(ids)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+                "logprobs": [[0.0] * len(c) for c in completion_ids]}
+
+    return rollout_func
+
+
+def reward_len(completion_ids, **kwargs) -> list[float]:
+    return [float(len(c)) for c in completion_ids]
+
+
+def reward_parity(completion_ids, **kwargs) -> list[float | None]:
+    """Returns None (not applicable) on some rows, like a task-specific reward."""
+    return [None if c[0] % 3 == 0 else float(sum(c) % 7) - 3.0 for c in completion_ids]
+
+
+def prompt_dataset(n: int = 8):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"Question {i}: what is {i} + {i}?" for i in range(n)]})
+
+
+def cpu_config(cls, output_dir, **overrides):
+    base = dict(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=3,
+        learning_rate=1e-2, save_strategy="no", seed=0, gradient_checkpointing=False, disable_tqdm=True,
+    )
+    base.update(overrides)
+    return cls(**base)
+
+
+def load_model(path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+class CaptureGrads(TrainerCallback):
+    """Records the flat trainable-parameter gradient right before every optimizer step (after clipping)."""
+
+    def __init__(self) -> None:
+        self.directions: list[torch.Tensor] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads = [p.grad.detach().reshape(-1).clone() for p in model.parameters() if p.requires_grad]
+        self.directions.append(torch.cat(grads))
+
+
+@dataclass(frozen=True)
+class ParityRun:
+    directions: list[torch.Tensor]  # batch direction of every optimizer step
+    params: torch.Tensor  # trainable parameters after training, flat
+    trainer: Any
+
+
+def run_trainer(trainer_cls, config_cls, output_dir: Path, tokenizer, model_path, *, rewards=(reward_len,),
+                peft_config=None, wrap_engine=None, callbacks=(), **overrides) -> ParityRun:
+    capture = CaptureGrads()
+    args = cpu_config(config_cls, output_dir, **overrides)
+    trainer = trainer_cls(
+        model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
+        processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer), callbacks=[capture, *callbacks],
+        peft_config=peft_config,
+    )
+    if wrap_engine is not None:
+        trainer._engine = wrap_engine(trainer._rollout_engine())
+    trainer.train()
+    params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters() if p.requires_grad])
+    return ParityRun(capture.directions, params, trainer)
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+# Every supported option, as GRPOConfig overrides (the exactness matrix of the tests and the bench).
+PARITY_CASES: dict[str, dict] = {
+    "dapo": dict(),
+    "grpo": dict(loss_type="grpo"),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "bnpo": dict(loss_type="bnpo"),
+    "cispo": dict(loss_type="cispo", epsilon_high=0.5),
+    "sapo": dict(loss_type="sapo"),
+    "vespo": dict(loss_type="vespo"),
+    "luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
+    "scale_batch": dict(scale_rewards="batch"),
+    "scale_none": dict(scale_rewards="none"),
+    "beta_kl": dict(beta=0.1),
+    "beta_kl_grpo_no_biascorr": dict(beta=0.05, loss_type="grpo", use_bias_correction_kl=False),
+    "mask_truncated": dict(mask_truncated_completions=True),
+    "sequence_level_is": dict(importance_sampling_level="sequence"),
+    "ga2_dapo": dict(gradient_accumulation_steps=2, per_device_train_batch_size=2),
+    "ga2_bnpo_beta": dict(gradient_accumulation_steps=2, per_device_train_batch_size=2, loss_type="bnpo", beta=0.1),
+    "ga2_grpo_group4": dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, num_generations=4,
+                            loss_type="grpo"),
+    "multi_reward_weights_none": dict(reward_weights=[0.5, 2.0]),
+}
