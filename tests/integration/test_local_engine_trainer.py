@@ -1,0 +1,68 @@
+"""The default path: ThunderSyncGRPOTrainer with the embedded LocalProcessEngine (a real worker process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, relative_error
+
+pytestmark = pytest.mark.slow
+
+
+def reward_digits(completions, **kwargs):
+    return [float(sum(ch.isdigit() for ch in c)) - len(c) / 16 for c in completions]
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+def train(path, tokenizer, out, callbacks=(), resume=None, **overrides):
+    common = dict(max_completion_length=12, per_device_train_batch_size=8, num_generations=4, max_steps=3,
+                  optim="sgd", learning_rate=0.05, rollout_max_in_flight=4)
+    common.update(overrides)
+    trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[reward_digits],
+                                     args=cpu_config(ThunderSyncGRPOConfig, out, **common),
+                                     train_dataset=prompt_dataset(16), processing_class=tokenizer,
+                                     callbacks=list(callbacks))
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+
+
+def test_schedules_sample_the_same_trajectories_and_reach_the_same_parameters(tmp_path, tokenizer, tiny_model_path):
+    ts, ts_params = train(tiny_model_path, tokenizer, tmp_path / "ts", schedule="thundersync")
+    sync, sync_params = train(tiny_model_path, tokenizer, tmp_path / "sync", schedule="sync")
+    assert torch.equal(ts_params, sync_params)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    assert not torch.equal(ts_params, initial)
+    assert ts.policy_version == sync.policy_version == 3
+    order = ts.last_batch[1].arrival_order
+    assert sorted(order) == list(range(8))
+
+
+def test_trajectories_arrive_in_completion_order(tmp_path, tokenizer, tiny_model_path):
+    trainer, _ = train(tiny_model_path, tokenizer, tmp_path, max_steps=1, rollout_max_in_flight=8,
+                       max_completion_length=24)
+    totals, timing = trainer.last_batch
+    work = [w for w in totals.work if w.kind == "trajectory"]
+    assert [w.index for w in work] == list(timing.arrival_order)
+    # ready times are non-decreasing in service order: each source was served after its reward arrived
+    assert all(w.start >= w.ready for w in work)
+
+
+def test_resume_with_the_embedded_engine(tmp_path, tokenizer, tiny_model_path):
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2)
+    _, straight = train(tiny_model_path, tokenizer, tmp_path / "straight", **common)
+    train(tiny_model_path, tokenizer, tmp_path / "resumed", callbacks=[StopAt(2)], **common)
+    resumed_trainer, resumed = train(tiny_model_path, tokenizer, tmp_path / "resumed",
+                                     resume=str(tmp_path / "resumed" / "checkpoint-2"), **common)
+    assert resumed_trainer.state.global_step == 4
+    assert relative_error(resumed, straight) <= 1e-6
