@@ -38,9 +38,12 @@ class BatchTiming:
         return max(0.0, self.barrier - self.rollout_end)
 
 
-def _produce(engine: RolloutEngine, score: Callable[[Rollout], ScoredRollout], out: queue.Queue) -> None:
+def _produce(engine: RolloutEngine, score: Callable[[Rollout], ScoredRollout], out: queue.Queue,
+             stop: threading.Event) -> None:
     try:
         for rollout in engine.results():
+            if stop.is_set():  # the learner failed: the batch is void, stop scoring
+                break
             out.put(score(rollout))
     except BaseException as exc:  # handed to the learner thread, which re-raises it
         out.put(exc)
@@ -60,7 +63,9 @@ def run_logical_batch(
     start = time.perf_counter()
     engine.start_batch(requests, policy_version)
     inbox: queue.Queue = queue.Queue()
-    producer = threading.Thread(target=_produce, args=(engine, score, inbox), name="thundersync-rollouts", daemon=True)
+    stop = threading.Event()
+    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop), name="thundersync-rollouts",
+                                daemon=True)
     producer.start()
     arrived: list[ScoredRollout] = []
     rollout_end = start
@@ -77,8 +82,11 @@ def run_logical_batch(
                 on_source(item)
             if schedule == "thundersync":
                 learner.submit(item)
+    except BaseException:
+        stop.set()
+        raise
     finally:
-        producer.join(timeout=60)
+        producer.join(timeout=5.0)
     if len(arrived) != len(requests):
         raise RolloutError(f"the rollout engine delivered {len(arrived)} of {len(requests)} trajectories")
     if schedule == "sync":
