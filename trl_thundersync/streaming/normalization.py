@@ -9,10 +9,12 @@ With one iteration per generation batch the importance ratio is exactly 1 at θ_
 | grpo, sapo           | 1 / max(|m_i|, 1)     | 1 / B                                                       |
 | bnpo                 | 1                     | 1 / (max(N_b, 1) · GA)  (N_b: loss tokens of micro-batch b) |
 | dr_grpo              | 1                     | 1 / (B · max_completion_length)                             |
-| dapo, cispo, vespo   | 1                     | 1 / max(N, 1)           (N: loss tokens of the whole batch)  |
+| dapo, cispo, vespo   | 1                     | W / max(N, 1)   (N: loss tokens of the global batch)        |
 | luspo                | 1                     | 1 / B                                                       |
 
-B is the number of trajectories in the (local) generation batch and GA = steps_per_generation micro-batches.
+B is the number of trajectories in the local generation batch, GA = steps_per_generation micro-batches and W the
+number of processes; each process computes its local direction this way and the barrier averages them over W,
+exactly as TRL's per-rank losses followed by DDP's gradient averaging do.
 `c` is 1 except for cispo, where TRL's detached clamp gives `min(1, epsilon_high)`. sapo's soft gate and vespo's
 gamma weight both have value 1 and unit slope at ratio 1, so they reduce to the same gradient.
 """
@@ -35,11 +37,13 @@ class LossNormalization:
     micro_batches: int  # steps_per_generation: micro-batches the generation batch is split into
     max_completion_length: int
     policy_coefficient: float = 1.0  # c in the table above
+    num_processes: int = 1  # W
 
     @classmethod
-    def from_config(cls, args, batch_size: int) -> "LossNormalization":
+    def from_config(cls, args, batch_size: int, num_processes: int = 1) -> "LossNormalization":
         coefficient = min(1.0, args.epsilon_high) if args.loss_type == "cispo" else 1.0
-        return cls(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length, coefficient)
+        return cls(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length, coefficient,
+                   num_processes)
 
     @property
     def uses_buckets(self) -> bool:
@@ -52,8 +56,11 @@ class LossNormalization:
             return 1.0 / max(scored_tokens, 1)
         return 1.0
 
-    def bucket_scales(self, tokens_per_bucket: dict[int, int], total_tokens: int) -> dict[int, float]:
-        """s_b for every bucket, from token counts that are final only at the barrier."""
+    def bucket_scales(self, tokens_per_bucket: dict[int, int], global_tokens: int) -> dict[int, float]:
+        """s_b for every bucket, from token counts that are final only at the barrier.
+
+        `tokens_per_bucket` counts this process's loss tokens per micro-batch; `global_tokens` all processes'.
+        """
         b = self.batch_size
         if self.loss_type in ("grpo", "sapo", "luspo"):
             return {k: 1.0 / b for k in tokens_per_bucket}
@@ -62,10 +69,10 @@ class LossNormalization:
         if self.loss_type == "bnpo":
             ga = self.micro_batches
             if not self.uses_buckets:
-                return {k: 1.0 / max(total_tokens, 1) for k in tokens_per_bucket}
+                return {k: 1.0 / max(sum(tokens_per_bucket.values()), 1) for k in tokens_per_bucket}
             return {k: 1.0 / (max(n, 1) * ga) for k, n in tokens_per_bucket.items()}
         if self.loss_type in ("dapo", "cispo", "vespo"):
-            return {k: 1.0 / max(total_tokens, 1) for k in tokens_per_bucket}
+            return {k: self.num_processes / max(global_tokens, 1) for k in tokens_per_bucket}
         raise ValueError(f"unsupported loss_type {self.loss_type!r}; supported: {SUPPORTED_LOSS_TYPES}")
 
 

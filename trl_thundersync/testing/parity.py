@@ -134,4 +134,5 @@ PARITY_CASES: dict[str, dict] = {
     "ga2_grpo_group4": dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, num_generations=4,
                             loss_type="grpo"),
     "multi_reward_weights_none": dict(reward_weights=[0.5, 2.0]),
+    "gradient_checkpointing": dict(gradient_checkpointing=True),
 }

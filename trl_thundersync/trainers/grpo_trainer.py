@@ -25,7 +25,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 from trl.trainer.grpo_trainer import use_adapter
 from trl.trainer.utils import nanstd
 
-from ..errors import NonFiniteGradientError, UnsupportedOptionError
+from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
 from ..rollout.engine import RolloutEngine
 from ..rollout.trl_batch import TRLBatchEngine
 from ..streaming.accumulators import stats_memory_bytes
@@ -73,11 +73,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                          reward_processing_classes=reward_processing_classes, callbacks=callbacks,
                          optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
                          tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
-        if self.accelerator.num_processes > 1:
-            raise UnsupportedOptionError(
-                f"ThunderSyncGRPOTrainer runs on one process for now (got {self.accelerator.num_processes}); "
-                "cross-rank group statistics are not implemented yet"
-            )
+        self._check_distributed()
         if tools or environment_factory is not None:
             raise UnsupportedOptionError(
                 "tools / environment_factory: streamed multi-turn agent rollouts are not available yet; "
@@ -90,6 +86,23 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
         self.add_callback(_PublishCallback(self))
+
+    def _check_distributed(self) -> None:
+        from accelerate.utils import DistributedType
+
+        kind = self.accelerator.distributed_type
+        if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+            raise UnsupportedOptionError(
+                f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
+                "gradients do not allow yet; use DDP or a single process"
+            )
+        local_rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if self.accelerator.num_processes > 1 and local_rows % self.num_generations:
+            raise ConfigurationError(
+                f"per_device_train_batch_size × steps_per_generation = {local_rows} is not a multiple of "
+                f"num_generations={self.num_generations}: with {self.accelerator.num_processes} processes every "
+                "GRPO group must live on one process so it can close there; change per_device_train_batch_size"
+            )
 
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -111,14 +124,17 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if version != self.policy_version:
             self._publish(version)
         permutation = torch.randperm(len(rows)).tolist()  # TRL's shuffle-then-split, drawn at the same RNG point
-        normalization = LossNormalization.from_config(self.args, len(rows))
+        normalization = LossNormalization.from_config(self.args, len(rows), self.accelerator.num_processes)
         buckets = micro_batch_of(permutation, self.args.steps_per_generation) if normalization.uses_buckets else None
         prompts = self._prompts(rows)
         requests = self._requests(rows, prompts, version)
         engine = self._rollout_engine()
+        # Per-source passes run on the unwrapped module: DDP's reducer must not see them. The batch direction is
+        # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
+        module = self.accelerator.unwrap_model(model)
         backward = TrajectoryBackward(
             params=self._trainable,
-            logps_fn=lambda ids, mask, keep: self._get_per_token_logps_and_entropies(model, ids, mask, keep)[0],
+            logps_fn=lambda ids, mask, keep: self._get_per_token_logps_and_entropies(module, ids, mask, keep)[0],
             ref_logps_fn=self._reference_logps if self.beta != 0.0 else None,
             normalization=normalization,
             eos_and_pad=[*self.eos_token_ids, self._tokenizer.pad_token_id],
@@ -157,9 +173,13 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         per_bucket: dict[int, int] = defaultdict(int)
         for index, n in enumerate(tokens):
             per_bucket[buckets[index] if buckets else 0] += n
-        scales = normalization.bucket_scales(dict(per_bucket), sum(tokens))
+        global_tokens = int(self.accelerator.reduce(torch.tensor(sum(tokens), device=self.accelerator.device),
+                                                    reduction="sum").item())
+        scales = normalization.bucket_scales(dict(per_bucket), global_tokens)
         advantages, policy_scale = self._advantages(totals)
         direction = totals.accumulator.direction(scales, policy_scale)
+        if self.accelerator.num_processes > 1:
+            direction = self.accelerator.reduce(direction, reduction="mean")
         if not torch.isfinite(direction).all():
             raise NonFiniteGradientError(
                 f"the batch direction of optimizer step {self.state.global_step} (policy version "
@@ -182,7 +202,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         rewards = torch.tensor(totals.rewards, dtype=torch.float32)
         means = torch.tensor(totals.group_means, dtype=torch.float32).repeat_interleave(g)
         if self.scale_rewards == "batch":
-            sigma = float(nanstd(rewards)) if rewards.numel() > 1 else 0.0
+            everyone = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()
+            sigma = float(nanstd(everyone)) if everyone.numel() > 1 else 0.0
             policy_scale = 1.0 / (sigma + 1e-4)
             std = torch.full_like(rewards, sigma)
         else:
@@ -212,9 +233,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         else:
             prompt_ids = self._tokenize_prompts(prompts)[0]
         g = self.num_generations
+        first_row = self.accelerator.process_index * len(rows)  # global row of this process's first trajectory
         return [
             RolloutRequest(index=i, group=i // g, prompt_ids=tuple(prompt_ids[i]),
-                           seed=trajectory_seed(self.args.seed, version, i), prompt=prompts[i])
+                           seed=trajectory_seed(self.args.seed, version, first_row + i), prompt=prompts[i])
             for i in range(len(rows))
         ]
 

@@ -1,0 +1,48 @@
+"""Run under `torchrun --nproc_per_node 2`: stock TRL and ThunderSync on identical batches, two CPU processes.
+
+Writes the per-step batch directions and final parameters of both trainers (rank 0) to the folder given as argv[1].
+Launched by test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import reward_len, reward_parity, run_trainer
+
+out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+overrides = {
+    "straddle": dict(),
+    "dapo": dict(),
+    "grpo_batch_beta": dict(loss_type="grpo", scale_rewards="batch", beta=0.1),
+    "bnpo_ga2": dict(loss_type="bnpo", gradient_accumulation_steps=2, per_device_train_batch_size=2),
+}[case]
+tokenizer = AutoTokenizer.from_pretrained(model_path)
+if case == "straddle":  # 3 rows per process, groups of 2: a group would span both processes
+    from trl_thundersync.errors import ConfigurationError
+
+    try:
+        run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, out / "ts", tokenizer, model_path,
+                    per_device_train_batch_size=3, num_generations=2)
+    except ConfigurationError as exc:
+        if torch.distributed.get_rank() == 0:
+            (out / "error.txt").write_text(str(exc))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.exit(0)
+results = {}
+for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
+                                      ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+    run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=(reward_len, reward_parity),
+                      max_steps=2, optim="sgd", max_grad_norm=0.5, **overrides)
+    results[name] = {"directions": run.directions, "params": run.params}
+if torch.distributed.get_rank() == 0:
+    torch.save(results, out / "results.pt")
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()

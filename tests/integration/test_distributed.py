@@ -1,0 +1,50 @@
+"""Two CPU processes (DDP over gloo): ThunderSync's averaged batch direction equals stock TRL's."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trl_thundersync.testing.parity import relative_error
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2"])
+def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
+    script = Path(__file__).with_name("ddp_parity_script.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), str(tmp_path), tiny_model_path, case]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = torch.load(tmp_path / "results.pt")
+    ref, got = results["trl"], results["ts"]
+    assert len(ref["directions"]) == len(got["directions"]) == 2
+    for a, b in zip(got["directions"], ref["directions"]):
+        assert relative_error(a, b) <= 1e-5
+    assert relative_error(got["params"], ref["params"]) <= 1e-5
+
+
+def test_groups_spanning_processes_are_refused(tmp_path, tiny_model_path):
+    script = Path(__file__).with_name("ddp_parity_script.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), str(tmp_path), tiny_model_path, "straddle"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    message = (tmp_path / "error.txt").read_text()
+    assert "per_device_train_batch_size × steps_per_generation = 3" in message and "num_generations=2" in message
