@@ -63,3 +63,25 @@ def test_parameters_after_three_steps_match_trl(case, optim, tmp_path, tokenizer
     compared = got_dirs if optim == "sgd" else got_dirs[:1]
     for a, b in zip(compared, ref_dirs):
         assert rel(a, b) <= TOL
+
+
+async def reward_async_len(completion_ids, **kwargs):
+    return [float(len(c) % 3) for c in completion_ids]
+
+
+def test_async_reward_function_and_reward_model_match_trl(tmp_path, tokenizer, tiny_model_path):
+    """Async reward functions run on TRL's event loop; a reward model scores the rendered text, as in TRL."""
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1)
+    reward_model.config.pad_token_id = tokenizer.pad_token_id
+    rewards = (reward_async_len, reward_model)
+    overrides = dict(max_steps=1, max_grad_norm=0.0, reward_weights=[1.0, 10.0])
+    ref, _, ref_trainer = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards,
+                              reward_processing_classes=[None, tokenizer], **overrides)
+    got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+                          rewards=rewards, reward_processing_classes=[None, tokenizer], **overrides)
+    assert rel(got[0], ref[0]) <= TOL
+    model_rewards = trainer._logs["rewards"][trainer.reward_func_names[1]]
+    assert len(set(round(r, 6) for r in model_rewards)) > 1  # the reward model really scored each completion

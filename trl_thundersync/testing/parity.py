@@ -94,13 +94,14 @@ class ParityRun:
 
 
 def run_trainer(trainer_cls, config_cls, output_dir: Path, tokenizer, model_path, *, rewards=(reward_len,),
-                peft_config=None, wrap_engine=None, callbacks=(), **overrides) -> ParityRun:
+                peft_config=None, wrap_engine=None, callbacks=(), reward_processing_classes=None,
+                **overrides) -> ParityRun:
     capture = CaptureGrads()
     args = cpu_config(config_cls, output_dir, **overrides)
     trainer = trainer_cls(
         model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
         processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer), callbacks=[capture, *callbacks],
-        peft_config=peft_config,
+        peft_config=peft_config, reward_processing_classes=reward_processing_classes,
     )
     if wrap_engine is not None:
         trainer._engine = wrap_engine(trainer._rollout_engine())
