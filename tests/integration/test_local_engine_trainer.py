@@ -31,8 +31,8 @@ def train(path, tokenizer, out, callbacks=(), resume=None, **overrides):
     common.update(overrides)
     trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[reward_digits],
                                      args=cpu_config(ThunderSyncGRPOConfig, out, **common),
-                                     train_dataset=prompt_dataset(16), processing_class=tokenizer,
-                                     callbacks=list(callbacks))
+                                     train_dataset=prompt_dataset(16), eval_dataset=prompt_dataset(4),
+                                     processing_class=tokenizer, callbacks=list(callbacks))
     trainer.train(resume_from_checkpoint=resume)
     return trainer, torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
 
@@ -66,3 +66,10 @@ def test_resume_with_the_embedded_engine(tmp_path, tokenizer, tiny_model_path):
                                      resume=str(tmp_path / "resumed" / "checkpoint-2"), **common)
     assert resumed_trainer.state.global_step == 4
     assert relative_error(resumed, straight) <= 1e-6
+
+
+def test_evaluation_runs_beside_streamed_training(tmp_path, tokenizer, tiny_model_path):
+    trainer, _ = train(tiny_model_path, tokenizer, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1,
+                       per_device_eval_batch_size=4)
+    evals = [h for h in trainer.state.log_history if "eval_reward" in h]
+    assert len(evals) == 2 and all(h["eval_completions/mean_length"] > 0 for h in evals)

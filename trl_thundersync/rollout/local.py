@@ -24,9 +24,12 @@ this process's `time.perf_counter()` clock with an offset measured at constructi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -206,6 +209,22 @@ def _worker_main(config, layout, buf, extras, sampling, max_in_flight, commands,
 # ------------------------------------------------------------------------------------------------------------ parent
 
 
+@contextlib.contextmanager
+def _main_importable():
+    """Spawned children re-import `__main__` from its file; `python -` and some REPLs name a file that does not
+    exist ('<stdin>'). Hide such a name while the child starts, so the worker runs from any entry point."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = path is not None and not os.path.exists(path)
+    if hide:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = path
+
+
 class _Handle:
     """The worker and its queues. Holds no engine reference, so the engine's finalizer can own it."""
 
@@ -285,7 +304,8 @@ class LocalProcessEngine:
             commands, results = ctx.Queue(), ctx.Queue()
             args = (*args, commands, results, version, num_threads)
             runner = ctx.Process(target=_worker_main, args=args, name="LocalProcessEngine", daemon=True)
-        runner.start()
+        with _main_importable():
+            runner.start()
         return _Handle(runner, commands, results)
 
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
