@@ -43,6 +43,14 @@ class ThunderSyncGRPOConfig(GRPOConfig):
     rollout_num_threads: int = field(
         default=1, metadata={"help": "torch threads of the embedded rollout worker process."}
     )
+    learner_num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch intra-op threads of the learner on CPU. None: when the embedded engine runs in a worker "
+            "process, the cores it leaves free (cpu_count − rollout_num_threads, at least 1), so learner and "
+            "rollout threads do not oversubscribe the CPU; otherwise torch's default."
+        },
+    )
     allow_unscorable_groups: bool = field(
         default=False,
         metadata={
@@ -68,6 +76,8 @@ class ThunderSyncGRPOConfig(GRPOConfig):
             raise ConfigurationError(f"rollout_engine={self.rollout_engine!r} is not one of {ROLLOUT_ENGINES}")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
+        if self.learner_num_threads is not None and self.learner_num_threads < 1:
+            raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
         if self.rollout_max_in_flight < 1:
             raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} must be ≥ 1")
 
