@@ -99,8 +99,8 @@ def test_non_finite_batch_direction_is_refused(tmp_path, tokenizer, tiny_model_p
     original = trainer._advantages
 
     def poisoned(totals):
-        adv, _ = original(totals)
-        return adv, float("inf")
+        adv, _, zero_std = original(totals)
+        return adv, float("inf"), zero_std
 
     trainer._advantages = poisoned
     with pytest.raises(NonFiniteGradientError, match="batch direction of optimizer step 0"):

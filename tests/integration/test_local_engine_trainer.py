@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TrainerCallback
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, relative_error
+from trl_thundersync.testing.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -15,14 +14,6 @@ pytestmark = pytest.mark.slow
 def reward_digits(completions, **kwargs):
     return [float(sum(ch.isdigit() for ch in c)) - len(c) / 16 for c in completions]
 
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            control.should_training_stop = True
 
 
 def train(path, tokenizer, out, callbacks=(), resume=None, **overrides):

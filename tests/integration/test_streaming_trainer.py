@@ -6,9 +6,8 @@ import random
 
 import pytest
 import torch
-from transformers import TrainerCallback
 
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from trl_thundersync.testing.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from tests.integration.test_exactness_vs_trl import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -106,14 +105,6 @@ def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_mode
     for a, b in zip(got_dirs, ref_dirs):
         assert rel(a, b) <= TOL
 
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            control.should_training_stop = True
 
 
 def test_resume_from_checkpoint_reaches_the_same_parameters(tmp_path, tokenizer, tiny_model_path):

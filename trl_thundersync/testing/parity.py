@@ -86,6 +86,17 @@ class CaptureGrads(TrainerCallback):
         self.directions.append(torch.cat(grads))
 
 
+class StopAt(TrainerCallback):
+    """Interrupts training after `step` optimizer steps (keeps max_steps, hence the learning-rate schedule)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
 @dataclass(frozen=True)
 class ParityRun:
     directions: list[torch.Tensor]  # batch direction of every optimizer step

@@ -177,7 +177,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         global_tokens = int(self.accelerator.reduce(torch.tensor(sum(tokens), device=self.accelerator.device),
                                                     reduction="sum").item())
         scales = normalization.bucket_scales(dict(per_bucket), global_tokens)
-        advantages, policy_scale = self._advantages(totals)
+        advantages, policy_scale, zero_std_fraction = self._advantages(totals)
         direction = totals.accumulator.direction(scales, policy_scale)
         if self.accelerator.num_processes > 1:
             direction = self.accelerator.reduce(direction, reduction="mean")
@@ -188,6 +188,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             )
         write_flat_grads(direction, self._trainable)
         self._log_batch(totals, timing, scored, advantages, prompts)
+        self._metrics["train"]["frac_reward_zero_std"].append(zero_std_fraction)
         # The loss value TRL reports: Σ ν·(−A + β·KL) over scored tokens (ratio ≡ 1).
         loss = 0.0
         for index, n in enumerate(tokens):
@@ -197,8 +198,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
         return torch.tensor(loss, device=self.args.device)
 
-    def _advantages(self, totals: BatchTotals) -> tuple[list[float], float]:
-        """Per-trajectory advantages (for logs and the loss value) and the barrier-time policy scale."""
+    def _advantages(self, totals: BatchTotals) -> tuple[list[float], float, float]:
+        """Per-trajectory advantages (for logs and the loss value), the barrier-time policy scale, and the fraction
+        of trajectories whose σ is zero (TRL's `frac_reward_zero_std`)."""
         g = self.num_generations
         rewards = torch.tensor(totals.rewards, dtype=torch.float32)
         means = torch.tensor(totals.group_means, dtype=torch.float32).repeat_interleave(g)
@@ -213,10 +215,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         adv = rewards - means
         if self.scale_rewards != "none":
             adv = adv / (std + 1e-4)
-        self._zero_std_fraction = float(torch.isclose(std.nan_to_num(0.0), torch.zeros_like(std)).float().mean())
+        zero_std = float(torch.isclose(std.nan_to_num(0.0), torch.zeros_like(std)).float().mean())
         if not math.isfinite(policy_scale):
             policy_scale = 0.0
-        return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale
+        return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale, zero_std
 
     # -- rollouts ---------------------------------------------------------------------------------------------------
     def _prompts(self, rows: list[dict]) -> list:
@@ -245,7 +247,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._engine is not None:
             return self._engine
         if self._uses_trl_generation():
-            self._engine = TRLBatchEngine(self._trl_generate, policy_version=self.policy_version)
+            self._engine = TRLBatchEngine(self._generate, policy_version=self.policy_version)
         else:
             from ..rollout.local import LocalProcessEngine
 
@@ -269,10 +271,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if threads is not None:
             torch.set_num_threads(threads)
             self._metrics["train"]["thundersync/learner_threads"].append(float(threads))
-
-    def _trl_generate(self, prompts: list):
-        """TRL's batch generation, plus a decode of completions identical to TRL's."""
-        return self._generate(prompts)
 
     def _sampling_params(self) -> SamplingParams:
         a = self.args
@@ -329,7 +327,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         rewards = torch.tensor(totals.rewards, dtype=torch.float32)
         m["reward"].append(torch.nanmean(rewards).item())
         m["reward_std"].append(nanstd(rewards).item())
-        m["frac_reward_zero_std"].append(self._zero_std_fraction)
         lengths = torch.tensor([len(s.rollout.completion_ids) for s in scored], dtype=torch.float32)
         if not isinstance(self._engine, TRLBatchEngine):  # TRL's own generation already counted its tokens
             prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
