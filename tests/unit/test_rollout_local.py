@@ -251,3 +251,20 @@ def test_policy_state_dict_of_a_plain_or_wrapped_model_is_a_detached_copy(tiny):
     for name, tensor in model.state_dict().items():
         assert torch.equal(state[name], tensor) and state[name].data_ptr() != tensor.data_ptr()
     assert base_config(wrapper) is model.config
+
+
+def test_submit_per_request_budget_and_keys(tiny):
+    engine = LocalProcessEngine(tiny[0], SamplingParams(max_new_tokens=20, eos_token_ids=()), mode="thread")
+    try:
+        req = RolloutRequest(index=0, group=0, prompt_ids=(5, 6, 7), seed=11)
+        short = engine.submit(req, key=(0, 0), max_new_tokens=3)
+        long = engine.submit(req, key=(0, 1))
+        assert len(short.result(timeout=60).completion_ids) == 3
+        assert len(long.result(timeout=60).completion_ids) == 20
+        # same seed and context: the shorter sample is a prefix of the longer one
+        assert long.result().completion_ids[:3] == short.result().completion_ids
+        engine.submit(req, key="dup")
+        with pytest.raises(RolloutError, match="already in flight"):
+            engine.submit(req, key="dup")
+    finally:
+        engine.close()

@@ -18,6 +18,11 @@ sampled token (vLLM's "processed_logprobs"); with top-k/p/min-p off they are the
 settings alone. Weights travel through one flat FP32 buffer (`FlatLayout`; shared memory in process mode) that
 `publish` rewrites in place and then waits for the worker's acknowledgement.
 
+Two ways in: `start_batch`/`results` (the `RolloutEngine` contract: one request per trajectory), and `submit`,
+which returns a `Future` per request — the multi-turn agent loop submits one request per turn, keyed by
+(trajectory, turn), with a per-request token budget. A dispatcher thread owns the worker's result queue and resolves
+futures as results arrive; a worker failure fails every pending future with `RolloutError`.
+
 Timestamps: the worker stamps `time.monotonic()` (CLOCK_MONOTONIC, system-wide on Linux); the engine maps them onto
 this process's `time.perf_counter()` clock with an offset measured at construction.
 """
@@ -26,16 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import queue
 import sys
 import threading
 import time
-import traceback
 import weakref
-from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +46,7 @@ import torch
 
 from ..errors import ConfigurationError, RolloutError
 from ..types import Rollout, RolloutRequest, SamplingParams
+from .local_worker import _worker_main
 from .weights import FlatLayout, base_config, policy_state_dict
 
 _POLL_S = 0.2  # how often a blocked parent re-checks that the worker is alive
@@ -58,155 +62,6 @@ class EngineStats:
     generation_seconds: float  # Σ over batches of (last result received − start_batch)
     publications: int  # successful publish() calls
     last_publication_seconds: float  # duration of the latest publish(), 0.0 before the first
-
-
-# ------------------------------------------------------------------------------------------------------------ worker
-
-
-def _build_processors(sampling: SamplingParams) -> list[Any]:
-    from transformers.generation import logits_process as lp
-
-    procs: list[Any] = []
-    if sampling.repetition_penalty != 1.0:
-        procs.append(lp.RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
-    procs.append(lp.TemperatureLogitsWarper(sampling.temperature))
-    if sampling.top_k > 0:
-        procs.append(lp.TopKLogitsWarper(sampling.top_k))
-    if sampling.top_p < 1.0:
-        procs.append(lp.TopPLogitsWarper(sampling.top_p))
-    if sampling.min_p > 0.0:
-        procs.append(lp.MinPLogitsWarper(sampling.min_p))
-    return procs
-
-
-class _Trajectory:
-    """Decoding state of one request: its cache, generator and tokens so far."""
-
-    def __init__(self, request: RolloutRequest) -> None:
-        from transformers import DynamicCache
-
-        self.request = request
-        self.cache = DynamicCache()
-        self.generator = torch.Generator().manual_seed(request.seed)
-        self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
-        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)  # [1, T]: prompt, then one token
-        self.logprobs: list[float] = []
-        self.started = time.monotonic()
-
-
-class _Worker:
-    """The generation loop; identical in a spawned process and in a thread."""
-
-    def __init__(self, config, layout: FlatLayout, buf, sampling: SamplingParams, max_in_flight, commands, results):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-        self.params = self.model.state_dict()
-        floats = {n for n, t in self.params.items() if t.is_floating_point()}
-        unknown = sorted(floats ^ {name for name, _, _ in layout.entries})
-        if unknown:
-            raise RolloutError(f"policy weights and the worker model disagree on tensor names: {unknown[:5]}")
-        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self.layout, self.buf, self.sampling = layout, buf, sampling
-        self.processors = _build_processors(sampling)
-        self.eos = frozenset(sampling.eos_token_ids)
-        self.max_in_flight, self.commands, self.results = max_in_flight, commands, results
-        self.version = -1  # set by the first load
-        self.pending: deque[RolloutRequest] = deque()
-        self.active: list[_Trajectory] = []
-
-    def load(self, version: int, extras: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, tensor in [*self.layout.views(self.buf), *extras.items()]:
-                self.params[name].copy_(tensor)
-            # Tied parameters share storage: two different published values for them cannot both be served.
-            for name, tensor in self.layout.views(self.buf):
-                if not torch.equal(self.params[name], tensor):
-                    raise RolloutError(f"tensor {name!r} could not be loaded as published (tied to another tensor?)")
-        self.version = version
-
-    def run(self, alive) -> None:
-        while True:
-            busy = bool(self.active or self.pending)
-            try:
-                command = self.commands.get_nowait() if busy else self.commands.get(timeout=1.0)
-            except queue.Empty:
-                command = None
-            if command is None:
-                if busy:
-                    self.tick()
-                elif not alive():
-                    return
-            elif command[0] == "stop":
-                return
-            elif command[0] == "batch":
-                self.pending.extend(command[1])
-            elif command[0] == "publish":
-                self.load(command[1], command[2])
-                self.results.put(("published", command[1]))
-
-    def tick(self) -> None:
-        while self.pending and len(self.active) < self.max_in_flight:
-            self.active.append(_Trajectory(self.pending.popleft()))
-        still: list[_Trajectory] = []
-        for traj in self.active:
-            if self.step(traj):
-                self.results.put(("rollout", self.finish(traj)))
-            else:
-                still.append(traj)
-        self.active = still
-
-    @torch.inference_mode()
-    def step(self, traj: _Trajectory) -> bool:
-        """Sample one token for `traj`; True when the trajectory is finished."""
-        kwargs = {self.cache_kwarg: traj.cache}
-        out = self.model(input_ids=traj.next_input, use_cache=True, logits_to_keep=1, **kwargs)
-        scores = out.logits[:, -1, :].float()  # [1, V]
-        seen = torch.tensor([traj.tokens], dtype=torch.long)
-        for proc in self.processors:
-            scores = proc(seen, scores)
-        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=traj.generator).item())
-        traj.logprobs.append(float(torch.log_softmax(scores, dim=-1)[0, token]))
-        traj.tokens.append(token)
-        traj.next_input = torch.tensor([[token]], dtype=torch.long)
-        n_new = len(traj.tokens) - len(traj.request.prompt_ids)
-        return token in self.eos or n_new >= self.sampling.max_new_tokens
-
-    def finish(self, traj: _Trajectory) -> Rollout:
-        req = traj.request
-        return Rollout(
-            index=req.index,
-            group=req.group,
-            policy_version=self.version,
-            prompt_ids=tuple(req.prompt_ids),
-            completion_ids=tuple(traj.tokens[len(req.prompt_ids) :]),
-            sampling_logprobs=tuple(traj.logprobs),
-            started_at=traj.started,  # time.monotonic(); mapped to the parent's perf_counter on receipt
-            finished_at=time.monotonic(),
-        )
-
-
-def _worker_main(config, layout, buf, extras, sampling, max_in_flight, commands, results, version, num_threads):
-    """Worker entry (process or thread): reports ("ready", v), then serves; ("error", traceback) on any failure."""
-    try:
-        if num_threads is not None:  # process mode only: thread mode must not change the learner's settings
-            torch.set_num_threads(num_threads)
-        worker = _Worker(config, layout, buf, sampling, max_in_flight, commands, results)
-        worker.load(version, extras)
-        results.put(("ready", version))
-        if num_threads is None:
-            worker.run(alive=threading.main_thread().is_alive)
-        else:
-            import multiprocessing
-
-            parent = multiprocessing.parent_process()
-            worker.run(alive=lambda: parent is None or parent.is_alive())
-    except BaseException:  # the parent raises RolloutError with this text
-        results.put(("error", traceback.format_exc()))
-
-
-# ------------------------------------------------------------------------------------------------------------ parent
 
 
 @contextlib.contextmanager
@@ -251,7 +106,7 @@ class _Handle:
 
 
 class LocalProcessEngine:
-    """Embedded rollout engine implementing `RolloutEngine` (lifecycle in `engine.py`)."""
+    """Embedded rollout engine implementing `RolloutEngine` (lifecycle in `engine.py`), plus per-turn `submit`."""
 
     def __init__(
         self,
@@ -286,11 +141,17 @@ class LocalProcessEngine:
         self._handle = self._spawn(args, policy_version, num_threads)
         self._finalizer = weakref.finalize(self, self._handle.shutdown)
         self._version = policy_version
+        self._lock = threading.Lock()
+        self._futures: dict[Any, Future] = {}  # key -> future of every request the worker still owes
+        self._acks: queue.Queue = queue.Queue()  # ("published", v) or ("error", text), from the dispatcher
+        self._done: queue.Queue | None = None  # completed futures of the open batch, in completion order
         self._open: int | None = None  # rollouts still owed by results() for the open batch
         self._failure: str | None = None
         self._batch_started = self._gen_seconds = self._last_pub = 0.0
         self._counts = {"trajectories": 0, "tokens": 0, "publications": 0}
-        self._receive("ready", timeout=start_timeout, what="start")
+        self._await_ready(start_timeout)
+        self._dispatcher = threading.Thread(target=self._dispatch, name="LocalProcessEngine-results", daemon=True)
+        self._dispatcher.start()
 
     def _spawn(self, args: tuple, version: int, num_threads: int) -> _Handle:
         if self.mode == "thread":
@@ -308,6 +169,26 @@ class LocalProcessEngine:
             runner.start()
         return _Handle(runner, commands, results)
 
+    # -- per-request interface ----------------------------------------------------------------------------------
+    def submit(self, request: RolloutRequest, *, key: Any = None, max_new_tokens: int | None = None) -> Future:
+        """Queue one generation; the future resolves to a `Rollout` (completion = this request's new tokens).
+
+        `key` must be unique among in-flight requests (default: `request.index`); `max_new_tokens` overrides the
+        sampling default for this request (the agent loop's per-turn budget).
+        """
+        self._check_usable()
+        if len(request.prompt_ids) == 0:
+            raise RolloutError(f"request {request.index} has empty prompt_ids")
+        key = request.index if key is None else key
+        future: Future = Future()
+        with self._lock:
+            if key in self._futures:
+                raise RolloutError(f"a request with key {key!r} is already in flight")
+            self._futures[key] = future
+        self._handle.commands.put(("submit", [(key, request, max_new_tokens)]))
+        return future
+
+    # -- RolloutEngine ----------------------------------------------------------------------------------------
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
         self._check_usable()
         if self._open is not None:
@@ -322,36 +203,41 @@ class LocalProcessEngine:
             raise RolloutError("requests must have distinct indices and non-empty prompt_ids")
         self._batch_started = time.perf_counter()
         self._open = len(requests)
-        if requests:
-            self._handle.commands.put(("batch", list(requests)))
+        done: queue.Queue = queue.Queue()
+        self._done = done
+        for request in requests:
+            self.submit(request).add_done_callback(done.put)
 
     def results(self) -> Iterator[Rollout]:
-        if self._open is None:
+        if self._open is None or self._done is None:
             raise RolloutError("results() called without an open batch; call start_batch first")
         while self._open:
-            rollout = self._receive("rollout", timeout=None, what="generation")
-            rollout = dataclasses.replace(
-                rollout,
-                started_at=rollout.started_at + self._clock_offset,
-                finished_at=rollout.finished_at + self._clock_offset,
-            )
+            future = self._done.get()
+            rollout = future.result()  # raises the RolloutError a worker failure set
             self._open -= 1
             self._counts["trajectories"] += 1
             self._counts["tokens"] += len(rollout.completion_ids)
             yield rollout
         self._gen_seconds += time.perf_counter() - self._batch_started
-        self._open = None
+        self._open = self._done = None
 
     def publish(self, model: Any, policy_version: int) -> float:
         self._check_usable()
-        if self._open is not None:
-            raise RolloutError(f"cannot publish while a batch is open ({self._open} rollouts not yet consumed)")
+        if self._open is not None or self._futures:
+            raise RolloutError(
+                f"cannot publish while a batch is open ({len(self._futures)} requests in flight); it must close first"
+            )
         start = time.perf_counter()
         extras = self._layout.pack(policy_state_dict(model), self._buf)
         self._handle.commands.put(("publish", policy_version, extras))
-        acked = self._receive("published", timeout=self.start_timeout, what="publish")
-        if acked != policy_version:
-            self._fail("publish", f"worker acknowledged version {acked} instead of {policy_version}")
+        try:
+            kind, payload = self._acks.get(timeout=self.start_timeout)
+        except queue.Empty:
+            self._fail("publish", f"no acknowledgement from the worker within {self.start_timeout:.0f} s")
+        if kind == "error":
+            self._fail("publish", payload)
+        if payload != policy_version:
+            self._fail("publish", f"worker acknowledged version {payload} instead of {policy_version}")
         self._version = policy_version
         self._last_pub = time.perf_counter() - start
         self._counts["publications"] += 1
@@ -376,33 +262,70 @@ class LocalProcessEngine:
             generation_seconds=self._gen_seconds, last_publication_seconds=self._last_pub, **self._counts
         )
 
+    # -- plumbing ------------------------------------------------------------------------------------------------
+    def _await_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self._handle.results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._handle.runner.is_alive():
+                    self._fail("start", self._handle.exit_text())
+                if time.monotonic() > deadline:
+                    self._fail("start", f"no answer from the worker within {timeout:.0f} s")
+                continue
+            if message[0] == "error":
+                self._fail("start", message[1])
+            if message[0] != "ready":
+                self._fail("start", f"protocol error: expected 'ready', got {message[0]!r}")
+            return
+
+    def _dispatch(self) -> None:
+        """Owns the result queue: resolves futures, forwards acks, turns a dead worker into failed futures."""
+        results = self._handle.results
+        while self._finalizer.alive:
+            try:
+                message = results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._handle.runner.is_alive():
+                    self._fail_pending(self._handle.exit_text())
+                    return
+                continue
+            except (OSError, ValueError, EOFError):  # queue closed by shutdown
+                return
+            if message[0] == "rollout":
+                _, key, rollout = message
+                rollout = dataclasses.replace(
+                    rollout,
+                    started_at=rollout.started_at + self._clock_offset,
+                    finished_at=rollout.finished_at + self._clock_offset,
+                )
+                with self._lock:
+                    future = self._futures.pop(key, None)
+                if future is not None:
+                    future.set_result(rollout)
+            elif message[0] == "published":
+                self._acks.put(("published", message[1]))
+            elif message[0] == "error":
+                self._fail_pending(message[1])
+                return
+
+    def _fail_pending(self, detail: str) -> None:
+        self._failure = detail
+        with self._lock:
+            pending, self._futures = list(self._futures.values()), {}
+        lost = len(pending)
+        error = RolloutError(f"rollout worker failed; {lost} trajectories of the open batch lost (requests in "
+                             f"flight):\n{detail}")
+        for future in pending:
+            future.set_exception(error)
+        self._acks.put(("error", detail))
+
     def _check_usable(self) -> None:
         if self._failure is not None:
             raise RolloutError(f"the rollout worker failed earlier; create a new engine.\n{self._failure}")
         if not self._finalizer.alive:
             raise RolloutError("the engine is closed")
-
-    def _receive(self, kind: str, timeout: float | None, what: str) -> Any:
-        """Next message of `kind` from the worker; RolloutError if the worker reports an error, dies or times out."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                message = self._handle.results.get(timeout=_POLL_S)
-            except queue.Empty:
-                if not self._handle.runner.is_alive():  # one last look: its error report may have just landed
-                    try:
-                        message = self._handle.results.get(timeout=_POLL_S)
-                    except queue.Empty:
-                        self._fail(what, self._handle.exit_text())
-                elif deadline is not None and time.monotonic() > deadline:
-                    self._fail(what, f"no answer from the worker within {timeout:.0f} s")
-                else:
-                    continue
-            if message[0] == "error":
-                self._fail(what, message[1])
-            if message[0] != kind:
-                self._fail(what, f"protocol error: expected {kind!r}, got {message[0]!r}")
-            return message[1]
 
     def _fail(self, what: str, detail: str) -> None:
         lost = self._open or 0

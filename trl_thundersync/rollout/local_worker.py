@@ -1,0 +1,168 @@
+"""The generation loop of the embedded engine; runs in a spawned process (or a thread) — see `local.py`.
+
+Protocol over two queues. Commands: ("submit", [(key, RolloutRequest, max_new_tokens | None), ...]),
+("publish", version, extras), ("stop",). Results: ("ready", version), ("rollout", key, Rollout),
+("published", version), ("error", traceback text).
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+import torch
+
+from ..errors import RolloutError
+from ..types import Rollout, RolloutRequest, SamplingParams
+from .weights import FlatLayout
+
+
+def _build_processors(sampling: SamplingParams) -> list[Any]:
+    from transformers.generation import logits_process as lp
+
+    procs: list[Any] = []
+    if sampling.repetition_penalty != 1.0:
+        procs.append(lp.RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    procs.append(lp.TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k > 0:
+        procs.append(lp.TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        procs.append(lp.TopPLogitsWarper(sampling.top_p))
+    if sampling.min_p > 0.0:
+        procs.append(lp.MinPLogitsWarper(sampling.min_p))
+    return procs
+
+
+class _Trajectory:
+    """Decoding state of one request: its cache, generator and tokens so far."""
+
+    def __init__(self, key: Any, request: RolloutRequest, max_new_tokens: int) -> None:
+        from transformers import DynamicCache
+
+        self.key = key
+        self.max_new_tokens = max_new_tokens
+        self.request = request
+        self.cache = DynamicCache()
+        self.generator = torch.Generator().manual_seed(request.seed)
+        self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
+        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)  # [1, T]: prompt, then one token
+        self.logprobs: list[float] = []
+        self.started = time.monotonic()
+
+
+class _Worker:
+    """The generation loop; identical in a spawned process and in a thread."""
+
+    def __init__(self, config, layout: FlatLayout, buf, sampling: SamplingParams, max_in_flight, commands, results):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        self.params = self.model.state_dict()
+        floats = {n for n, t in self.params.items() if t.is_floating_point()}
+        unknown = sorted(floats ^ {name for name, _, _ in layout.entries})
+        if unknown:
+            raise RolloutError(f"policy weights and the worker model disagree on tensor names: {unknown[:5]}")
+        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.layout, self.buf, self.sampling = layout, buf, sampling
+        self.processors = _build_processors(sampling)
+        self.eos = frozenset(sampling.eos_token_ids)
+        self.max_in_flight, self.commands, self.results = max_in_flight, commands, results
+        self.version = -1  # set by the first load
+        self.pending: deque[tuple[Any, RolloutRequest, int | None]] = deque()  # (key, request, max_new_tokens)
+        self.active: list[_Trajectory] = []
+
+    def load(self, version: int, extras: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in [*self.layout.views(self.buf), *extras.items()]:
+                self.params[name].copy_(tensor)
+            # Tied parameters share storage: two different published values for them cannot both be served.
+            for name, tensor in self.layout.views(self.buf):
+                if not torch.equal(self.params[name], tensor):
+                    raise RolloutError(f"tensor {name!r} could not be loaded as published (tied to another tensor?)")
+        self.version = version
+
+    def run(self, alive) -> None:
+        while True:
+            busy = bool(self.active or self.pending)
+            try:
+                command = self.commands.get_nowait() if busy else self.commands.get(timeout=1.0)
+            except queue.Empty:
+                command = None
+            if command is None:
+                if busy:
+                    self.tick()
+                elif not alive():
+                    return
+            elif command[0] == "stop":
+                return
+            elif command[0] == "submit":
+                self.pending.extend(command[1])
+            elif command[0] == "publish":
+                self.load(command[1], command[2])
+                self.results.put(("published", command[1]))
+
+    def tick(self) -> None:
+        while self.pending and len(self.active) < self.max_in_flight:
+            key, request, max_new = self.pending.popleft()
+            self.active.append(_Trajectory(key, request, max_new or self.sampling.max_new_tokens))
+        still: list[_Trajectory] = []
+        for traj in self.active:
+            if self.step(traj):
+                self.results.put(("rollout", traj.key, self.finish(traj)))
+            else:
+                still.append(traj)
+        self.active = still
+
+    @torch.inference_mode()
+    def step(self, traj: _Trajectory) -> bool:
+        """Sample one token for `traj`; True when the trajectory is finished."""
+        kwargs = {self.cache_kwarg: traj.cache}
+        out = self.model(input_ids=traj.next_input, use_cache=True, logits_to_keep=1, **kwargs)
+        scores = out.logits[:, -1, :].float()  # [1, V]
+        seen = torch.tensor([traj.tokens], dtype=torch.long)
+        for proc in self.processors:
+            scores = proc(seen, scores)
+        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=traj.generator).item())
+        traj.logprobs.append(float(torch.log_softmax(scores, dim=-1)[0, token]))
+        traj.tokens.append(token)
+        traj.next_input = torch.tensor([[token]], dtype=torch.long)
+        n_new = len(traj.tokens) - len(traj.request.prompt_ids)
+        return token in self.eos or n_new >= traj.max_new_tokens
+
+    def finish(self, traj: _Trajectory) -> Rollout:
+        req = traj.request
+        return Rollout(
+            index=req.index,
+            group=req.group,
+            policy_version=self.version,
+            prompt_ids=tuple(req.prompt_ids),
+            completion_ids=tuple(traj.tokens[len(req.prompt_ids) :]),
+            sampling_logprobs=tuple(traj.logprobs),
+            started_at=traj.started,  # time.monotonic(); mapped to the parent's perf_counter on receipt
+            finished_at=time.monotonic(),
+        )
+
+
+def _worker_main(config, layout, buf, extras, sampling, max_in_flight, commands, results, version, num_threads):
+    """Worker entry (process or thread): reports ("ready", v), then serves; ("error", traceback) on any failure."""
+    try:
+        if num_threads is not None:  # process mode only: thread mode must not change the learner's settings
+            torch.set_num_threads(num_threads)
+        worker = _Worker(config, layout, buf, sampling, max_in_flight, commands, results)
+        worker.load(version, extras)
+        results.put(("ready", version))
+        if num_threads is None:
+            worker.run(alive=threading.main_thread().is_alive)
+        else:
+            import multiprocessing
+
+            parent = multiprocessing.parent_process()
+            worker.run(alive=lambda: parent is None or parent.is_alive())
+    except BaseException:  # the parent raises RolloutError with this text
+        results.put(("error", traceback.format_exc()))
