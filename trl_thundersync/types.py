@@ -35,6 +35,34 @@ class RolloutRequest:
     prompt_ids: tuple[int, ...]  # already chat-templated token ids
     seed: int  # per-trajectory sampling seed
     prompt: Any = None  # the raw prompt (text or messages), for engines that apply the chat template themselves
+    row: Mapping[str, Any] | None = None  # the dataset row (environment reset kwargs), for agent engines
+
+
+@dataclass(frozen=True)
+class AgentStats:
+    """How one multi-turn trajectory went (for metrics; the learner never reads it)."""
+
+    turns: int  # generation turns taken
+    tool_calls: int  # tool calls executed
+    tool_failures: int  # calls that raised, timed out, named an unknown tool, or failed to parse
+    parse_errors: int  # turns whose tool call could not be parsed
+    observation_truncations: int  # observations cut to head + tail
+    tool_seconds: tuple[float, ...]  # latency of every executed call
+    wall_seconds: float  # reset to last token
+    stop_reason: str  # "answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
+    # "turn_token_limit"
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    """Emitted when a turn's action tokens are complete (the per-turn release point of on-policy distillation)."""
+
+    index: int  # trajectory index in the batch
+    turn: int  # 0-based turn number
+    policy_version: int  # version that sampled the action
+    context_ids: tuple[int, ...]  # everything the action was conditioned on (prompt, earlier turns, observations)
+    action_ids: tuple[int, ...]  # the turn's generated tokens (all scored)
+    time: float  # perf_counter when the action was complete
 
 
 @dataclass(frozen=True)
@@ -52,6 +80,8 @@ class Rollout:
     extra_fields: Mapping[str, Any] = field(default_factory=dict)  # rollout_func extras forwarded to rewards
     started_at: float = 0.0  # time.perf_counter() when generation of this trajectory started
     finished_at: float = 0.0  # time.perf_counter() when the last token was produced
+    truncated: bool | None = None  # ended by a limit (None: infer from the last token, as TRL does)
+    agent: AgentStats | None = None  # multi-turn statistics, for agentic rollouts
 
     def __post_init__(self) -> None:
         if self.env_mask is not None and len(self.env_mask) != len(self.completion_ids):

@@ -65,19 +65,26 @@ class EngineStats:
 
 
 @contextlib.contextmanager
-def _main_importable():
-    """Spawned children re-import `__main__` from its file; `python -` and some REPLs name a file that does not
-    exist ('<stdin>'). Hide such a name while the child starts, so the worker runs from any entry point."""
+def _without_main_module():
+    """Start the spawned worker without re-importing the user's `__main__`.
+
+    By default a spawned child re-runs the parent's main script (or module) to unpickle objects defined there; a
+    training script without an `if __name__ == "__main__":` guard would then start training again in the worker.
+    The worker receives only objects of this package, torch and transformers, so it never needs `__main__`: hide
+    its file and spec while the child starts.
+    """
     main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    hide = path is not None and not os.path.exists(path)
-    if hide:
-        del main.__file__
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    for name in saved:
+        if name == "__spec__":
+            main.__spec__ = None
+        else:
+            delattr(main, name)
     try:
         yield
     finally:
-        if hide:
-            main.__file__ = path
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 class _Handle:
@@ -165,7 +172,7 @@ class LocalProcessEngine:
             commands, results = ctx.Queue(), ctx.Queue()
             args = (*args, commands, results, version, num_threads)
             runner = ctx.Process(target=_worker_main, args=args, name="LocalProcessEngine", daemon=True)
-        with _main_importable():
+        with _without_main_module():
             runner.start()
         return _Handle(runner, commands, results)
 

@@ -45,10 +45,15 @@ def write_flat_grads(vector: torch.Tensor, params: Sequence[torch.Tensor]) -> No
 
 
 def loss_mask(rollout, eos_and_pad: Sequence[int], mask_truncated: bool) -> torch.Tensor:
-    """TRL's per-token loss mask for one trajectory: env_mask × (not truncated, if masking truncations)."""
+    """TRL's per-token loss mask for one trajectory: env_mask × (not truncated, if masking truncations).
+
+    Truncation is the rollout's own flag when it has one (agent loops know why they stopped), otherwise TRL's rule:
+    the last token is neither EOS nor pad.
+    """
     ids = rollout.completion_ids
     mask = torch.tensor(rollout.env_mask if rollout.env_mask is not None else [1] * len(ids), dtype=torch.float32)
-    if mask_truncated and ids and ids[-1] not in eos_and_pad:
+    truncated = rollout.truncated if rollout.truncated is not None else bool(ids) and ids[-1] not in eos_and_pad
+    if mask_truncated and truncated:
         mask = torch.zeros_like(mask)
     return mask
 

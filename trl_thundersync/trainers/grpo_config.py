@@ -51,6 +51,27 @@ class ThunderSyncGRPOConfig(GRPOConfig):
             "rollout threads do not oversubscribe the CPU; otherwise torch's default."
         },
     )
+    agent_max_turns: int | None = field(
+        default=None,
+        metadata={"help": "Agent loop: generation turns per trajectory. None: max_tool_calling_iterations + 1, or 8."},
+    )
+    agent_max_tokens_per_turn: int | None = field(
+        default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_completion_length."}
+    )
+    agent_max_completion_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Agent loop: model-generated tokens per trajectory, all turns. None: max_completion_length."},
+    )
+    agent_max_context_tokens: int = field(
+        default=8192, metadata={"help": "Agent loop: prompt + everything appended (actions and observations)."}
+    )
+    agent_max_observation_tokens: int = field(
+        default=256,
+        metadata={"help": "Agent loop: tool-result tokens kept per observation (equal head and tail, marker between)."},
+    )
+    agent_tool_timeout: float = field(
+        default=60.0, metadata={"help": "Agent loop: seconds a tool call may take before it becomes an error observation."}
+    )
     allow_unscorable_groups: bool = field(
         default=False,
         metadata={
@@ -78,8 +99,34 @@ class ThunderSyncGRPOConfig(GRPOConfig):
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         if self.learner_num_threads is not None and self.learner_num_threads < 1:
             raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
+        for name in ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigurationError(f"{name}={value} must be ≥ 1 (or None for the default)")
+        if self.agent_max_context_tokens < 1 or self.agent_max_observation_tokens < 2 or self.agent_tool_timeout <= 0:
+            raise ConfigurationError(
+                f"agent_max_context_tokens={self.agent_max_context_tokens}, agent_max_observation_tokens="
+                f"{self.agent_max_observation_tokens} and agent_tool_timeout={self.agent_tool_timeout} must be positive "
+                "(observations keep at least one head and one tail token)"
+            )
         if self.rollout_max_in_flight < 1:
             raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} must be ≥ 1")
+
+    def agent_limits(self):
+        """The agent loop's budgets, with the TRL fields as defaults."""
+        from ..envs.agent_loop import AgentLimits
+
+        turns = self.agent_max_turns
+        if turns is None:
+            turns = self.max_tool_calling_iterations + 1 if self.max_tool_calling_iterations is not None else 8
+        return AgentLimits(
+            max_turns=turns,
+            max_tokens_per_turn=self.agent_max_tokens_per_turn or self.max_completion_length,
+            max_completion_tokens=self.agent_max_completion_tokens or self.max_completion_length,
+            max_context_tokens=self.agent_max_context_tokens,
+            max_observation_tokens=self.agent_max_observation_tokens,
+            tool_timeout_s=self.agent_tool_timeout,
+        )
 
     def _refuse_unstreamable(self) -> None:
         def refuse(name: str, value, why: str) -> None:

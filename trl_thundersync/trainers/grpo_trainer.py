@@ -27,6 +27,7 @@ from trl.trainer.grpo_trainer import use_adapter
 from trl.trainer.utils import nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
+from ..envs.metrics import agent_metrics
 from ..rollout.engine import RolloutEngine
 from ..rollout.trl_batch import TRLBatchEngine
 from ..streaming.accumulators import stats_memory_bytes
@@ -75,10 +76,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                          optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
                          tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         self._check_distributed()
-        if tools or environment_factory is not None:
+        if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(
-                "tools / environment_factory: streamed multi-turn agent rollouts are not available yet; "
-                "use trl.GRPOTrainer for tool-calling runs until the agent loop lands"
+                "tools / environment_factory run in ThunderSync's streamed agent loop; they cannot be combined with "
+                "rollout_func or rollout_engine='trl'"
             )
         if self.aux_loss_enabled:
             raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
@@ -158,8 +159,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
                 completion = self._decode(prompts[rollout.index], rollout.prompt_ids, rollout.completion_ids)
                 rollout = replace(rollout, completion=completion)
+            environments = getattr(engine, "environments", None)
             context = RewardContext(self.state, self._log_completion_extra, self._log_metric,
-                                    self.environments[rollout.index] if self.environments else None)
+                                    environments[rollout.index] if environments else None)
             return scorer.score(rollout, prompts[rollout.index], rows[rollout.index], context)
 
         scored = []
@@ -227,19 +229,20 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return [x["prompt"] for x in rows]
 
     def _uses_trl_generation(self) -> bool:
-        return (self.args.rollout_engine == "trl" or self.rollout_func is not None or bool(self.tools)
-                or self.environment_factories is not None)
+        return self.args.rollout_engine == "trl" or self.rollout_func is not None
+
+    def _agentic(self) -> bool:
+        return bool(self.tools) or self.environment_factories is not None
 
     def _requests(self, rows: list[dict], prompts: list, version: int) -> list[RolloutRequest]:
-        if self._uses_trl_generation():
-            prompt_ids = [()] * len(rows)  # TRL tokenizes inside its own generation
-        else:
-            prompt_ids = self._tokenize_prompts(prompts)[0]
+        if self._uses_trl_generation() or self._agentic():
+            prompt_ids = [()] * len(rows)  # tokenized by TRL's generation / after the environment's reset
         g = self.num_generations
         first_row = self.accelerator.process_index * len(rows)  # global row of this process's first trajectory
         return [
             RolloutRequest(index=i, group=i // g, prompt_ids=tuple(prompt_ids[i]),
-                           seed=trajectory_seed(self.args.seed, version, first_row + i), prompt=prompts[i])
+                           seed=trajectory_seed(self.args.seed, version, first_row + i), prompt=prompts[i],
+                           row=rows[i])
             for i in range(len(rows))
         ]
 
@@ -248,17 +251,42 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             return self._engine
         if self._uses_trl_generation():
             self._engine = TRLBatchEngine(self._generate, policy_version=self.policy_version)
-        else:
-            from ..rollout.local import LocalProcessEngine
+            return self._engine
+        from ..rollout.local import LocalProcessEngine
 
-            mode = "thread" if self.args.rollout_engine == "local_thread" else "process"
-            self._set_learner_threads(mode)
-            self._engine = LocalProcessEngine(
-                self.accelerator.unwrap_model(self.model), self._sampling_params(),
-                max_in_flight=self.args.rollout_max_in_flight, mode=mode,
-                num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
-            )
+        mode = "thread" if self.args.rollout_engine == "local_thread" else "process"
+        self._set_learner_threads(mode)
+        sampling = self._sampling_params()
+        if self._agentic():
+            sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
+        generator = LocalProcessEngine(
+            self.accelerator.unwrap_model(self.model), sampling, max_in_flight=self.args.rollout_max_in_flight,
+            mode=mode, num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
+        )
+        self._engine = self._agent_engine(generator) if self._agentic() else generator
         return self._engine
+
+    def _agent_engine(self, generator):
+        from ..envs.agent_loop import ToolRunner
+        from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
+
+        def render_prompt(prompt: list[dict], tools: list) -> list[int]:
+            out = self.processing_class.apply_chat_template(
+                conversation=prompt, tools=tools or None, chat_template=self.chat_template,
+                add_generation_prompt=True, tokenize=True, return_dict=True, **self.chat_template_kwargs,
+            )
+            return list(out["input_ids"])
+
+        spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
+                               multi_environment=bool(getattr(self, "_multi_environment", False)))
+        return AgentRolloutEngine(
+            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self.args.agent_limits(),
+            environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
+            chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
+        )
+
+    def _train_batch_size_local(self) -> int:
+        return self.args.per_device_train_batch_size * self.args.steps_per_generation
 
     def _set_learner_threads(self, engine_mode: str) -> None:
         """On CPU, leave the worker's cores to it: oversubscribed OpenMP threads slow the learner by ~2× here."""
@@ -350,6 +378,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             stats_memory_bytes(totals.accumulator.num_params, self.args.max_open_groups or len(scored) // self.num_generations) / 2**20
         )
         m["thundersync/policy_version"].append(float(self.policy_version))
+        for name, value in agent_metrics([s.rollout.agent for s in scored if s.rollout.agent is not None]).items():
+            m[name].append(value)
         self._logs["prompt"].extend(prompts)
         self._logs["completion"].extend(s.rollout.completion for s in scored)
         for i, name in enumerate(self.reward_func_names):

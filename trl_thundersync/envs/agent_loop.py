@@ -1,0 +1,181 @@
+"""The multi-turn agent loop of one trajectory: a small explicit state machine, tokens in and tokens out.
+
+    context = prompt ids
+    repeat:  generate one turn (≤ per-turn budget)          → TurnEvent (action complete)
+             parse the tool call (chat-template format)
+             no call → stop ("answered");  unparsable → fixed parser-error observation (the turn is consumed)
+             run the tool (timeout; exceptions become the observation the model sees)
+             observation → truncated to equal head/tail tokens → framed by the chat template → mask 0
+             the tool set `done` (a finishing tool) → stop ("finished")
+    until a limit: max_turns, max_completion_tokens (model tokens), max_context_tokens, or a turn cut at its
+    per-turn budget ("turn_token_limit"). Limit stops mark the trajectory truncated.
+
+The loop only needs a `generate(context_ids, max_new_tokens, turn) -> (action_ids, logprobs, version)` callable; it
+never sees the engine, the learner or other trajectories, so thousands can run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import AgentStats, TurnEvent
+from .tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, format_tool_result, parse_turn,
+                         truncate_observation)
+
+# (context_ids, max_new_tokens, turn) -> (action_ids, sampling logprobs, policy version)
+GenerateFn = Callable[[Sequence[int], int, int], tuple[tuple[int, ...], tuple[float, ...], int]]
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """Budgets of one trajectory (paper Table 6)."""
+
+    max_turns: int = 8
+    max_tokens_per_turn: int = 256
+    max_completion_tokens: int = 1024  # model-generated tokens over all turns
+    max_context_tokens: int = 4096  # prompt + everything appended
+    max_observation_tokens: int = 256  # kept per observation: half head, half tail
+    tool_timeout_s: float = 60.0  # per tool call (sandboxed commands also have their own)
+
+
+@dataclass
+class AgentTrajectory:
+    """The finished trajectory: completion tokens after the prompt, with a 1/0 mask (model/environment)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # assistant and tool messages, for reward functions
+    policy_version: int | None = None
+    truncated: bool = False
+    stats: AgentStats | None = None
+
+
+class ToolRunner:
+    """Runs sync tools on a thread pool and async tools on an event loop, each under a timeout."""
+
+    def __init__(self, max_workers: int = 32, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="thundersync-tool")
+        self.loop = loop
+
+    def __call__(self, tool: Callable, arguments: dict, timeout: float) -> Any:
+        if inspect.iscoroutinefunction(tool):
+            if self.loop is None:
+                raise RuntimeError("async tools need an event loop (ToolRunner(loop=...))")
+            future = asyncio.run_coroutine_threadsafe(tool(**arguments), self.loop)
+        else:
+            future = self.pool.submit(tool, **arguments)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"tool call did not finish within {timeout:g} s") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_agent_trajectory(
+    *,
+    index: int,
+    prompt_ids: Sequence[int],
+    tools: dict[str, Callable],
+    generate: GenerateFn,
+    tokenizer,
+    render_tool: ToolResponseRenderer,
+    run_tool: ToolRunner,
+    limits: AgentLimits,
+    environment: Any = None,
+    on_turn: Callable[[TurnEvent], None] | None = None,
+) -> AgentTrajectory:
+    traj = AgentTrajectory(prompt_ids=list(prompt_ids))
+    schemas = list(tools.values())
+    tool_call_start = tokenizer.convert_tokens_to_ids("<tool_call>") if "<tool_call>" in tokenizer.get_vocab() else None
+    eos = tokenizer.eos_token_id
+    started = time.perf_counter()
+    turns = calls = failures = parse_errors = truncations = 0
+    latencies: list[float] = []
+    generated = 0
+    stop = "max_turns"
+    for turn in range(limits.max_turns):
+        context = traj.prompt_ids + traj.completion_ids
+        budget = min(limits.max_tokens_per_turn, limits.max_completion_tokens - generated,
+                     limits.max_context_tokens - len(context))
+        if budget <= 0:
+            stop = "max_completion_tokens" if generated >= limits.max_completion_tokens else "max_context_tokens"
+            break
+        action, logprobs, version = generate(context, budget, turn)
+        turns += 1
+        generated += len(action)
+        if traj.policy_version is None:
+            traj.policy_version = version
+        elif version != traj.policy_version:  # caught again by the learner; never mix versions in one trajectory
+            raise RuntimeError(f"trajectory {index}: turn {turn} sampled at version {version}, earlier turns at "
+                               f"{traj.policy_version}")
+        traj.completion_ids += action
+        traj.env_mask += [1] * len(action)
+        traj.logprobs += logprobs
+        if on_turn is not None:
+            on_turn(TurnEvent(index, turn, version, tuple(context), tuple(action), time.perf_counter()))
+        if not action or action[-1] != eos:
+            stop = "turn_token_limit"
+            traj.messages.append({"role": "assistant", "content": tokenizer.decode(action, skip_special_tokens=True)})
+            break
+        parsed = parse_turn(tokenizer, action, context, schemas, tool_call_start)
+        traj.messages.append(parsed.message)
+        if parsed.malformed:
+            parse_errors += 1
+            failures += 1
+            observation, name = PARSER_ERROR_OBSERVATION, "parser"
+        elif parsed.tool_name is None:
+            stop = "answered"
+            break
+        else:
+            name = parsed.tool_name
+            calls += 1
+            observation, failed, seconds = _execute(tools, name, parsed.arguments, run_tool, limits.tool_timeout_s)
+            latencies.append(seconds)
+            failures += int(failed)
+            if parsed.extra_calls:
+                observation += f"\n[only one tool call per turn is executed; {parsed.extra_calls} more ignored]"
+        observation, elided = truncate_observation(tokenizer, observation, limits.max_observation_tokens)
+        truncations += int(elided > 0)
+        traj.messages.append({"role": "tool", "name": name, "content": observation})
+        framing = render_tool(name, observation)
+        if len(context) + len(action) + len(framing) > limits.max_context_tokens:
+            stop = "max_context_tokens"
+            break
+        traj.completion_ids += framing
+        traj.env_mask += [0] * len(framing)
+        traj.logprobs += [0.0] * len(framing)
+        if getattr(environment, "done", False):
+            stop = "finished"
+            break
+    traj.truncated = stop not in ("answered", "finished")
+    traj.stats = AgentStats(turns, calls, failures, parse_errors, truncations, tuple(latencies),
+                            time.perf_counter() - started, stop)
+    return traj
+
+
+def _execute(tools: dict[str, Callable], name: str, arguments: dict, run_tool: ToolRunner,
+             timeout: float) -> tuple[str, bool, float]:
+    """Run one tool call; every failure becomes an observation. Returns (observation, failed, seconds)."""
+    start = time.perf_counter()
+    tool = tools.get(name)
+    if tool is None:
+        return f"Error: unknown tool {name!r}. Available tools: {sorted(tools)}", True, 0.0
+    try:
+        result = run_tool(tool, arguments, timeout)
+    except TimeoutError as exc:
+        return f"Error: {name} timed out: {exc}", True, time.perf_counter() - start
+    except Exception as exc:  # the model sees what went wrong, as in TRL
+        return f"Error: {name} raised {type(exc).__name__}: {exc}", True, time.perf_counter() - start
+    return format_tool_result(result), False, time.perf_counter() - start
