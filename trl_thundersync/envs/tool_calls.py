@@ -58,12 +58,16 @@ class ToolResponseRenderer:
     """Token ids that frame a tool result after an assistant turn ending in EOS (TRL's dummy-conversation trick).
 
     The chat template renders `user/assistant(tool_call)` with and without a following tool message; the difference
-    after the EOS that closes the assistant turn is the framing, including the next assistant header.
+    after the EOS that closes the assistant turn is the framing, including the next assistant header. This needs a
+    prefix-preserving template: pass TRL's training template (`trl.chat_template_utils.get_training_chat_template`,
+    what `GRPOTrainer.chat_template` holds) for families such as Qwen3 whose stock template re-renders earlier turns.
     """
 
-    def __init__(self, tokenizer, chat_template_kwargs: dict | None = None) -> None:
+    def __init__(self, tokenizer, chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> None:
         self.tokenizer = tokenizer
-        self.kwargs = chat_template_kwargs or {}
+        self.kwargs = dict(chat_template_kwargs or {})
+        if chat_template is not None:
+            self.kwargs["chat_template"] = chat_template
 
     def __call__(self, tool_name: str, content: str) -> list[int]:
         call = [{"type": "function", "function": {"name": tool_name, "arguments": {}}}]

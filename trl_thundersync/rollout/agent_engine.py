@@ -55,7 +55,7 @@ class EnvironmentSpec:
 class AgentRolloutEngine:
     def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn, limits: AgentLimits,
                  environments: EnvironmentSpec, tool_runner: ToolRunner | None = None,
-                 chat_template_kwargs: dict | None = None, on_turn: Callable[[TurnEvent], None] | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None, on_turn: Callable[[TurnEvent], None] | None = None,
                  max_concurrent: int = 64) -> None:
         self.generator = generator
         self.tokenizer = tokenizer
@@ -63,7 +63,7 @@ class AgentRolloutEngine:
         self.limits = limits
         self.spec = environments
         self.tool_runner = tool_runner or ToolRunner()
-        self.render_tool = ToolResponseRenderer(tokenizer, chat_template_kwargs)
+        self.render_tool = ToolResponseRenderer(tokenizer, chat_template, chat_template_kwargs)
         self.on_turn = on_turn
         self.pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="thundersync-agent")
         self.environments: list[Any] = []  # per trajectory index of the open (or last) batch

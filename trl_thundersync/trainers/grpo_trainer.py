@@ -282,7 +282,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return AgentRolloutEngine(
             generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self.args.agent_limits(),
             environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
-            chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
+            chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
         )
 
     def _train_batch_size_local(self) -> int:
