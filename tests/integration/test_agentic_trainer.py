@@ -1,0 +1,143 @@
+"""Multi-turn tool trajectories end to end: TRL-style environments, exactness vs TRL, schedules, metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import CaptureGrads, cpu_config, load_model, relative_error
+from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
+
+pytestmark = pytest.mark.slow
+
+
+class CounterEnv:
+    """A TRL `environment_factory` environment, written exactly as for trl.GRPOTrainer."""
+
+    def reset(self, **row) -> str | None:
+        self.count = 0
+        self.target = row["target"]
+        return f" Target: {self.target}."
+
+    def increment(self, amount: int) -> str:
+        """Add an amount to the counter.
+
+        Args:
+            amount: how much to add
+        """
+        self.count += amount
+        return f"counter={self.count}"
+
+    def read(self) -> str:
+        """Read the counter."""
+        return str(self.count)
+
+    def get_reward(self) -> float:
+        return -abs(self.target - self.count)
+
+
+def script(index: int, turn: int, context: str) -> str:
+    """Uneven trajectories: 1–3 tool calls, one malformed call, then an answer."""
+    calls = 1 + index % 3
+    if turn < calls:
+        if index == 1 and turn == 0:
+            return '<tool_call>\n{"name": "increment", "arguments": {"amount": \n</tool_call>'
+        return tool_call_text("increment", {"amount": (index + turn) % 4})
+    return "Done."
+
+
+def dataset(n=8):
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Reach the target {i}."}] for i in range(n)],
+                              "target": [i % 5 for i in range(n)]})
+
+
+def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=256, agent_max_turns=4,
+                      optim="sgd", **overrides)
+    capture = CaptureGrads()
+    trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[], args=args, train_dataset=dataset(),
+                                     processing_class=tokenizer, environment_factory=CounterEnv, callbacks=[capture])
+    generator = ScriptedTurnGenerator(tokenizer, script, delay=delay)
+    trainer._engine = trainer._agent_engine(generator)
+    captured = []
+    original = trainer._barrier
+
+    def spy(totals, timing, normalization, buckets, scored, prompts):
+        captured.append([(s.rollout, s.reward) for s in scored])
+        return original(totals, timing, normalization, buckets, scored, prompts)
+
+    trainer._barrier = spy
+    return trainer, capture, captured, generator
+
+
+def test_multi_turn_training_matches_trl_on_the_same_trajectories(tmp_path, tokenizer, tiny_model_path):
+    trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
+                                                         delay=lambda i, t: 0.002 * ((7 * i + t) % 5))
+    trainer.train()
+    assert generator.publications == [1, 2]
+    rollouts = [r for r, _ in captured[0]]
+    assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"
+    assert {r.agent.stop_reason for r in rollouts} == {"answered"}
+    assert sum(r.agent.parse_errors for r in rollouts) == 1  # trajectory 1
+    log = next(h for h in trainer.state.log_history if "agent/turns_mean" in h)
+    assert log["tools/call_frequency"] > 1 and log["agent/turns_mean"] > 2
+    # Feed the very same trajectories and environment rewards to stock TRL through rollout_func (+ env_mask).
+    by_step = {step: {r.index: r for r, _ in pairs} for step, pairs in enumerate(captured)}
+    rewards = {step: {r.index: reward for r, reward in pairs} for step, pairs in enumerate(captured)}
+
+    def rollout_func(prompts, trl_trainer):
+        step = trl_trainer.state.global_step
+        rs = [by_step[step][i] for i in range(len(prompts))]
+        return {"prompt_ids": [list(r.prompt_ids) for r in rs], "completion_ids": [list(r.completion_ids) for r in rs],
+                "logprobs": [list(r.sampling_logprobs) for r in rs], "env_mask": [list(r.env_mask) for r in rs],
+                "env_reward": [rewards[step][i] for i in range(len(prompts))]}
+
+    def env_reward(env_reward, **kwargs):
+        return env_reward
+
+    ref_capture = CaptureGrads()
+    args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd")
+    ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward], args=args,
+                      train_dataset=dataset(), processing_class=tokenizer, rollout_func=rollout_func,
+                      callbacks=[ref_capture])
+    ref.train()
+    assert len(capture.directions) == len(ref_capture.directions) == 2
+    for got, want in zip(capture.directions, ref_capture.directions):
+        assert want.norm() > 0
+        assert relative_error(got, want) <= 1e-5
+
+
+def test_schedules_give_identical_parameters_with_tools(tmp_path, tokenizer, tiny_model_path):
+    params = {}
+    for schedule in ("sync", "thundersync"):
+        trainer, _, _, _ = make_trainer(tmp_path / schedule, tokenizer, tiny_model_path, schedule=schedule,
+                                        delay=lambda i, t: 0.003 * ((5 * i + 3 * t) % 4))
+        trainer.train()
+        params[schedule] = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    assert torch.equal(params["sync"], params["thundersync"])
+
+
+def test_plain_tools_and_the_real_embedded_engine(tmp_path, tokenizer, tiny_model_path):
+    """tools=[...] with the embedded worker process: runs end to end and logs agent metrics."""
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return key.upper()
+
+    def reward_len(completion_ids, **kwargs):
+        return [float(len(c)) for c in completion_ids]
+
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=16, agent_max_turns=2)
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
+                                     train_dataset=dataset(), processing_class=tokenizer, tools=[lookup])
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.policy_version == 2
+    log = next(h for h in trainer.state.log_history if "agent/turns_mean" in h)
+    assert log["agent/turns_mean"] >= 1
