@@ -18,6 +18,7 @@ from datasets import Dataset, load_dataset
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.scripts import finish_distributed, resolve_model, set_script_defaults
 
 
 @dataclass
@@ -57,15 +58,11 @@ def short_and_digit_rich(completions, **kwargs) -> list[float]:
 
 def main() -> None:
     parser = TrlParser((ToyArguments, ThunderSyncGRPOConfig, ModelConfig))
+    set_script_defaults(parser, output_dir="outputs/toy_grpo", per_device_train_batch_size=8, num_generations=4,
+                        max_completion_length=24, max_steps=6, learning_rate=1e-4, logging_steps=1,
+                        report_to="none", save_strategy="no")
     script_args, training_args, model_args = parser.parse_args_and_config()
-
-    model_name = model_args.model_name_or_path or "tiny"
-    if model_name == "tiny":
-        from trl_thundersync.testing.tiny import save_tiny_model
-
-        model_name = str(save_tiny_model(script_args.tiny_model_dir))
-    if not torch.cuda.is_available():
-        training_args.bf16 = False
+    model_name = resolve_model(model_args.model_name_or_path, script_args.tiny_model_dir)
     dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(torch, model_args.dtype)
     training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}), "dtype": dtype or "auto"}
 
@@ -92,8 +89,7 @@ def main() -> None:
         f"{timing.barrier - timing.start:.2f}s wall, learner tail {timing.tail:.2f}s, "
         f"stats peak {totals.peak_stats_bytes / 2**20:.2f} MiB"
     )
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    finish_distributed()
 
 
 if __name__ == "__main__":

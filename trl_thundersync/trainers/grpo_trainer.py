@@ -55,6 +55,33 @@ class _PublishCallback(TrainerCallback):
         self.trainer._publish(state.global_step)
 
 
+class _RolloutProgress:
+    """A per-batch progress bar: trajectories scored, turns, tool calls and the running mean reward."""
+
+    def __init__(self, total: int, version: int, disable: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=f"rollouts @v{version}", leave=False, disable=disable, dynamic_ncols=True)
+        self.turns = self.calls = 0
+        self.rewards: list[float] = []
+
+    def update(self, source) -> None:
+        agent = source.rollout.agent
+        if agent is not None:
+            self.turns += agent.turns
+            self.calls += agent.tool_calls
+        if source.scorable:
+            self.rewards.append(source.reward)
+        postfix = {"reward": f"{sum(self.rewards) / len(self.rewards):.3g}" if self.rewards else "-"}
+        if agent is not None:
+            postfix.update(turns=self.turns, tool_calls=self.calls)
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 class ThunderSyncGRPOTrainer(GRPOTrainer):
     """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
 
@@ -165,8 +192,18 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             return scorer.score(rollout, prompts[rollout.index], rows[rollout.index], context)
 
         scored = []
-        totals, timing = run_logical_batch(engine, requests, version, score, learner, self.args.schedule,
-                                           on_source=scored.append)
+        progress = _RolloutProgress(len(rows), version, disable=self.args.disable_tqdm
+                                    or not self.accelerator.is_local_main_process)
+
+        def on_source(source):
+            scored.append(source)
+            progress.update(source)
+
+        try:
+            totals, timing = run_logical_batch(engine, requests, version, score, learner, self.args.schedule,
+                                               on_source=on_source)
+        finally:
+            progress.close()
         self.last_batch = (totals, timing)
         return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
                              prompts)
@@ -237,6 +274,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
     def _requests(self, rows: list[dict], prompts: list, version: int) -> list[RolloutRequest]:
         if self._uses_trl_generation() or self._agentic():
             prompt_ids = [()] * len(rows)  # tokenized by TRL's generation / after the environment's reset
+        else:
+            prompt_ids = self._tokenize_prompts(prompts)[0]
         g = self.num_generations
         first_row = self.accelerator.process_index * len(rows)  # global row of this process's first trajectory
         return [

@@ -1,0 +1,35 @@
+"""Shared plumbing of the example scripts: CPU-friendly defaults and the offline tiny model.
+
+Kept in the package (not in `examples/`) so that `python examples/x.py` and `accelerate launch examples/x.py`
+import it the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def set_script_defaults(parser, **defaults: Any) -> None:
+    """Defaults applied before parsing, so a script runs with no arguments: on a machine without CUDA it trains on
+    the CPU in FP32 (TRL's GRPOConfig defaults to bf16, which a CPU run refuses), plus the script's own defaults.
+    Command-line flags and `--config` files still override all of them."""
+    if not torch.cuda.is_available():
+        defaults = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, **defaults}
+    parser.set_defaults(**defaults)
+
+
+def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3") -> str:
+    """`tiny` (or nothing) → create the offline tiny model under `tiny_dir` and return its path; else `name`."""
+    if name in (None, "", "tiny"):
+        from .testing.tiny import save_tiny_model
+
+        return str(save_tiny_model(tiny_dir))
+    return name
+
+
+def finish_distributed() -> None:
+    """Tear down torch.distributed cleanly (a leftover process group can abort the interpreter's exit)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
