@@ -136,7 +136,7 @@ def test_trajectory_with_a_foreign_policy_version_is_refused(tmp_path, tokenizer
     assert torch.equal(params_of(trainer), before)
 
 
-def test_tools_are_refused_until_the_agent_loop_exists(tmp_path, tokenizer, tiny_model_path):
+def test_tools_cannot_be_combined_with_rollout_func(tmp_path, tokenizer, tiny_model_path):
     def add(a: int, b: int) -> int:
         """Add two integers.
 
@@ -147,6 +147,7 @@ def test_tools_are_refused_until_the_agent_loop_exists(tmp_path, tokenizer, tiny
         return a + b
 
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path)
-    with pytest.raises(UnsupportedOptionError, match="tools / environment_factory"):
+    with pytest.raises(UnsupportedOptionError, match="cannot be combined with rollout_func"):
         ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
-                               train_dataset=prompt_dataset(), processing_class=tokenizer, tools=[add])
+                               train_dataset=prompt_dataset(), processing_class=tokenizer, tools=[add],
+                               rollout_func=scripted_rollout_func(tokenizer))

@@ -83,7 +83,7 @@ def test_clean_environment(sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatc
 def test_pytest_runs_inside_with_the_project_interpreter(sandbox: BwrapSandbox, workspace: Path) -> None:
     version = sandbox.run("python3 -m pytest --version")
     assert version.ok and "pytest" in version.stdout + version.stderr
-    (workspace / "test_task.py").write_text("def test_pass():\n    assert 1 + 1 == 2\n\ndef test_fail():\n    assert 0\n")
+    (workspace / "test_task.py").write_text("def test_pass():\n    assert 1 + 1 == 2\n\n\ndef test_fail():\n    assert 0\n")
     run = sandbox.run("python3 -m pytest -q test_task.py")
     assert run.exit_code == 1 and "1 failed, 1 passed" in run.stdout
 
@@ -302,6 +302,26 @@ def test_missing_bwrap_raises_with_install_hint(workspace: Path, monkeypatch: py
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SandboxError, match="bubblewrap"):
         BwrapSandbox(workspace)
+
+
+def test_unusable_bwrap_is_detected_at_construction(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = workspace / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    with pytest.raises(SandboxError, match="cannot create a sandbox here: bwrap: No permissions"):
+        BwrapSandbox(workspace)
+
+
+def test_setup_failure_is_an_error_not_a_failed_command(workspace: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    box = BwrapSandbox(workspace, extra_ro_binds=[extra])
+    assert box.run(f"test -d {extra}").ok
+    extra.rmdir()  # bwrap can no longer mount it: its setup fails before the command starts
+    with pytest.raises(SandboxError, match="failed before running the command"):
+        box.run("true")
 
 
 def test_factory_and_bad_configuration(workspace: Path) -> None:

@@ -1,47 +1,42 @@
 """Bubblewrap sandbox: runs an agent's shell commands in one workspace, isolated and bounded.
 
-`BwrapSandbox` implements `sandbox_api.Sandbox` with bubblewrap (Debian package `bubblewrap`, version 0.8 or later
-for `--disable-userns`); `make_sandbox()` picks a backend by name. Every `run()` builds a fresh sandbox:
+`BwrapSandbox` implements `sandbox_api.Sandbox` with bubblewrap (Debian package `bubblewrap`, >= 0.8);
+`make_sandbox()` picks a backend by name. Every `run()` builds a fresh sandbox:
 
-    [root only: /bin/sh joins a per-command pids cgroup] → bwrap (namespaces, mounts)
+    [as root: /bin/sh joins a per-command pids cgroup] → bwrap (namespaces, mounts)
         → launcher (`sys.executable -I -S`: rlimits, "started" handshake) → /bin/sh -c COMMAND
 
-Inside, commands run as uid/gid 1000 with no capabilities, in new user, pid, ipc, uts, cgroup and (unless
-`SandboxLimits.network`) network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin,
-/etc and the interpreter's prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest`
-runs with the project's packages) are bound read-only; /tmp and /dev/shm are fresh size-capped tmpfs mounts; the
+Commands run as uid/gid 1000 without capabilities in new user, pid, ipc, uts, cgroup and (unless `limits.network`)
+network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin, /etc and the
+interpreter's prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the
+project's packages) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most `tmp_bytes`; the
 workspace is bound read-write at `workdir`, the working directory. The environment is cleared, then HOME=/tmp,
-TMPDIR=/tmp, LANG=C.UTF-8 and PATH (interpreter's bin dir first) are set, then the caller's `env`.
+TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir first) and the caller's `env` are set.
 
-Limits: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and RLIMIT_NPROC are set by the launcher (RLIMIT_CORE=0 too). The kernel
-does not enforce RLIMIT_NPROC for host uid 0, and when the caller is root bubblewrap maps the sandbox uid to host
-uid 0; so as root every command also runs in its own pids cgroup (cgroup v1 `pids` hierarchy, or cgroup v2 with
-`pids` in `cgroup.subtree_control`) capped at `max_processes` tasks, and construction fails if none is writable.
-The wall-clock timeout SIGKILLs bwrap's process group; `--die-with-parent` then kills the sandbox's pid 1, and the
-kernel kills every process of the pid namespace, background children included. A command's own failures are
-results, never exceptions; a signal inside the sandbox shows as exit code 128+N (bwrap's reaper reports it so).
-`CommandResult.signal` is set only when the sandbox itself was killed (timeout or `close()`).
+The launcher sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC and RLIMIT_CORE=0. The kernel does not enforce
+RLIMIT_NPROC for host uid 0, and for a root caller bubblewrap maps the sandbox uid to host uid 0; so as root each
+command also runs in its own pids cgroup (v1 `pids` hierarchy, or v2 with `pids` in `cgroup.subtree_control`) capped
+at `max_processes` tasks, and construction fails if none is writable. The timeout SIGKILLs bwrap's process group;
+`--die-with-parent` then kills the sandbox's pid 1, and the kernel kills the rest of its pid namespace. A signal
+inside shows as exit code 128+N (bwrap's reaper reports it so); `CommandResult.signal` is set only when the sandbox
+itself was killed (timeout or `close()`).
 
 What the sandbox protects against and what it does not
 ------------------------------------------------------
-Protects against (each checked by tests/unit/test_sandbox.py, run as root on Linux 6.18 with bubblewrap 0.8):
-- network egress: a private network namespace with loopback only (a connect to 1.1.1.1 fails, 127.0.0.1 works);
-- writes outside the workspace: everything else is read-only or a throwaway tmpfs;
-- reading host files: /work, /root, /home, the host /tmp and all other paths are absent, except the interpreter
-  prefixes; /etc entries other users may not read (/etc/shadow, /etc/ssl/private, ...) are masked, since as root
-  the sandbox uid has owner rights on host root's files;
-- fork bombs (pids cgroup as root, RLIMIT_NPROC otherwise), runaway CPU, memory, file size, output and wall time;
-  nothing started by a command outlives `run()` or `close()`.
+Protects against (each checked by tests/unit/test_sandbox.py, as root, Linux 6.18, bubblewrap 0.8):
+- network egress: loopback only (1.1.1.1:80 fails, 127.0.0.1 works); writes anywhere but the workspace;
+- reading host files: all but the paths above are absent (/work, /root, /home, the host /tmp, ...); /etc entries
+  other users may not read (/etc/shadow, ...) are masked, since as root the sandbox uid owns host root's files;
+- fork bombs (pids cgroup as root, else RLIMIT_NPROC), runaway CPU, memory, file size, output and wall time;
+  nothing a command starts outlives `run()`.
 Does not protect against:
-- kernel, bubblewrap or CPU bugs (shared kernel, no seccomp filter) and side channels (timing, /proc/cpuinfo, load);
-- as root: root-owned files in /usr and the interpreter prefixes that are not world-readable stay readable (only
-  /etc is scanned); with a non-root caller the RLIMIT_NPROC path is used, which was checked by hand (setpriv), not
-  by the test suite;
-- memory in aggregate: RLIMIT_AS is per process, so N processes may use N × memory_bytes, plus up to `tmp_bytes`
-  in each of /tmp and /dev/shm; no memory cgroup is used;
-- disk use in the workspace: RLIMIT_FSIZE caps each file, not their number;
-- with `network=True`: the host's whole network, including its abstract unix sockets;
-- commands that plant files in the workspace for later commands (the workspace is meant to persist).
+- kernel, bubblewrap or CPU bugs (shared kernel, no seccomp filter); side channels (timing, load, host-wide /proc
+  files such as meminfo);
+- as root: root-owned, not world-readable files under /usr or the interpreter prefixes (only /etc is scanned);
+- untested here: the non-root RLIMIT_NPROC path (checked once by hand with setpriv) and cgroup v2 discovery;
+- memory in aggregate: RLIMIT_AS is per process (N processes may use N × memory_bytes), plus `tmp_bytes` in each
+  of /tmp and /dev/shm; no memory cgroup is used. Disk use in the workspace: RLIMIT_FSIZE caps files, not their count;
+- with `network=True`: the host's whole network, including its abstract unix sockets.
 """
 
 from __future__ import annotations
@@ -178,9 +173,9 @@ def _namespace_args(network: bool) -> list[str]:
 
 def _interpreter_paths() -> tuple[str, ...]:
     """The interpreter's prefixes not already under a system path, outermost only, bound at their host paths."""
-    prefixes = sorted({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    candidates = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
     kept: list[str] = []
-    for prefix in prefixes:
+    for prefix in sorted({os.path.abspath(p) for p in candidates}):
         if not any(prefix == p or prefix.startswith(p.rstrip("/") + "/") for p in (*_SYSTEM_PATHS, *kept)):
             kept.append(prefix)
     return tuple(kept)
@@ -218,6 +213,8 @@ def _pids_cgroup_parent() -> Path | None:
         if relative.startswith(".."):
             continue
         directory = Path(mount_point, relative)
+        if not directory.is_dir():
+            continue
         delegated = key == "pids" or "pids" in (directory / "cgroup.subtree_control").read_text().split()
         if delegated and os.access(directory, os.W_OK):
             return directory
@@ -245,18 +242,22 @@ class _PidsCgroup:
         while self.path.exists():
             try:
                 self.path.rmdir()
-            except OSError as error:  # EBUSY while exiting tasks are still being released
+            except OSError as error:  # EBUSY: tasks still being released, or (never seen) left running
                 if time.monotonic() > deadline:
                     raise SandboxError(f"cgroup {self.path} still holds tasks after the command ended") from error
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):  # already gone
+                        os.kill(int(pid), signal.SIGKILL)
                 time.sleep(0.01)
 
 
 def _check_limits(limits: SandboxLimits) -> None:
-    minimum = {"timeout_s": 0, "cpu_time_s": 1, "memory_bytes": 1, "max_processes": 1, "max_file_bytes": 0}
-    for field, low in {**minimum, "output_bytes": 0}.items():
-        value = getattr(limits, field)
-        if not (value > low if field == "timeout_s" else value >= low):
-            raise ConfigurationError(f"SandboxLimits.{field}={value!r} is out of range: use a value >= {low}")
+    lowest = {"cpu_time_s": 1, "memory_bytes": 1, "max_processes": 1, "max_file_bytes": 0, "output_bytes": 0}
+    for field, low in lowest.items():
+        if getattr(limits, field) < low:
+            raise ConfigurationError(f"SandboxLimits.{field}={getattr(limits, field)!r} is too small: use >= {low}")
+    if not limits.timeout_s > 0:
+        raise ConfigurationError(f"SandboxLimits.timeout_s={limits.timeout_s!r} must be positive")
 
 
 # ---------------------------------------------------------------- the sandbox
@@ -315,10 +316,6 @@ class BwrapSandbox:
         _PidsCgroup(parent, 1).remove()  # fail now, not at the first command, if cgroups are not writable
         return parent
 
-    def _environment(self, env: dict[str, str] | None) -> dict[str, str]:
-        path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-        return {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}
-
     def _argv(self, command: str, ready_fd: int, env: dict[str, str] | None) -> list[str]:
         size = str(self._tmp_bytes)
         argv = [self._bwrap, *_namespace_args(self.limits.network), *_system_mount_args()]
@@ -328,7 +325,8 @@ class BwrapSandbox:
             argv += ["--ro-bind", path, path]
         argv += ["--bind", str(self.workspace), self.workdir, "--remount-ro", "/", "--chdir", self.workdir]
         argv.append("--clearenv")
-        for key, value in self._environment(env).items():
+        path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        for key, value in {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}.items():
             argv += ["--setenv", key, value]
         limits = self.limits
         numbers = (limits.cpu_time_s, limits.memory_bytes, limits.max_processes + _REAPER_TASKS, limits.max_file_bytes)
@@ -413,12 +411,16 @@ class BwrapSandbox:
         )
 
     def close(self) -> None:
-        """Kill every running command (its whole process tree); later `run()` calls raise. The workspace is kept."""
+        """Kill every running command (its whole process tree); later `run()` calls raise. The workspace is kept.
+
+        Returns once each bwrap has exited; the `run()` call that owned a command returns only after the teardown.
+        """
         with self._lock:
             self._closed = True
             running = list(self._running)
         for proc in running:
             _kill_group(proc)
+            proc.wait()
 
     def __enter__(self) -> BwrapSandbox:
         return self
@@ -430,10 +432,8 @@ class BwrapSandbox:
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL bwrap's process group; `--die-with-parent` then takes down the sandbox's pid namespace."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # exited between poll() and killpg()
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # exited between poll() and killpg()
-            pass
 
 
 def _was_started(ready_read: int) -> bool:
