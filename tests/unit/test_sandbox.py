@@ -22,7 +22,9 @@ from trl_thundersync.envs.sandbox import SANDBOX_UID, BwrapSandbox, make_sandbox
 from trl_thundersync.envs.sandbox_api import Sandbox, SandboxError, SandboxLimits
 from trl_thundersync.errors import ConfigurationError
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (Debian package `bubblewrap`)")
+# CI sets THUNDERSYNC_REQUIRE_SANDBOX=1 so that a missing install fails loudly instead of skipping.
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),
+                                reason="needs bubblewrap (Debian package `bubblewrap`)")
 
 LIMITS = SandboxLimits(timeout_s=10.0, output_bytes=4096)
 REPO_ROOT = Path(__file__).resolve().parents[2]

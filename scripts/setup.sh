@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One-time setup on a fresh Debian/Ubuntu machine: the bubblewrap sandbox, a virtualenv, the package with its test
+# extra. torch is pinned first so a CPU machine never resolves a multi-GB CUDA build. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else SUDO="none"; fi
+  if [ "$SUDO" = none ]; then
+    echo "setup: bubblewrap is missing and this user cannot install Debian packages; sandboxed tools will fail" >&2
+  else
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null
+  fi
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
+echo "setup: ready (.venv, bubblewrap $(bwrap --version 2>/dev/null | cut -d' ' -f2))"
