@@ -102,7 +102,8 @@ def run_agent_trajectory(
     eos = tokenizer.eos_token_id
     started = time.perf_counter()
     turns = calls = failures = parse_errors = truncations = 0
-    latencies: list[float] = []
+    tool_intervals: list[tuple[float, float]] = []
+    turn_intervals: list[tuple[float, float]] = []
     generated = 0
     stop = "max_turns"
     for turn in range(limits.max_turns):
@@ -112,7 +113,9 @@ def run_agent_trajectory(
         if budget <= 0:
             stop = "max_completion_tokens" if generated >= limits.max_completion_tokens else "max_context_tokens"
             break
+        requested = time.perf_counter()
         action, logprobs, version = generate(context, budget, turn)
+        turn_intervals.append((requested, time.perf_counter()))
         turns += 1
         generated += len(action)
         if traj.policy_version is None:
@@ -141,8 +144,9 @@ def run_agent_trajectory(
         else:
             name = parsed.tool_name
             calls += 1
-            observation, failed, seconds = _execute(tools, name, parsed.arguments, run_tool, limits.tool_timeout_s)
-            latencies.append(seconds)
+            tool_start = time.perf_counter()
+            observation, failed = _execute(tools, name, parsed.arguments, run_tool, limits.tool_timeout_s)
+            tool_intervals.append((tool_start, time.perf_counter()))
             failures += int(failed)
             if parsed.extra_calls:
                 observation += f"\n[only one tool call per turn is executed; {parsed.extra_calls} more ignored]"
@@ -160,22 +164,21 @@ def run_agent_trajectory(
             stop = "finished"
             break
     traj.truncated = stop not in ("answered", "finished")
-    traj.stats = AgentStats(turns, calls, failures, parse_errors, truncations, tuple(latencies),
-                            time.perf_counter() - started, stop)
+    traj.stats = AgentStats(turns, calls, failures, parse_errors, truncations, tuple(tool_intervals),
+                            tuple(turn_intervals), time.perf_counter() - started, stop)
     return traj
 
 
 def _execute(tools: dict[str, Callable], name: str, arguments: dict, run_tool: ToolRunner,
-             timeout: float) -> tuple[str, bool, float]:
-    """Run one tool call; every failure becomes an observation. Returns (observation, failed, seconds)."""
-    start = time.perf_counter()
+             timeout: float) -> tuple[str, bool]:
+    """Run one tool call; every failure becomes an observation. Returns (observation, failed)."""
     tool = tools.get(name)
     if tool is None:
-        return f"Error: unknown tool {name!r}. Available tools: {sorted(tools)}", True, 0.0
+        return f"Error: unknown tool {name!r}. Available tools: {sorted(tools)}", True
     try:
         result = run_tool(tool, arguments, timeout)
     except TimeoutError as exc:
-        return f"Error: {name} timed out: {exc}", True, time.perf_counter() - start
+        return f"Error: {name} timed out: {exc}", True
     except Exception as exc:  # the model sees what went wrong, as in TRL
-        return f"Error: {name} raised {type(exc).__name__}: {exc}", True, time.perf_counter() - start
-    return format_tool_result(result), False, time.perf_counter() - start
+        return f"Error: {name} raised {type(exc).__name__}: {exc}", True
+    return format_tool_result(result), False

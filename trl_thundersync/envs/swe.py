@@ -8,7 +8,8 @@ Grading (in a fresh host copy of the workspace): every test file and pytest harn
 grading source, then the FAIL_TO_PASS and PASS_TO_PASS node ids run with the task's pytest command. Reward 1.0 iff
 every FAIL_TO_PASS test passes and no PASS_TO_PASS test fails, else 0.0. When pytest does not get to run the tests
 (exit code 2-5: collection, internal or usage error) the reference solution is run the same way: if it passes,
-the attempt broke the tests (0.0); if it fails too, the grading harness is broken (None + `infra_error`).
+the attempt broke the tests (0.0); if it fails too, the grading harness is broken (None + `infra_error`). A grading
+run that times out is a failed attempt (0.0, the attempt's code hung); a sandbox or host failure is infrastructure.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import shlex
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .sandbox_api import Sandbox
@@ -47,7 +48,7 @@ class SWERepairEnv(ShellTaskEnv):
 
     kind = "swe"
 
-    def __init__(self, tasks: Mapping[str, SWETask] | None = None, **kwargs) -> None:
+    def __init__(self, tasks: Mapping[str, SWETask] | Iterable[SWETask] | None = None, **kwargs) -> None:
         self._scratch: Path | None = None  # private host directory for grading sources of patched tasks
         super().__init__(tasks, **kwargs)
 
@@ -102,6 +103,7 @@ class SWERepairEnv(ShellTaskEnv):
         sandbox = None
         try:
             populate(copy)
+            remove_path(copy / _LOG_NAME)  # whatever the attempt left under that name
             sandbox = self._new_sandbox(copy)
             ids = " ".join(shlex.quote(n) for n in self.task.fail_to_pass + self.task.pass_to_pass)
             command = f"{self.task.test_command} {PYTEST_REPORT_FLAGS} {ids} > {_LOG_NAME} 2>&1"

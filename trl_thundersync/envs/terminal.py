@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .sandbox_api import Sandbox
@@ -50,7 +50,7 @@ class TerminalTaskEnv(ShellTaskEnv):
 
     kind = "terminal"
 
-    def __init__(self, tasks: Mapping[str, TerminalTask] | None = None, **kwargs) -> None:
+    def __init__(self, tasks: Mapping[str, TerminalTask] | Iterable[TerminalTask] | None = None, **kwargs) -> None:
         super().__init__(tasks, **kwargs)
 
     def _default_suite(self) -> Mapping[str, TerminalTask]:

@@ -9,7 +9,6 @@ workspace itself, not /workspace). Use it only for tests and on machines without
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -18,6 +17,15 @@ import time
 from pathlib import Path
 
 from ..sandbox_api import CommandResult, SandboxError, SandboxLimits
+
+# Sets the rlimits, then becomes /bin/sh -c COMMAND (a launcher instead of preexec_fn, which is unsafe in threads).
+_LAUNCHER = """\
+import os, resource as r, sys
+cpu, mem, fsize, command = sys.argv[1:]
+for kind, value in ((r.RLIMIT_CPU, int(cpu)), (r.RLIMIT_AS, int(mem)), (r.RLIMIT_FSIZE, int(fsize))):
+    r.setrlimit(kind, (value, value))
+os.execv("/bin/sh", ["/bin/sh", "-c", command])
+"""
 
 
 class LocalSubprocessSandbox:
@@ -39,10 +47,11 @@ class LocalSubprocessSandbox:
         timeout = self.limits.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command], cwd=self.workspace, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                env=self._env(env), start_new_session=True, preexec_fn=self._apply_rlimits,
-            )
+            limits = self.limits
+            argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(limits.cpu_time_s), str(limits.memory_bytes),
+                    str(limits.max_file_bytes), command]
+            proc = subprocess.Popen(argv, cwd=self.workspace, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    env=self._env(env), start_new_session=True)
             timed_out = False
             try:
                 proc.wait(timeout=timeout)
@@ -67,15 +76,6 @@ class LocalSubprocessSandbox:
         env = {"PATH": path, "HOME": str(self.workspace), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         env.update(extra or {})
         return env
-
-    def _apply_rlimits(self) -> None:  # runs in the child between fork and exec
-        limits = self.limits
-        for which, value in (
-            (resource.RLIMIT_CPU, limits.cpu_time_s),
-            (resource.RLIMIT_AS, limits.memory_bytes),
-            (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-        ):
-            resource.setrlimit(which, (value, value))
 
     @staticmethod
     def _kill_group(pid: int) -> None:

@@ -58,7 +58,9 @@ class ShellTaskEnv:
         task_id = row.get("task_id")
         tasks = self._task_map()
         if task_id not in tasks:
-            raise UnknownTaskError(f"{type(self).__name__}.reset: unknown task_id {task_id!r} ({len(tasks)} tasks held)")
+            raise UnknownTaskError(
+                f"{type(self).__name__}.reset: unknown task_id {task_id!r} ({len(tasks)} tasks held)"
+            )
         self.task = tasks[task_id]
         self._reset_episode_state()
         self.workspace = Path(tempfile.mkdtemp(prefix=f"ts-{self.kind}-{task_id}-"))

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import TaskFormatError
+from .grading import check_relative
 from .records import DEFAULT_TEST_COMMAND, SWETask, TerminalTask
 
 _DIFFICULTIES = ("easy", "medium", "hard")
@@ -102,6 +103,10 @@ def _read_swe_task(task_dir: Path) -> SWETask:
     default_tests = tuple(sorted(str(p.relative_to(repo_dir)) for p in (repo_dir / "tests").rglob("*.py")))
     test_files = _strings(spec, "test_files", where, list(default_tests))
     for rel in test_files:
+        try:
+            check_relative(rel, where)
+        except ValueError as exc:
+            raise TaskFormatError(str(exc)) from exc
         if not (repo_dir / rel).is_file():
             raise TaskFormatError(f"{where}: test file {rel!r} does not exist in repo/")
     return SWETask(

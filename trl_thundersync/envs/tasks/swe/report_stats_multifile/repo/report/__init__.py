@@ -1,0 +1,1 @@
+"""Weekly metrics report: statistics and text rendering."""

@@ -1,0 +1,25 @@
+"""Semantic version ordering: MAJOR.MINOR.PATCH with an optional -prerelease suffix."""
+
+from __future__ import annotations
+
+
+def parse(version: str) -> tuple:
+    """'1.4.2-rc1' -> a key that orders versions correctly."""
+    core, _, pre = version.partition("-")
+    parts = core.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"not a MAJOR.MINOR.PATCH version: {version!r}")
+    numbers = tuple(int(part) for part in parts)
+    # A release sorts after every prerelease of the same version: (1, "") > (0, "rc1").
+    return (numbers, (1, "") if not pre else (0, pre))
+
+
+def compare(a: str, b: str) -> int:
+    """-1 if a < b, 0 if equal, 1 if a > b."""
+    ka, kb = parse(a), parse(b)
+    return (ka > kb) - (ka < kb)
+
+
+def latest(versions: list[str]) -> str:
+    """The highest version."""
+    return max(versions, key=parse)

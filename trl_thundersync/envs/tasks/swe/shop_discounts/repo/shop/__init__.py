@@ -1,0 +1,1 @@
+"""A toy shop: stock keeping and price computation."""

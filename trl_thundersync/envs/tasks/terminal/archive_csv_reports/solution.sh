@@ -1,0 +1,1 @@
+find data -type f -name '*.csv' | sort | tar -czf reports.tar.gz -T -

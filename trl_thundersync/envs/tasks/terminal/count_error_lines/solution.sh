@@ -1,0 +1,1 @@
+awk '$2 == "ERROR"' app.log | wc -l > error_count.txt

@@ -1,0 +1,4 @@
+chmod 700 secrets
+chmod 600 secrets/*
+chmod 644 public/*
+chmod 755 scripts/*.sh

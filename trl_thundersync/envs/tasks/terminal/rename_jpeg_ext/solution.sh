@@ -1,0 +1,3 @@
+find photos -type f \( -name '*.jpeg' -o -name '*.JPEG' \) | while IFS= read -r f; do
+    mv "$f" "${f%.*}.jpg"
+done
