@@ -47,10 +47,15 @@ class AgentStats:
     tool_failures: int  # calls that raised, timed out, named an unknown tool, or failed to parse
     parse_errors: int  # turns whose tool call could not be parsed
     observation_truncations: int  # observations cut to head + tail
-    tool_seconds: tuple[float, ...]  # latency of every executed call
+    tool_intervals: tuple[tuple[float, float], ...]  # (start, end) perf_counter of every executed tool call
+    turn_intervals: tuple[tuple[float, float], ...]  # (request sent, action complete) of every generation turn
     wall_seconds: float  # reset to last token
     stop_reason: str  # "answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
     # "turn_token_limit"
+
+    @property
+    def tool_seconds(self) -> tuple[float, ...]:
+        return tuple(end - start for start, end in self.tool_intervals)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from typing import Any
 
 from trl.chat_template_utils import parse_response
 
+# Plain text on purpose: tag markers such as <tool_call> are special tokens and must not appear in observations.
 PARSER_ERROR_OBSERVATION = (
-    "Error: the tool call could not be parsed. Write exactly one call as "
-    '<tool_call>\n{"name": <tool-name>, "arguments": <json-object>}\n</tool_call>'
+    "Error: the tool call could not be parsed. Call exactly one tool per turn: a JSON object with a \"name\" and an "
+    "\"arguments\" object, inside the tool-call tags."
 )
 
 

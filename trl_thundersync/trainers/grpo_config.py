@@ -72,6 +72,16 @@ class ThunderSyncGRPOConfig(GRPOConfig):
     agent_tool_timeout: float = field(
         default=60.0, metadata={"help": "Agent loop: seconds a tool call may take before it becomes an error observation."}
     )
+    trace: bool = field(
+        default=True,
+        metadata={"help": "Record a per-step trace (rollouts, tool calls, learner items, barrier, publication) as JSON "
+                  "lines in <output_dir>/thundersync_trace/steps.jsonl."},
+    )
+    peak_flops_per_s: float | None = field(
+        default=None,
+        metadata={"help": "Peak FLOP/s of one trainer device (e.g. 989e12 for H100/H200 dense BF16); enables the "
+                  "trainer active MFU metric (paper Appendix B)."},
+    )
     allow_unscorable_groups: bool = field(
         default=False,
         metadata={

@@ -15,6 +15,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import transformers
@@ -36,6 +37,7 @@ from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, run_logical_batch
 from ..streaming.rewards import RewardContext, RewardScorer
 from ..streaming.source import TrajectoryBackward, write_flat_grads
+from ..trace.recorder import TraceWriter, build_step_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_config import ThunderSyncGRPOConfig
 
@@ -52,7 +54,9 @@ class _PublishCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
+        optimizer_end = time.perf_counter()
         self.trainer._publish(state.global_step)
+        self.trainer._record_step(optimizer_end, time.perf_counter())
 
 
 class _RolloutProgress:
@@ -112,8 +116,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
         self.policy_version = 0
         self._engine: RolloutEngine | None = None
+        self._open_step: tuple[int, list] | None = None  # (version, scored sources) awaiting the step's trace
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
+        self.last_trace = None  # StepTrace of the latest optimizer step
         self.add_callback(_PublishCallback(self))
 
     def _check_distributed(self) -> None:
@@ -205,6 +211,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         finally:
             progress.close()
         self.last_batch = (totals, timing)
+        self._open_step = (version, scored)
         return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
                              prompts)
 
@@ -346,6 +353,48 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             top_k=a.top_k or 0, min_p=a.min_p or 0.0, repetition_penalty=a.repetition_penalty,
             eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self._tokenizer.pad_token_id,
         )
+
+    def _record_step(self, optimizer_end: float, publish_end: float) -> None:
+        """Close the step's trace: landmarks, learner FLOPs and MFU into the logs, a JSON line on disk."""
+        if self._open_step is None or self.last_batch is None:
+            return
+        (version, scored), (totals, timing) = self._open_step, self.last_batch
+        self._open_step = None
+        trace = build_step_trace(
+            step=version, schedule=self.args.schedule, start=timing.start, rollout_end=timing.rollout_end,
+            work=totals.work, scored=scored, optimizer_end=optimizer_end, publish_start=optimizer_end,
+            publish_end=publish_end, stats_bytes=totals.peak_stats_bytes, flops_of=self._flops_of(),
+            peak_flops_per_s=self.args.peak_flops_per_s or 0.0,
+        )
+        m = self._metrics["train"]
+        learner_flops = sum(e.flops for e in trace.events)
+        m["thundersync/step_wall_with_publish_seconds"].append(trace.wall)
+        m["thundersync/learner_tflops_per_s"].append(learner_flops / trace.wall / 1e12 if trace.wall else 0.0)
+        if self.args.peak_flops_per_s:
+            processes = self.accelerator.num_processes
+            m["thundersync/trainer_active_mfu"].append(learner_flops / trace.wall / self.args.peak_flops_per_s
+                                                       if trace.wall else 0.0)
+            m["thundersync/trainer_processes"].append(float(processes))
+        if self.args.trace and self.accelerator.is_main_process:
+            TraceWriter(Path(self.args.output_dir) / "thundersync_trace" / "steps.jsonl").append(trace)
+        self.last_trace = trace
+
+    def _flops_of(self):
+        from ..trace.flops import ModelShape, learner_flops
+
+        if not hasattr(self, "_flops_fn"):
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            config = getattr(unwrapped, "config", None)
+            try:
+                shape = ModelShape.from_config(config)
+            except AttributeError:  # not a standard decoder config: no FLOP estimate rather than a wrong one
+                self._flops_fn = None
+                return None
+            adapter = None
+            if hasattr(unwrapped, "peft_config"):
+                adapter = sum(p.numel() for p in self._trainable)
+            self._flops_fn = lambda tokens: learner_flops(shape, tokens, adapter)
+        return self._flops_fn
 
     def _publish(self, version: int) -> None:
         if self._engine is not None:

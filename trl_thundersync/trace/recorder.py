@@ -1,0 +1,73 @@
+"""Turn one batch's learner work, rollouts and landmarks into a `StepTrace`, and append it to a JSON-lines file.
+
+On by default (`ThunderSyncGRPOConfig.trace`): one line per optimizer step in `<output_dir>/thundersync_trace/
+steps.jsonl`. Cheap: the records already exist; writing is one `json.dumps` per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..streaming.learner import WorkItem
+from ..types import ScoredRollout
+from .records import StepTrace, TraceEvent
+
+
+def rollout_events(scored: Sequence[ScoredRollout]) -> list[TraceEvent]:
+    events = []
+    for s in scored:
+        r = s.rollout
+        events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group, -1,
+                                 r.policy_version, None, len(r.completion_ids)))
+        if r.agent is not None:
+            for turn, (start, end) in enumerate(r.agent.turn_intervals):
+                events.append(TraceEvent("rollout", "turn", start, end, r.index, r.group, turn, r.policy_version))
+            for start, end in r.agent.tool_intervals:
+                events.append(TraceEvent("tool", "tool_call", start, end, r.index, r.group, -1, r.policy_version))
+        if s.scored_at > r.finished_at:
+            events.append(TraceEvent("rollout", "reward", r.finished_at, s.scored_at, r.index, r.group, -1,
+                                     r.policy_version))
+    return events
+
+
+def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
+                   flops_of: Callable[[int], float] | None) -> list[TraceEvent]:
+    events = []
+    for w in work:
+        kind = "source_backward" if w.kind == "trajectory" else w.kind
+        tokens = context_tokens.get(w.index, 0) if w.kind == "trajectory" else 0
+        flops = flops_of(tokens) if flops_of is not None and tokens else 0.0
+        events.append(TraceEvent("learner", kind, w.start, w.end, w.index, w.group, -1, w.policy_version, w.ready,
+                                 w.tokens, flops))
+    return events
+
+
+def build_step_trace(*, step: int, schedule: str, start: float, rollout_end: float, work: Sequence[WorkItem],
+                     scored: Sequence[ScoredRollout], optimizer_end: float, publish_start: float, publish_end: float,
+                     stats_bytes: int, flops_of: Callable[[int], float] | None = None,
+                     peak_flops_per_s: float = 0.0) -> StepTrace:
+    context = {s.rollout.index: len(s.rollout.prompt_ids) + len(s.rollout.completion_ids) for s in scored}
+    events = rollout_events(scored) + learner_events(work, context, flops_of)
+    learner_end = max((w.end for w in work), default=rollout_end)
+    barrier_start = max(learner_end, rollout_end)
+    events.append(TraceEvent("barrier", "optimizer", barrier_start, optimizer_end, policy_version=step))
+    if publish_end > publish_start:
+        events.append(TraceEvent("publish", "publish", publish_start, publish_end, policy_version=step + 1))
+    return StepTrace(step=step, schedule=schedule, start=start, rollout_end=rollout_end, learner_end=learner_end,
+                     barrier_end=optimizer_end, publish_end=publish_end, events=tuple(events),
+                     stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s)
+
+
+class TraceWriter:
+    """Appends `StepTrace`s as JSON lines (dataclasses as plain dicts)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, trace: StepTrace) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(dataclasses.asdict(trace)) + "\n")

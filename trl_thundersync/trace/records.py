@@ -1,0 +1,48 @@
+"""Trace records of training steps: what ran where and when (perf_counter seconds), for exports and the model.
+
+One `StepTrace` per optimizer step. Lanes: "rollout" (trajectory generation, per trajectory), "tool" (tool calls),
+"learner" (per-source backward passes and group folds), "barrier" (normalize, clip, optimizer step) and
+"publish" (weights to the rollout engine, acknowledged). The scheduling model (paper Appendix F) reads the learner
+lane's (ready, start, end) and the step landmarks; exports turn a list of steps into Chrome/Perfetto JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One interval on one lane."""
+
+    lane: str  # "rollout" | "tool" | "learner" | "barrier" | "publish"
+    kind: str  # e.g. "trajectory", "turn", "tool_call", "source_backward", "group_fold", "optimizer", "publish"
+    start: float  # seconds (perf_counter, same clock for every event of the run)
+    end: float
+    index: int = -1  # trajectory index in the batch (-1: not per trajectory)
+    group: int = -1  # GRPO group (-1: none)
+    turn: int = -1  # agent turn (-1: none)
+    policy_version: int = -1  # version the work was bound to
+    ready: float | None = None  # learner items: τ, when the inputs were fixed (reward known)
+    tokens: int = 0  # scored tokens of a learner item / generated tokens of a rollout item
+    flops: float = 0.0  # estimated FLOPs of a learner item (paper Appendix B: 6·N·tokens for forward+backward)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Everything recorded for one optimizer step (one logical batch)."""
+
+    step: int  # optimizer step index (the policy version the batch was sampled with)
+    schedule: str  # "thundersync" or "sync" (or "trl" for stock TRL, recorded by the benchmark)
+    start: float  # batch admitted (requests sent)
+    rollout_end: float  # R: the last trajectory's reward known
+    learner_end: float  # c_n: the last learner item finished
+    barrier_end: float  # normalization + clip + optimizer step done
+    publish_end: float  # new weights acknowledged by the rollout engine (= barrier_end when nothing to publish)
+    events: tuple[TraceEvent, ...]
+    stats_bytes: int = 0  # peak gradient-statistics memory of the step
+    peak_flops_per_s: float = 0.0  # device peak used for MFU (0: unknown)
+
+    @property
+    def wall(self) -> float:
+        return self.publish_end - self.start
