@@ -7,6 +7,7 @@ edge cases of the boundary-cut backward are reachable.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,53 @@ class SeededTeacher:
                 for t in range(len(action_ids))]
         logits = self.table[rows] if rows else torch.zeros(0, self.table.shape[1])
         return TeacherScores(action_logprobs(logits, torch.tensor(list(action_ids), dtype=torch.long)), logits)
+
+    def close(self) -> None:
+        return None
+
+
+class ReplayTurnEngine:
+    """A multi-turn `RolloutEngine` that replays fixed trajectories: turn events go out through `on_turn` in a
+    seeded random interleaving across trajectories (each trajectory's turns stay in order, as in a real agent loop),
+    and each trajectory is yielded by `results()` right after its last turn. Publication only bumps the version."""
+
+    def __init__(self, trajectories: Sequence[Sequence[TurnEvent]], on_turn, order_seed: int = 0,
+                 policy_version: int = 0) -> None:
+        self.trajectories = [list(t) for t in trajectories]
+        self.on_turn = on_turn
+        self.order_seed = order_seed
+        self.policy_version = policy_version
+        self.publications: list[int] = []
+
+    def start_batch(self, requests, policy_version: int) -> None:
+        self.batch_version = policy_version
+
+    def results(self):
+        from ..types import AgentStats, Rollout
+
+        g = torch.Generator().manual_seed(self.order_seed)
+        cursor = [0] * len(self.trajectories)
+        live = [i for i, t in enumerate(self.trajectories) if t]
+        while live:
+            i = live[int(torch.randint(0, len(live), (1,), generator=g))]
+            events = self.trajectories[i]
+            event = events[cursor[i]]
+            self.on_turn(TurnEvent(event.index, event.turn, self.batch_version, event.context_ids, event.action_ids,
+                                   time.perf_counter()))
+            cursor[i] += 1
+            if cursor[i] == len(events):
+                live.remove(i)
+                last = events[-1]
+                full = last.context_ids + last.action_ids
+                prompt = events[0].context_ids
+                stats = AgentStats(len(events), 0, 0, 0, 0, (), (), 0.0, "answered")
+                yield Rollout(index=last.index, group=last.index, policy_version=self.batch_version,
+                              prompt_ids=prompt, completion_ids=full[len(prompt):], agent=stats)
+
+    def publish(self, model, policy_version: int) -> float:
+        self.policy_version = policy_version
+        self.publications.append(policy_version)
+        return 0.0
 
     def close(self) -> None:
         return None
