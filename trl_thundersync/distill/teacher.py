@@ -86,7 +86,7 @@ def check_same_vocabulary(student_tokenizer: Any, teacher_tokenizer: Any | None,
             "distillation scores the student's token ids with the teacher, so both must share one vocabulary. "
             "Use a teacher from the same model family (same tokenizer)"
         )
-    if teacher_tokenizer is None:
+    if teacher_tokenizer is None or student_tokenizer is None:
         return
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if student != teacher:
