@@ -57,8 +57,13 @@ def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] |
     from ..envs.agent_loop import ToolRunner
     from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    # Multi-turn token histories need a prefix-preserving template (TRL's rule in GRPOTrainer).
+    template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
     def render_prompt(prompt: list[dict], prompt_tools: list) -> list[int]:
-        out = tokenizer.apply_chat_template(conversation=prompt, tools=prompt_tools or None,
+        out = tokenizer.apply_chat_template(conversation=prompt, tools=prompt_tools or None, chat_template=template,
                                             add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"])
 
@@ -66,7 +71,7 @@ def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] |
     factories = dict(environment_factory) if multi else ({None: environment_factory} if environment_factory else None)
     spec = EnvironmentSpec(factories=factories, standalone_tools=list(tools or []), multi_environment=multi)
     return AgentRolloutEngine(generator, tokenizer=tokenizer, render_prompt=render_prompt, limits=args.agent_limits(),
-                              environments=spec, tool_runner=ToolRunner(), on_turn=on_turn,
+                              environments=spec, tool_runner=ToolRunner(), chat_template=template, on_turn=on_turn,
                               max_concurrent=max(8, args.per_device_train_batch_size))
 
 
