@@ -17,6 +17,8 @@ from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_te
 from trl_thundersync.testing.tiny import save_tiny_model
 from trl_thundersync.trainers.gkd_rollout import agent_engine
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def teacher_path(tmp_path_factory):
