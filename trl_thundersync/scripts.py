@@ -33,3 +33,12 @@ def finish_distributed() -> None:
     """Tear down torch.distributed cleanly (a leftover process group can abort the interpreter's exit)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def resolve_teacher(name: str | None, tiny_dir: str = "tiny-qwen3-teacher") -> str:
+    """`tiny` (or nothing) → an offline tiny *teacher* (wider and deeper than the tiny student, same tokenizer)."""
+    if name in (None, "", "tiny"):
+        from .testing.tiny import save_tiny_model
+
+        return str(save_tiny_model(tiny_dir, hidden_size=96, num_layers=3, seed=7))
+    return name
