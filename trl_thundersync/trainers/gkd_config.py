@@ -35,6 +35,18 @@ class ThunderSyncGKDConfig(GKDConfig):
                   "every turn re-runs its whole context (quadratic; the reference, and what works with activation checkpointing); "
                   "'auto': boundary_cut, or naive when gradient_checkpointing is on."},
     )
+    teacher_server_url: str | None = field(
+        default=None,
+        metadata={"help": "Base URL of a vLLM-compatible teacher server (e.g. http://host:8000) that returns prompt "
+                  "log-probabilities from /v1/completions; replaces teacher_model, needs objective='opd' and lmbda=1. "
+                  "The server must use the student's tokenizer."},
+    )
+    teacher_server_model: str | None = field(
+        default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}
+    )
+    teacher_server_timeout: float = field(
+        default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
+    )
     rollout_engine: str = field(
         default="local_process",
         metadata={"help": "'local_process': embedded sampler in a worker process; 'local_thread': the same in a thread."},
@@ -98,6 +110,16 @@ class ThunderSyncGKDConfig(GKDConfig):
             refuse("gradient_checkpointing", self.gradient_checkpointing,
                    "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "
                    "set gradient_checkpointing=False, or turn_backward='naive'")
+        if self.teacher_server_url is not None:
+            if self.objective != "opd":
+                refuse("objective", self.objective, "a teacher server returns sampled-token log-probabilities only; "
+                       "the generalized JSD needs the full distribution of a local teacher_model. Use objective='opd'")
+            if self.lmbda != 1.0 or self.seq_kd:
+                refuse("lmbda" if self.lmbda != 1.0 else "seq_kd", self.lmbda if self.lmbda != 1.0 else self.seq_kd,
+                       "off-policy steps use TRL's generalized JSD with a local teacher; with a teacher server use "
+                       "lmbda=1.0 and seq_kd=False")
+            if self.teacher_server_timeout <= 0:
+                raise ConfigurationError(f"teacher_server_timeout={self.teacher_server_timeout} must be > 0")
         if self.turn_backward == "auto":
             self.turn_backward = "naive" if self.gradient_checkpointing else "boundary_cut"
         if self.use_liger_kernel:

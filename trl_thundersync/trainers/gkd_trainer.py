@@ -49,8 +49,11 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         if not isinstance(args, ThunderSyncGKDConfig):
             raise UnsupportedOptionError(
                 f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig so unsupported options are checked")
-        if teacher_model is None:
-            raise UnsupportedOptionError("teacher_model is required (a model or a path), as for trl's GKDTrainer")
+        if (teacher_model is None) == (args.teacher_server_url is None):
+            raise UnsupportedOptionError(
+                "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "
+                f"args.teacher_server_url (got teacher_model={type(teacher_model).__name__}, teacher_server_url="
+                f"{args.teacher_server_url!r})")
         self._agentic = bool(tools) or environment_factory is not None
         if self._agentic and (args.lmbda < 1.0 or args.seq_kd):
             raise UnsupportedOptionError(
@@ -60,14 +63,19 @@ class ThunderSyncGKDTrainer(GKDTrainer):
             from transformers import AutoTokenizer
 
             processing_class = AutoTokenizer.from_pretrained(model)
-        _check_vocabularies(model, teacher_model, processing_class)
         if self._agentic and data_collator is None:
             data_collator = pass_through_collator
-        super().__init__(model=model, teacher_model=teacher_model, args=args, data_collator=data_collator,
-                         train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
-                         compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
-                         preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
-                         formatting_func=formatting_func)
+        trainer_kwargs = dict(args=args, data_collator=data_collator, train_dataset=train_dataset,
+                              eval_dataset=eval_dataset, processing_class=processing_class,
+                              compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
+                              preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
+                              formatting_func=formatting_func)
+        if teacher_model is not None:
+            _check_vocabularies(model, teacher_model, processing_class)
+            super().__init__(model=model, teacher_model=teacher_model, **trainer_kwargs)
+            self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
+        else:
+            self._init_with_teacher_server(model, trainer_kwargs)
         if self.accelerator.num_processes > 1:
             raise UnsupportedOptionError(
                 f"{self.accelerator.num_processes} processes: the streamed distillation barrier is single-process so "
@@ -82,12 +90,33 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self.policy_version = 0
         self._engine = None
         self._router = TurnRouter()
-        self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
         self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
         self.last_trace = None
         self.add_callback(_PublishCallback(self))
+
+    def _init_with_teacher_server(self, model, trainer_kwargs: dict) -> None:
+        """GKDTrainer's construction without a local teacher model: the same SFT setup (raw `messages` kept for the
+        ChatML collator), dropout off, and the fields `training_step` reads; the teacher is the server client."""
+        from trl.experimental.utils import DataCollatorForChatML
+        from trl.trainer.utils import disable_dropout_in_model
+
+        from ..distill.teacher_server import ServerTeacher
+
+        args = trainer_kwargs["args"]
+        args.remove_unused_columns = False
+        args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        if trainer_kwargs["data_collator"] is None:
+            trainer_kwargs["data_collator"] = DataCollatorForChatML(tokenizer=trainer_kwargs["processing_class"],
+                                                                    max_length=args.max_length)
+        SFTTrainer.__init__(self, model, **trainer_kwargs)
+        if args.disable_dropout:
+            disable_dropout_in_model(self.model)
+        self.teacher_model = None
+        self.lmbda, self.beta, self.temperature, self.seq_kd = 1.0, args.beta, args.temperature, False
+        self.generation_config = self.model.generation_config
+        self._teacher = ServerTeacher(args.teacher_server_url, args.teacher_server_model, args.teacher_server_timeout)
 
     # -- TRL hook ---------------------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
