@@ -215,3 +215,21 @@ def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny
     assert relative_error(update(remote, tiny_model_path), update(local, tiny_model_path)) <= 1e-5
     with pytest.raises(UnsupportedOptionError, match="objective='opd'"):
         config(tmp_path, teacher_server_url="http://127.0.0.1:1")
+
+
+def test_lora_student_streams_the_same_direction(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    from peft import LoraConfig
+
+    directions = []
+    for name, overrides in [("cut", {}), ("naive", {"turn_backward": "naive"})]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(
+            model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+            args=config(tmp_path / name, max_steps=1, objective="gjsd", **overrides), train_dataset=messages(),
+            processing_class=tokenizer, callbacks=[capture],
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        trainer.train()
+        directions.append(capture.directions[0])
+    assert directions[0].numel() < sum(p.numel() for p in load_model(tiny_model_path).parameters()) // 5
+    assert directions[0].norm() > 0
+    assert relative_error(directions[1], directions[0]) <= 1e-5

@@ -63,6 +63,10 @@ class ThunderSyncGKDTrainer(GKDTrainer):
             from transformers import AutoTokenizer
 
             processing_class = AutoTokenizer.from_pretrained(model)
+        if args.teacher_server_url is not None and eval_dataset is not None:
+            raise UnsupportedOptionError(
+                "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
+                "teacher_model; evaluate separately or use a local teacher")
         if self._agentic and data_collator is None:
             data_collator = pass_through_collator
         trainer_kwargs = dict(args=args, data_collator=data_collator, train_dataset=train_dataset,
