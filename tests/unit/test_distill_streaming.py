@@ -128,3 +128,44 @@ def test_stale_turn_is_refused(student):
     vocab = student.config.vocab_size
     with pytest.raises(StalePolicyError, match="policy version 1"):
         _streamed(student, _trajectories(vocab), SeededTeacher(vocab), "opd", order_seed=0, version=1)
+
+
+def test_thundersync_backpropagates_a_turn_before_the_next_turn_is_generated(student):
+    """Streaming per turn: the engine below refuses to emit turn j+1 of a trajectory until the learner has finished
+    the backward of turn j (it waits on an event the learner sets), so the batch can only complete if every turn's
+    backward runs while its trajectory is still going."""
+    import threading
+
+    vocab = student.config.vocab_size
+    trajectories = _trajectories(vocab)
+    done = {(e.index, e.turn): threading.Event() for t in trajectories for e in t}
+
+    class GatedEngine(ReplayTurnEngine):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            original = self.on_turn
+
+            def on_turn(event):
+                if event.turn > 0 and not done[(event.index, event.turn - 1)].wait(timeout=60):
+                    raise AssertionError(f"turn {event.turn - 1} of trajectory {event.index} was not learned in time")
+                original(event)
+
+            self.on_turn = on_turn
+
+    params = [p for p in student.parameters() if p.requires_grad]
+    grads = GradientSum(params)
+    backward = BoundaryCutBackward(student, params, _objective("opd"), grads)
+    turn = backward.turn
+
+    def recording_turn(event, teacher):
+        outcome = turn(event, teacher)
+        done[(event.index, event.turn)].set()
+        return outcome
+
+    backward.turn = recording_turn
+    learner = DistillBatchLearner(batch_size=len(trajectories), policy_version=0, backward=backward, grads=grads)
+    router = TurnRouter()
+    requests = [RolloutRequest(i, i, (), 0) for i in range(len(trajectories))]
+    totals, _ = run_distill_batch(GatedEngine(trajectories, router, order_seed=1), requests, 0, SeededTeacher(vocab),
+                                  learner, router=router)
+    assert totals.turns == sum(len(t) for t in trajectories)

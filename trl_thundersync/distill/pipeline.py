@@ -130,7 +130,6 @@ def run_distill_batch(
     for thread in threads:
         thread.start()
     arrived: list[ScoredTurn | TrajectoryClosed] = []
-    rollout_end = start
     try:
         while True:
             item = inbox.get()
@@ -139,7 +138,6 @@ def run_distill_batch(
             if isinstance(item, BaseException):
                 raise item
             arrived.append(item)
-            rollout_end = time.perf_counter()
             if on_item is not None:
                 on_item(item)
             if schedule == "thundersync":
@@ -160,6 +158,8 @@ def run_distill_batch(
             learner.submit(item)
     totals = learner.finish()
     barrier = time.perf_counter()
+    # R: the last input fixed (a turn scored or a trajectory finished), not when the busy learner picked it up
+    rollout_end = max((i.scored_at if isinstance(i, ScoredTurn) else i.closed_at for i in arrived), default=start)
     turns = [w for w in totals.work if w.kind == "turn_backward"]
     return totals, DistillTiming(
         start=start, rollout_end=rollout_end, learner_busy=sum(w.end - w.start for w in totals.work),
