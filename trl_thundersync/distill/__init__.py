@@ -7,4 +7,5 @@ teacher_server a teacher behind a vLLM-compatible `/v1/completions` endpoint (pr
 turn_backward  per-turn student backward: naive (full context) and boundary-cut with deferred state adjoints
 learner        one logical batch of turns: ordering, trajectory closure, the gradient sum and token count
 pipeline       rollout engine → teacher thread → learner, under the `sync` or `thundersync` schedule
+trace          one step's rollouts, teacher scoring, learner items, barrier and publication as a `StepTrace`
 """

@@ -1,4 +1,5 @@
-"""Synthetic multi-turn trajectories as `TurnEvent`s, and a deterministic fake teacher, for tests and benchmarks.
+"""Synthetic multi-turn trajectories as `TurnEvent`s, a deterministic fake teacher and a replaying multi-turn engine,
+for tests and benchmarks.
 
 A trajectory is prompt → action_0 → framing_0 → action_1 → …; turn j's context is everything before action_j.
 Framing lengths of 0 (an action that directly follows the previous one) and empty actions are allowed, so the
