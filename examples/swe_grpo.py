@@ -1,7 +1,7 @@
 """GRPO on SWE-style repair tasks with tools in a sandbox, streamed with ThunderSync.
 
-Out of the box (CPU, offline): the tiny model, the bundled Python repair tasks, bubblewrap-sandboxed shell tools and
-the embedded rollout engine:
+Out of the box (CPU, offline): the tiny model warm-started to call tools (`tiny-agent`, built on first use),
+the bundled Python repair tasks, bubblewrap-sandboxed shell tools and the embedded rollout engine:
 
     accelerate launch examples/swe_grpo.py
     python examples/swe_grpo.py --max_steps 2 --schedule sync
@@ -23,7 +23,7 @@ from trl_thundersync.scripts import finish_distributed, resolve_model, set_scrip
 
 @dataclass
 class SWEArguments(ScriptArguments):
-    tiny_model_dir: str = field(default="tiny-qwen3", metadata={"help": "Where the offline tiny model is created."})
+    tiny_model_dir: str = field(default="tiny-agent", metadata={"help": "Where the offline tiny model is created."})
     swe_rows: str | None = field(default=None, metadata={"help": "SWE-smith / SWE-bench style JSON or JSONL rows."})
     swe_repo_root: str | None = field(default=None, metadata={"help": "Local checkouts for --swe_rows."})
     num_tasks: int | None = field(default=None, metadata={"help": "Use only the first N tasks."})
@@ -40,7 +40,8 @@ def shorter_is_better(completion_ids, **kwargs) -> list[float]:
 def main() -> None:
     parser = TrlParser((SWEArguments, ThunderSyncGRPOConfig, ModelConfig))
     set_script_defaults(
-        parser, output_dir="outputs/swe_grpo", per_device_train_batch_size=4, num_generations=4,
+        parser, model_name_or_path="tiny-agent",
+        output_dir="outputs/swe_grpo", per_device_train_batch_size=4, num_generations=4,
         max_completion_length=256, agent_max_turns=6, agent_max_tokens_per_turn=96, max_steps=3, learning_rate=1e-5,
         logging_steps=1, report_to="none", save_strategy="no",
     )

@@ -1,7 +1,8 @@
 """GRPO on terminal tasks (SETA / Terminal-Bench style) with a sandboxed shell, streamed with ThunderSync.
 
-Out of the box (CPU, offline): the tiny model, the bundled terminal tasks, bubblewrap-sandboxed shell tools and the
-embedded rollout engine. Reward: p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA reward).
+Out of the box (CPU, offline): the tiny model warm-started to call tools (`tiny-agent`, built on first use),
+the bundled terminal tasks, bubblewrap-sandboxed shell tools and the embedded rollout engine. Reward:
+p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA reward).
 
     accelerate launch examples/terminal_grpo.py
     python examples/terminal_grpo.py --max_steps 2 --schedule sync
@@ -22,7 +23,7 @@ from trl_thundersync.scripts import finish_distributed, resolve_model, set_scrip
 
 @dataclass
 class TerminalArguments(ScriptArguments):
-    tiny_model_dir: str = field(default="tiny-qwen3", metadata={"help": "Where the offline tiny model is created."})
+    tiny_model_dir: str = field(default="tiny-agent", metadata={"help": "Where the offline tiny model is created."})
     num_tasks: int | None = field(default=None, metadata={"help": "Use only the first N tasks."})
     length_penalty: float = field(
         default=0.001, metadata={"help": "Weight of a small per-token penalty that shapes the reward (0 disables)."}
@@ -37,7 +38,8 @@ def shorter_is_better(completion_ids, **kwargs) -> list[float]:
 def main() -> None:
     parser = TrlParser((TerminalArguments, ThunderSyncGRPOConfig, ModelConfig))
     set_script_defaults(
-        parser, output_dir="outputs/terminal_grpo", per_device_train_batch_size=4, num_generations=4,
+        parser, model_name_or_path="tiny-agent",
+        output_dir="outputs/terminal_grpo", per_device_train_batch_size=4, num_generations=4,
         max_completion_length=256, agent_max_turns=6, agent_max_tokens_per_turn=96, max_steps=3, learning_rate=1e-5,
         logging_steps=1, report_to="none", save_strategy="no",
     )

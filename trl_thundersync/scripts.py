@@ -21,11 +21,17 @@ def set_script_defaults(parser, **defaults: Any) -> None:
 
 
 def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3") -> str:
-    """`tiny` (or nothing) → create the offline tiny model under `tiny_dir` and return its path; else `name`."""
+    """`tiny` (or nothing) → the offline random-weight tiny model under `tiny_dir`; `tiny-agent` → the tiny model
+    warm-started to call tools (built once, about a minute on two cores); anything else is returned unchanged."""
     if name in (None, "", "tiny"):
         from .testing.tiny import save_tiny_model
 
         return str(save_tiny_model(tiny_dir))
+    if name == "tiny-agent":
+        from .testing.tiny_agent import save_tiny_agent_model
+
+        print(f"preparing the tiny agent model in {tiny_dir} (first run only)", flush=True)
+        return str(save_tiny_agent_model(tiny_dir))
     return name
 
 

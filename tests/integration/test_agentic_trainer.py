@@ -117,7 +117,8 @@ def test_schedules_give_identical_parameters_with_tools(tmp_path, tokenizer, tin
                                         delay=lambda i, t: 0.003 * ((5 * i + 3 * t) % 4))
         trainer.train()
         params[schedule] = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
-    assert torch.equal(params["sync"], params["thundersync"])
+    # identical trajectories; the arrival (summation) order may differ with timing: equal up to FP32 rounding
+    assert relative_error(params["thundersync"], params["sync"]) <= 1e-6
 
 
 def test_plain_tools_and_the_real_embedded_engine(tmp_path, tokenizer, tiny_model_path):

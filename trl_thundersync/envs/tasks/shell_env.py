@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -215,10 +216,19 @@ class ShellTaskEnv:
         raise NotImplementedError
 
 
+# Wall-clock durations that test runners print ("3 passed in 0.12s") change from run to run; masking them keeps
+# observations, hence sampled trajectories, reproducible for a fixed seed (sync and thundersync runs compare equal).
+_DURATION = re.compile(r"\bin \d+(?:\.\d+)?s\b")
+
+
+def _mask_durations(text: str) -> str:
+    return _DURATION.sub("in <elapsed>s", text)
+
+
 def format_observation(result: CommandResult) -> str:
     """The text the model sees for one command."""
     if result.timed_out:
-        status = f"timed out after {result.duration_s:.1f}s (the command was killed)"
+        status = "timed out (the command was killed)"
     elif result.exit_code is None:
         status = f"killed by signal {result.signal}"
     else:
@@ -226,7 +236,7 @@ def format_observation(result: CommandResult) -> str:
     parts = [f"exit_code: {status}"]
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
         if text:
-            parts.append(f"{name}:\n{text.rstrip()}")
+            parts.append(f"{name}:\n{_mask_durations(text.rstrip())}")
     if result.truncated_bytes:
         parts.append(f"[{result.truncated_bytes} bytes of output were elided]")
     return "\n".join(parts)
