@@ -1,8 +1,10 @@
 """On-policy distillation on SWE-style repair tasks with sandboxed tools, streamed per agentic turn with ThunderSync.
 
-Out of the box (CPU, offline): a tiny student distills a tiny (wider, deeper) teacher on the bundled Python repair
-tasks with bubblewrap-sandboxed tools and the embedded rollout engine. Each turn is scored by the teacher the moment
-its action is complete and the student's backward for it runs while the tool executes.
+Out of the box (CPU, offline): the tool-calling tiny agent (`tiny-agent`) distills a second tiny agent warm-started
+with another seed (both built on first use) on the bundled Python repair tasks, with bubblewrap-sandboxed tools and
+the embedded rollout engine. Each turn is scored by the teacher the moment its action is complete and the student's
+backward for it runs while the tool executes. `--model_name_or_path tiny --teacher_model_name_or_path tiny` uses
+random-weight tiny models instead (fast, but they never call a tool).
 
     python examples/swe_opd.py
     python examples/swe_opd.py --max_steps 2 --schedule sync --objective gjsd
@@ -25,8 +27,8 @@ from trl_thundersync.scripts import finish_distributed, resolve_model, resolve_t
 
 @dataclass
 class SWEArguments(ScriptArguments):
-    tiny_model_dir: str = field(default="tiny-qwen3", metadata={"help": "Where the offline tiny student is created."})
-    tiny_teacher_dir: str = field(default="tiny-qwen3-teacher",
+    tiny_model_dir: str = field(default="tiny-agent", metadata={"help": "Where the offline tiny student is created."})
+    tiny_teacher_dir: str = field(default="tiny-agent-teacher",
                                   metadata={"help": "Where the offline tiny teacher is created."})
     swe_rows: str | None = field(default=None, metadata={"help": "SWE-smith / SWE-bench style JSON or JSONL rows."})
     swe_repo_root: str | None = field(default=None, metadata={"help": "Local checkouts for --swe_rows."})
@@ -36,9 +38,9 @@ class SWEArguments(ScriptArguments):
 def main() -> None:
     parser = TrlParser((SWEArguments, ThunderSyncGKDConfig, ModelConfig))
     set_script_defaults(
-        parser, output_dir="outputs/swe_opd", per_device_train_batch_size=4, lmbda=1.0, objective="opd",
-        max_new_tokens=96, agent_max_turns=4, max_steps=2, learning_rate=1e-5, logging_steps=1, report_to="none",
-        save_strategy="no",
+        parser, model_name_or_path="tiny-agent", output_dir="outputs/swe_opd", per_device_train_batch_size=4,
+        lmbda=1.0, objective="opd", max_new_tokens=96, agent_max_turns=6, max_steps=2, learning_rate=1e-5,
+        logging_steps=1, report_to="none", save_strategy="no",
     )
     script_args, training_args, model_args = parser.parse_args_and_config()
 
