@@ -46,27 +46,12 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                  eval_dataset=None, processing_class=None, compute_metrics=None, callbacks=None,
                  optimizers=(None, None), preprocess_logits_for_metrics=None, peft_config=None, formatting_func=None,
                  tools=None, environment_factory=None):
-        if not isinstance(args, ThunderSyncGKDConfig):
-            raise UnsupportedOptionError(
-                f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig so unsupported options are checked")
-        if (teacher_model is None) == (args.teacher_server_url is None):
-            raise UnsupportedOptionError(
-                "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "
-                f"args.teacher_server_url (got teacher_model={type(teacher_model).__name__}, teacher_server_url="
-                f"{args.teacher_server_url!r})")
         self._agentic = bool(tools) or environment_factory is not None
-        if self._agentic and (args.lmbda < 1.0 or args.seq_kd):
-            raise UnsupportedOptionError(
-                f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
-                "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
+        _refuse_combinations(args, teacher_model, eval_dataset, self._agentic)
         if processing_class is None and isinstance(model, str):
             from transformers import AutoTokenizer
 
             processing_class = AutoTokenizer.from_pretrained(model)
-        if args.teacher_server_url is not None and eval_dataset is not None:
-            raise UnsupportedOptionError(
-                "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
-                "teacher_model; evaluate separately or use a local teacher")
         if self._agentic and data_collator is None:
             data_collator = pass_through_collator
         trainer_kwargs = dict(args=args, data_collator=data_collator, train_dataset=train_dataset,
@@ -238,6 +223,26 @@ class ThunderSyncGKDTrainer(GKDTrainer):
             return super().train(*args, **kwargs)
         finally:
             self.close()
+
+
+def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:
+    """Argument combinations the streamed trainer cannot honour exactly, refused before anything is built."""
+    if not isinstance(args, ThunderSyncGKDConfig):
+        raise UnsupportedOptionError(
+            f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig so unsupported options are checked")
+    if (teacher_model is None) == (args.teacher_server_url is None):
+        raise UnsupportedOptionError(
+            "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "
+            f"args.teacher_server_url (got teacher_model={type(teacher_model).__name__}, teacher_server_url="
+            f"{args.teacher_server_url!r})")
+    if agentic and (args.lmbda < 1.0 or args.seq_kd):
+        raise UnsupportedOptionError(
+            f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
+            "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
+    if args.teacher_server_url is not None and eval_dataset is not None:
+        raise UnsupportedOptionError(
+            "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
+            "teacher_model; evaluate separately or use a local teacher")
 
 
 def _check_vocabularies(model, teacher_model, processing_class) -> None:
