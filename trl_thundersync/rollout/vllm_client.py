@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -58,7 +58,7 @@ class VLLMServerEngine:
     def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
                  publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
                  startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, on_close: Callable[[], None] | None = None) -> None:
         urls = [u.rstrip("/") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
         if not urls or len(set(urls)) != len(urls):
             raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
@@ -68,6 +68,7 @@ class VLLMServerEngine:
         if max_concurrency < 1 or retries < 0:
             raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1 and retries={retries} >= 0")
         self.sampling, self.retries = sampling, retries
+        self._on_close = on_close  # e.g. stops the embedded servers this engine was started with
         self.request_timeout, self.restart_timeout = request_timeout, restart_timeout
         self._replicas = [Replica(i, u) for i, u in enumerate(urls)]
         self._lock = threading.Lock()
@@ -187,8 +188,12 @@ class VLLMServerEngine:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._publisher is not None:
-            self._publisher.close()
+        try:
+            if self._publisher is not None:
+                self._publisher.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
 
     @property
     def policy_version(self) -> int:

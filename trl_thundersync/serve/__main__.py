@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 
 from .app import EmbeddedServer, make_http_server
 
 logger = logging.getLogger("trl_thundersync.serve")
+
+
+def _watch_parent(parent: int, server) -> None:
+    """Shut the server down once its parent is gone (the child is re-parented: getppid() changes)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    logger.warning("parent process %d exited: shutting down", parent)
+    server.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--policy-version", type=int, default=0, help="version the weights at --model represent")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="stop when the process that started this server exits (used by the trainer)")
     return parser
 
 
@@ -53,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.exit_with_parent:
+        threading.Thread(target=_watch_parent, args=(os.getppid(), server), daemon=True).start()
     host, port = server.server_address[:2]
     print(f"thundersync-serve: {app.served.name!r} at policy version {app.version} on http://{host}:{port}",
           flush=True)
