@@ -30,6 +30,7 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -47,6 +48,8 @@ from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, await_heal
                             make_publisher, percentile, push_all)
 
 __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
+
+logger = logging.getLogger(__name__)
 
 _RESTARTING = (502, 503, 504)  # a proxy or a server that is still loading: wait for it like for a restart
 _LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
@@ -78,6 +81,7 @@ class VLLMServerEngine:
         self._sticky: dict[int, Replica] = {}  # trajectory index -> replica
         self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._trajectories, self._ttfr = 0, None
+        self._peak_in_flight = 0
         self._open: int | None = None  # rollouts still owed by results()
         self._done: queue.Queue | None = None
         self._batch_started = 0.0
@@ -119,6 +123,7 @@ class VLLMServerEngine:
             replica = self._route(request.index)
             self._keys.add(key)
             replica.begin()
+            self._peak_in_flight = max(self._peak_in_flight, len(self._keys))
             version = self._version
         max_tokens = max_new_tokens or self.sampling.max_new_tokens
         return self._pool.submit(self._generate, replica, request, key, max_tokens, version)
@@ -136,6 +141,8 @@ class VLLMServerEngine:
             raise RolloutError("requests must have distinct indices and non-empty prompt_ids")
         self._clear_routes()
         self._batch_started, self._ttfr = time.perf_counter(), None
+        with self._lock:
+            self._peak_in_flight = 0
         done: queue.Queue = queue.Queue()
         self._open, self._done = len(requests), done
         for request in requests:
@@ -179,6 +186,8 @@ class VLLMServerEngine:
             if previous != policy_version:
                 self._publisher.retire([r.url for r in self._replicas], previous)
             self._last_pub = time.perf_counter() - start
+            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (%s)", policy_version,
+                        len(self._replicas), self._last_pub, type(self._publisher).__name__)
             return self._last_pub
         finally:
             self._publishing = False
@@ -210,7 +219,8 @@ class VLLMServerEngine:
             replicas = tuple(r.stats(now) for r in self._replicas)
             latencies = list(self._latencies)
         return ServerEngineStats(
-            in_flight=sum(r.in_flight for r in replicas), trajectories=self._trajectories,
+            in_flight=sum(r.in_flight for r in replicas), peak_in_flight=self._peak_in_flight,
+            trajectories=self._trajectories,
             tokens=sum(r.tokens for r in replicas), time_to_first_result=self._ttfr,
             turn_latency_p50=percentile(latencies, 0.5), turn_latency_p90=percentile(latencies, 0.9),
             turn_latency_p99=percentile(latencies, 0.99), publications=self._publications,

@@ -43,6 +43,7 @@ class ServerEngineStats:
     """Counters of a `VLLMServerEngine`."""
 
     in_flight: int  # requests submitted and not yet answered, over all replicas
+    peak_in_flight: int  # most requests in flight at once since the latest start_batch (or construction)
     trajectories: int  # rollouts delivered by results()
     tokens: int  # completion tokens over all answered requests
     time_to_first_result: float | None  # latest batch: start_batch → first rollout received
@@ -176,3 +177,21 @@ def check_tokenizer(replicas: Sequence[Replica], tokenizer: Any) -> None:
         if reply.status == 200 and list((reply.json() or {}).get("tokens", local)) != local:
             raise ConfigurationError(f"{replica.url} serves {replica.base_model!r}, whose tokenizer splits text "
                                      "differently from the trainer's: serve the policy's own checkpoint")
+
+
+def server_metrics(stats: ServerEngineStats) -> dict[str, float]:
+    """Flat metrics for the trainer's logs (`rollout/...`), one set per replica plus the engine-wide ones."""
+    out = {"rollout/in_flight_peak": float(stats.peak_in_flight), "rollout/tokens": float(stats.tokens)}
+    for name, value in (("time_to_first_result_s", stats.time_to_first_result),
+                        ("turn_latency_p50_s", stats.turn_latency_p50), ("turn_latency_p90_s", stats.turn_latency_p90),
+                        ("turn_latency_p99_s", stats.turn_latency_p99),
+                        ("publication_s", stats.last_publication_seconds)):
+        if value is not None:
+            out[f"rollout/{name}"] = float(value)
+    for i, replica in enumerate(stats.replicas):
+        out[f"rollout/replica{i}/tokens_per_s"] = replica.tokens_per_second
+        out[f"rollout/replica{i}/policy_version"] = float(-1 if replica.policy_version is None
+                                                          else replica.policy_version)
+        out[f"rollout/replica{i}/retries"] = float(replica.retries)
+        out[f"rollout/replica{i}/alive"] = float(replica.alive)
+    return out

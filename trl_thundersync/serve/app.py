@@ -285,9 +285,14 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + format, self.address_string(), *args)
 
 
+class _Server(ThreadingHTTPServer):
+    # The client opens one connection per request and may have hundreds in flight: with socketserver's default
+    # listen backlog of 5, connections beyond it lose their SYN and are retried by the kernel a second later.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def make_http_server(app: EmbeddedServer, host: str, port: int) -> ThreadingHTTPServer:
     """Bind the server (port 0 picks a free one: read `server.server_address`)."""
     handler = type("EmbeddedServerHandler", (_Handler,), {"app": app})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler)
