@@ -35,13 +35,14 @@ class Run:
     orders: list[tuple[int, ...]]  # per step: trajectory indices in arrival order
 
 
-def train(path, tokenizer, out, **overrides) -> Run:
+def train(path, tokenizer, out, peft_config=None, **overrides) -> Run:
     common = dict(max_completion_length=12, per_device_train_batch_size=8, num_generations=4, max_steps=2,
                   optim="sgd", learning_rate=0.05, rollout_max_in_flight=4)
     common.update(overrides)
     trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[reward_digits],
                                      args=cpu_config(ThunderSyncGRPOConfig, out, **common),
-                                     train_dataset=prompt_dataset(16), processing_class=tokenizer)
+                                     train_dataset=prompt_dataset(16), processing_class=tokenizer,
+                                     peft_config=peft_config)
     samples, orders, barrier = [], [], trainer._barrier
 
     def spy(totals, timing, normalization, buckets, scored, prompts):
@@ -111,6 +112,21 @@ def test_trl_vllm_server_fields_drive_several_servers_started_by_hand(tmp_path, 
         servers.close()
     assert_same_update(run, local_run)
     assert all(p.poll() is not None for p in servers.processes)
+
+
+def test_lora_adapters_published_as_versions_match_merged_weights(tmp_path, tokenizer, tiny_model_path):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    common = dict(peft_config=lora, learning_rate=0.5, max_steps=3)
+    merged = train(tiny_model_path, tokenizer, tmp_path / "local", rollout_engine="local_process", **common)
+    adapters = train(tiny_model_path, tokenizer, tmp_path / "lora", rollout_engine="embedded_server",
+                     vllm_weight_publisher="lora", **common)
+    assert_same_update(adapters, merged)
+    trained = [p for n, p in adapters.trainer.model.named_parameters() if "lora_B" in n]
+    assert trained and all(p.abs().max() > 0 for p in trained)  # policy-v1, -v2 differ from the base weights
+    logs = [h for h in adapters.trainer.state.log_history if "rollout/replica0/policy_version" in h]
+    assert [h["rollout/replica0/policy_version"] for h in logs] == [0.0, 1.0, 2.0]  # served as policy-v0, -v1, -v2
 
 
 def test_agent_loop_over_the_server_engine_matches_the_local_engine(tmp_path, tokenizer, tiny_model_path):

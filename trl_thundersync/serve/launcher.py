@@ -33,13 +33,23 @@ _READY = re.compile(r"thundersync-serve: .* on (http://[^\s]+)")
 _POLL_S = 0.1
 
 
-def write_policy_folder(model: Any, tokenizer: Any, directory: Path) -> Path:
-    """Save what a server needs to serve `model` as it is now: config, FP32 weights, generation config, tokenizer."""
+def write_policy_folder(model: Any, tokenizer: Any, directory: Path, *, without_adapters: bool = False) -> Path:
+    """Save what a server needs to serve `model` as it is now: config, FP32 weights, generation config, tokenizer.
+
+    `without_adapters`: for a PEFT policy, the base weights alone (LoRA disabled) — what a server that will receive
+    the adapter through `/v1/load_lora_adapter` must hold; otherwise the LoRA delta is merged in.
+    """
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     base_config(model).save_pretrained(directory)
-    save_file(policy_state_dict(model), str(directory / "model.safetensors"))
+    inner = unwrap_model(model)
+    if without_adapters and hasattr(inner, "disable_adapter"):
+        with inner.disable_adapter():
+            state = policy_state_dict(inner)
+    else:
+        state = policy_state_dict(inner)
+    save_file(state, str(directory / "model.safetensors"))
     inner = unwrap_model(model)
     generation_config = getattr(inner, "generation_config", None)
     if generation_config is not None:
@@ -106,13 +116,13 @@ class EmbeddedServers:
 
     @classmethod
     def start(cls, model: Any, tokenizer: Any, *, replicas: int = 1, policy_version: int = 0,
-              options: ServerOptions = ServerOptions()) -> EmbeddedServers:
+              options: ServerOptions = ServerOptions(), without_adapters: bool = False) -> EmbeddedServers:
         if replicas < 1:
             raise ValueError(f"replicas={replicas} must be >= 1")
         root = Path(tempfile.mkdtemp(prefix="thundersync-serve-"))
         processes: list[subprocess.Popen] = []
         try:
-            model_dir = write_policy_folder(model, tokenizer, root / "policy")
+            model_dir = write_policy_folder(model, tokenizer, root / "policy", without_adapters=without_adapters)
             logs = [root / f"server-{i}.log" for i in range(replicas)]
             processes.extend(_spawn(model_dir, log, options, policy_version) for log in logs)  # load in parallel
             urls = [_await_address(p, log, options.startup_timeout) for p, log in zip(processes, logs)]
@@ -125,16 +135,29 @@ class EmbeddedServers:
         self._finalizer()  # idempotent; also runs at garbage collection and interpreter exit
 
 
+
 def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas: int = 1, policy_version: int = 0,
-                          options: ServerOptions = ServerOptions(), **engine_kwargs: Any) -> Any:
-    """Start `replicas` embedded servers serving `model` and a `VLLMServerEngine` over them (closing it stops them)."""
+                          options: ServerOptions = ServerOptions(), publisher: Any = "auto",
+                          **engine_kwargs: Any) -> Any:
+    """Start `replicas` embedded servers serving `model` and a `VLLMServerEngine` over them (closing it stops them).
+
+    With `publisher="lora"` the servers hold the base weights and the policy's adapter is published (loaded as
+    `policy-v{policy_version}`) before this returns; otherwise they start with the merged policy weights.
+    """
     from ..rollout.vllm_client import VLLMServerEngine
 
+    lora = publisher == "lora"
     servers = EmbeddedServers.start(model, tokenizer, replicas=replicas, policy_version=policy_version,
-                                    options=options)
+                                    options=options, without_adapters=lora)
+    engine = None
     try:
-        return VLLMServerEngine(servers.urls, tokenizer, sampling, policy_version=policy_version,
-                                on_close=servers.close, **engine_kwargs)
+        engine = VLLMServerEngine(servers.urls, tokenizer, sampling, policy_version=policy_version,
+                                  publisher=publisher, on_close=servers.close, **engine_kwargs)
+        if lora:
+            engine.publish(model, policy_version)
+        return engine
     except BaseException:
+        if engine is not None:
+            engine.close()
         servers.close()
         raise

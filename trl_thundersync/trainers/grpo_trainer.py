@@ -341,12 +341,12 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
                       request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
                       restart_timeout=a.rollout_restart_timeout, policy_version=self.policy_version)
-        if urls is None:  # embedded servers started from the policy as it is now: nothing to publish yet
+        if urls is None:  # embedded servers started from the policy as it is now
             self._set_learner_threads("process", rollout_threads=a.rollout_num_threads * replicas)
             options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
                                     startup_timeout=a.vllm_server_timeout)
             return start_embedded_engine(policy, self._tokenizer, sampling, replicas=replicas, options=options,
-                                         startup_timeout=a.vllm_server_timeout, **common)
+                                         startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
         engine = VLLMServerEngine(urls, self._tokenizer, sampling, startup_timeout=a.vllm_server_timeout, **common)
         try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
             seconds = engine.publish(policy, self.policy_version)
