@@ -297,6 +297,17 @@ def test_a_replica_that_dies_for_good_fails_the_batch_loudly(replicas, base_file
         engine.close()
 
 
+def test_a_request_over_its_timeout_fails_the_batch_naming_the_limit(replicas, base_file, tokenizer):
+    long = SamplingParams(300, temperature=TEMPERATURE)  # far longer than the 10 ms allowed
+    engine = _engine(replicas[:1], base_file, tokenizer, long, request_timeout=0.01)
+    try:
+        engine.start_batch(_requests(tokenizer, 2), policy_version=engine.policy_version)
+        with pytest.raises(RolloutError, match=f"no answer from {replicas[0].url} within 0.01 s"):
+            list(engine.results())
+    finally:
+        engine.close()
+
+
 def test_sigterm_stops_a_server_cleanly(replicas):
     server = replicas[0]
     server.process.send_signal(signal.SIGTERM)
