@@ -179,6 +179,16 @@ def test_publisher_selection():
         make_publisher("rsync", [0])
 
 
+def test_vllm_servers_without_vllm_installed_fail_with_the_install_hint():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigurationError, match=r'pip install "trl-thundersync\[vllm\]"'):
+            make_publisher("auto", [None, None], {"device": "cpu", "group_port": 51300})
+    else:
+        pytest.skip("vLLM is installed here")
+
+
 class _FakeTRLClient:
     """Records what TRLNCCLPublisher asks of TRL's `VLLMClient` (the NCCL transfer itself needs GPUs)."""
 

@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -61,7 +61,8 @@ class VLLMServerEngine:
     def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
                  publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
                  startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
-                 policy_version: int = 0, on_close: Callable[[], None] | None = None) -> None:
+                 policy_version: int = 0, on_close: Callable[[], None] | None = None,
+                 nccl_options: Mapping[str, Any] | None = None) -> None:
         urls = [u.rstrip("/") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
         if not urls or len(set(urls)) != len(urls):
             raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
@@ -91,7 +92,7 @@ class VLLMServerEngine:
         self._publisher: WeightPublisher | None = None
         try:
             reported = connect_all(self._replicas, startup_timeout)
-            self._publisher = make_publisher(publisher, reported)
+            self._publisher = make_publisher(publisher, reported, nccl_options)
             stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported) if v not in (None, policy_version)]
             if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "

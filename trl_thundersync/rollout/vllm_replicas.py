@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -130,8 +130,12 @@ def connect_all(replicas: Sequence[Replica], timeout: float) -> list[int | None]
     return [f.result() for f in futures]
 
 
-def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None]) -> WeightPublisher:
-    """'auto' → `HTTPWeightFile` for embedded servers (they report a version), `TRLNCCLPublisher` for vLLM."""
+def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None],
+                   nccl_options: Mapping[str, Any] | None = None) -> WeightPublisher:
+    """'auto' → `HTTPWeightFile` for embedded servers (they report a version), `TRLNCCLPublisher` for vLLM.
+
+    `nccl_options` are keyword arguments of `TRLNCCLPublisher` (device, dtype, group_port, ...), used if it is chosen.
+    """
     if not isinstance(spec, str):
         return spec
     if spec == "auto":
@@ -140,11 +144,11 @@ def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None]) 
             return HTTPWeightFile()
         if any(embedded):
             raise ConfigurationError("publisher='auto' cannot mix embedded servers and vLLM servers; pass one")
-        return TRLNCCLPublisher()
+        spec = "nccl"
     factories = {"http": HTTPWeightFile, "lora": LoRAAdapterPublisher, "nccl": TRLNCCLPublisher}
     if spec not in factories:
         raise ConfigurationError(f"publisher={spec!r} is not one of {['auto', *factories]} or a WeightPublisher")
-    return factories[spec]()
+    return TRLNCCLPublisher(**(nccl_options or {})) if spec == "nccl" else factories[spec]()
 
 
 def push_all(replicas: Sequence[Replica], publisher: WeightPublisher, version: int) -> list[str]:

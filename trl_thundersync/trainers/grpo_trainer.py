@@ -347,7 +347,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                                     startup_timeout=a.vllm_server_timeout)
             return start_embedded_engine(policy, self._tokenizer, sampling, replicas=replicas, options=options,
                                          startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
-        engine = VLLMServerEngine(urls, self._tokenizer, sampling, startup_timeout=a.vllm_server_timeout, **common)
+        nccl = {"device": self.accelerator.device, "group_port": a.vllm_group_port,
+                "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
+        engine = VLLMServerEngine(urls, self._tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
+                                  nccl_options=nccl, **common)
         try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
             seconds = engine.publish(policy, self.policy_version)
         except BaseException:
