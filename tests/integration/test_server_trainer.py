@@ -97,7 +97,8 @@ def test_embedded_servers_sync_and_thundersync_reach_the_local_engine_parameters
 def test_trl_vllm_server_fields_drive_several_servers_started_by_hand(tmp_path, tokenizer, tiny_model_path,
                                                                       local_run):
     # `python -m trl_thundersync.serve --model DIR` twice, from a different model than the policy: the trainer must
-    # publish θ_0 before the first batch and θ_1 after the first step, and both servers must acknowledge.
+    # publish θ_0 before the first batch and θ_1 after the first step, and both servers must acknowledge. The
+    # importance-sampling correction is off so that the update is the local engine's (tested against TRL elsewhere).
     other = load_model(tiny_model_path)
     with torch.no_grad():
         for p in other.parameters():
@@ -160,7 +161,7 @@ def test_agent_loop_over_the_server_engine_matches_the_local_engine(tmp_path, to
 
 @pytest.mark.parametrize("overrides, error, match", [
     (dict(use_vllm=True), UnsupportedOptionError, "vllm_mode='colocate'"),
-    (dict(use_vllm=True, vllm_mode="server"), UnsupportedOptionError, "vllm_importance_sampling_correction=True"),
+    (dict(use_vllm=True, vllm_mode="server", loss_type="vespo"), UnsupportedOptionError, "vespo"),
     (dict(vllm_server_base_urls=["http://a:8000"]), ConfigurationError, "also set use_vllm=True"),
     (dict(rollout_engine="vllm_server"), ConfigurationError, "needs use_vllm=True"),
     (dict(use_vllm=True, vllm_mode="server", vllm_importance_sampling_correction=False,
@@ -173,8 +174,8 @@ def test_server_config_errors_name_the_field(tmp_path, overrides, error, match):
 
 
 def test_server_urls_follow_trl_fields(tmp_path):
-    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server",
-                      vllm_importance_sampling_correction=False, vllm_server_host="10.0.0.5", vllm_server_port=8001)
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.5",
+                      vllm_server_port=8001)
     assert args.resolved_rollout_engine(False) == "vllm_server"
     assert args.server_urls() == ["http://10.0.0.5:8001"]
     args.vllm_server_base_url = "http://gpu-node:8000"

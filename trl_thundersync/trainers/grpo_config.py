@@ -251,9 +251,9 @@ class ThunderSyncGRPOConfig(GRPOConfig):
         if self.use_vllm and self.vllm_mode != "server":
             refuse("vllm_mode", self.vllm_mode, "ThunderSync generates on rollout servers in other processes while "
                    "the learner runs; use vllm_mode='server' (or use_vllm=False for the embedded engine)")
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
             refuse("vllm_importance_sampling_correction", self.vllm_importance_sampling_correction,
-                   "the importance-sampling weight between vLLM's and the learner's log-probs is not streamed yet; "
-                   "set vllm_importance_sampling_correction=False (zero staleness: every sample is from θ_k)")
+                   "with loss_type='vespo' TRL folds the ratio into VESPO's gamma weights, which is not streamed; set "
+                   "it to False or pick another loss_type")
         if self.use_liger_kernel:
             refuse("use_liger_kernel", self.use_liger_kernel, "the Liger GRPO loss bypasses the streamed learner")

@@ -34,6 +34,7 @@ from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
+from ..streaming.importance import SamplingCorrection
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, run_logical_batch
@@ -191,6 +192,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             beta=self.beta,
             bias_correction_kl=self.args.use_bias_correction_kl,
             device=self.accelerator.device,
+            correction=SamplingCorrection.from_config(self.args),
         )
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
