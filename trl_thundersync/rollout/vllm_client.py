@@ -10,6 +10,9 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
 - Requests: one `POST /v1/completions` per turn, token ids in, token ids and processed log-probs out (`vllm_api`),
   seeded with `request.seed`. At most `max_concurrency` requests are on the wire; each future resolves the moment
   its answer arrives.
+- Back-pressure: requests beyond `max_concurrency` wait in this client, not on the servers; and nothing of batch
+  k+1 is sent before the learner closed batch k and every replica acknowledged θ_{k+1}, so the rollouts buffered
+  ahead of the learner never exceed one logical batch.
 - Routing: replicas are data-parallel copies. A trajectory (`request.index`) is sent to the least-loaded live
   replica on its first turn and stays there for its later turns (the replica's prefix cache holds its context);
   the table is cleared at every `start_batch` and `publish`.
