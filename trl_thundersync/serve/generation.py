@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..rollout.local_worker import _build_processors
+from ..rollout.local_worker import _build_processors, sample_next
 from ..types import SamplingParams
 
 
@@ -213,21 +213,11 @@ class GenerationLoop:
         with self._cond:
             self._active = still
 
-    @torch.inference_mode()
     def _step(self, state: _Decoding) -> tuple[str, int | None] | None:
         """Sample one token; (finish_reason, stop_reason) when the request is done, else None."""
         request = state.request
-        kwargs = {self.cache_kwarg: state.cache}
-        out = state.model(input_ids=state.next_input, use_cache=True, logits_to_keep=1, **kwargs)
-        scores = out.logits[:, -1, :].float()  # [1, V]
-        seen = torch.tensor([state.tokens], dtype=torch.long)
-        for proc in state.processors:
-            scores = proc(seen, scores)
-        if state.greedy:
-            token = int(torch.argmax(scores, dim=-1).item())
-        else:
-            token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=state.generator).item())
-        logprobs = torch.log_softmax(scores, dim=-1)[0]
+        token, logprobs = sample_next(state.model, self.cache_kwarg, state.cache, state.next_input, state.tokens,
+                                      state.processors, None if state.greedy else state.generator)
         state.logprobs.append(float(logprobs[token]))
         if request.top_logprobs > 0:
             values, ids = torch.topk(logprobs, min(request.top_logprobs, logprobs.numel()))
