@@ -184,3 +184,39 @@ def test_server_urls_follow_trl_fields(tmp_path):
     assert args.server_urls() == ["http://a:8000", "http://b:8000"]
     embedded = cpu_config(ThunderSyncGRPOConfig, tmp_path, rollout_engine="embedded_server")
     assert embedded.server_urls() is None  # started by the trainer
+
+
+def test_agent_context_is_capped_by_the_servers_context_window(tmp_path, tokenizer, tiny_model_path):
+    """A trajectory that outgrows the model's window ends as `max_context_tokens` (truncated) instead of sending a
+    request the server refuses (vLLM answers HTTP 400 past max_model_len)."""
+    from datasets import Dataset
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return "value " * 40
+
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Find key {i}."}] for i in range(4)]})
+    prompt = tokenizer.apply_chat_template(data[0]["prompt"], tools=[lookup], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    window = len(prompt) + 24  # room for a turn or two, not for max_completion_length
+    model = load_model(tiny_model_path)
+    model.config.max_position_embeddings = window  # the embedded server reports and enforces it, like vLLM
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, max_completion_length=64, num_generations=4,
+                      per_device_train_batch_size=4, agent_max_turns=4, rollout_engine="embedded_server")
+    def reward_len(completion_ids, **kwargs):
+        return [float(len(c)) for c in completion_ids]
+
+    trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[reward_len], args=args, train_dataset=data,
+                                     processing_class=tokenizer, tools=[lookup])
+    trainer.train()
+    assert trainer.policy_version == 1
+    log = next(h for h in trainer.state.log_history if "agent/turns_mean" in h)
+    # every trajectory was cut at the window (the turn budget shrank to what fits), none was refused by the server
+    assert log["completions/max_length"] == window - len(prompt) and log["completions/clipped_ratio"] == 1, log
+    engine = trainer._rollout_engine()
+    assert engine.generator.max_model_len == window
+    assert engine.limits.max_context_tokens == window

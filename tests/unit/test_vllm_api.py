@@ -15,7 +15,7 @@ import torch
 
 from trl_thundersync.errors import ConfigurationError, RolloutError
 from trl_thundersync.rollout.vllm_api import (HTTPReply, completion_payload, error_message, lora_name, lora_version,
-                                              parse_completion, parse_model_ids)
+                                              parse_completion, parse_max_model_len, parse_model_ids)
 from trl_thundersync.rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
 from trl_thundersync.rollout.vllm_replicas import make_publisher, percentile
 from trl_thundersync.serve.generation import GenerationOutput
@@ -124,6 +124,8 @@ def test_error_messages_in_every_shape_vllm_uses(status, body, expected):
 def test_recorded_model_list_and_versioned_adapter_names():
     ids = parse_model_ids(json.loads(RECORDED_MODELS))
     assert ids == ["Qwen/Qwen3-0.6B", "policy-v3"]
+    assert parse_max_model_len(json.loads(RECORDED_MODELS)) == 40960  # the base model's window, not the adapter's
+    assert parse_max_model_len({"object": "list", "data": [{"id": "m", "object": "model"}]}) is None
     assert lora_name("policy", 3) == "policy-v3"
     assert [lora_version(name, "policy") for name in ids] == [None, 3]
     assert lora_version("policy-v3-old", "policy") is None

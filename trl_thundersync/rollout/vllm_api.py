@@ -175,6 +175,12 @@ def parse_model_ids(body: Any) -> list[str]:
     return [str(card["id"]) for card in body["data"]]
 
 
+def parse_max_model_len(body: Any) -> int | None:
+    """The base model's context window as `/v1/models` reports it (vLLM's `max_model_len`), None if not reported."""
+    value = body["data"][0].get("max_model_len") if parse_model_ids(body) else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def lora_name(prefix: str, version: int) -> str:
     return LORA_NAME_PATTERN.format(prefix=prefix, version=version)
 

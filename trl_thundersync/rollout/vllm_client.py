@@ -217,6 +217,12 @@ class VLLMServerEngine:
     def base_urls(self) -> tuple[str, ...]:
         return tuple(r.url for r in self._replicas)
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The smallest context window the replicas reported (prompt + generated tokens), None if none did."""
+        known = [r.max_model_len for r in self._replicas if r.max_model_len is not None]
+        return min(known) if known else None
+
     def stats(self) -> ServerEngineStats:
         now = time.perf_counter()
         with self._lock:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, RolloutError
-from .vllm_api import HTTPReply, error_message, http_call, parse_model_ids
+from .vllm_api import HTTPReply, error_message, http_call, parse_max_model_len, parse_model_ids
 from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher, WeightPublisher
 
 _POLL_S = 0.25  # how often /health is polled while waiting for a replica
@@ -61,6 +61,7 @@ class Replica:
     def __init__(self, index: int, url: str) -> None:
         self.index, self.url = index, url.rstrip("/")
         self.base_model = ""  # served name of the base model (first entry of /v1/models)
+        self.max_model_len: int | None = None  # its context window, as /v1/models reports it (None: not reported)
         self.version: int | None = None  # acknowledged version
         self.in_flight = self.assigned = 0  # assigned: trajectories routed here since the sticky table was cleared
         self.requests = self.tokens = self.retries = 0
@@ -120,6 +121,7 @@ def connect_all(replicas: Sequence[Replica], timeout: float) -> list[int | None]
         if reply.status != 200:
             raise RolloutError(f"{replica.url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
         replica.base_model = parse_model_ids(reply.json())[0]
+        replica.max_model_len = parse_max_model_len(reply.json())
         return health.policy_version
 
     with ThreadPoolExecutor(max_workers=len(replicas)) as pool:

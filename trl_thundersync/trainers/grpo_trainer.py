@@ -375,10 +375,21 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
                                multi_environment=bool(getattr(self, "_multi_environment", False)))
         return AgentRolloutEngine(
-            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self.args.agent_limits(),
+            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self._agent_limits(generator),
             environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
             chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
         )
+
+    def _agent_limits(self, generator):
+        """The configured agent limits, with the context budget capped by what the model (and the rollout servers)
+        can hold, so a long trajectory ends with `max_context_tokens` instead of a request the server refuses."""
+        limits = self.args.agent_limits()
+        windows = [getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None),
+                   getattr(generator, "max_model_len", None)]
+        windows = [w for w in windows if isinstance(w, int) and w > 0]
+        if windows and min(windows) < limits.max_context_tokens:
+            limits = replace(limits, max_context_tokens=min(windows))
+        return limits
 
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
