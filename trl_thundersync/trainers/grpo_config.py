@@ -33,13 +33,13 @@ class ThunderSyncGRPOConfig(GRPOConfig):
     rollout_engine: str = field(
         default="auto",
         metadata={
-            "help": "'local_process': embedded engine in a worker process (CPU default); 'local_thread': the same "
+            "help": "'local_process': the embedded engine in a worker process, no HTTP; 'local_thread': the same "
             "engine in a thread (fights the learner for the GIL; for measurements); 'embedded_server': "
             "`rollout_num_servers` embedded HTTP servers (python -m trl_thundersync.serve) started for the run, or "
             "the ones at `vllm_server_base_urls`, driven by the vLLM client; 'vllm_server': vLLM servers "
             "(use_vllm=True, vllm_mode='server'); 'trl': TRL's own batch generation (used automatically for "
             "rollout_func); 'auto' picks 'vllm_server' with use_vllm=True, else 'trl' for rollout_func, else "
-            "'local_process'."
+            "'embedded_server' (the default: the production client code over HTTP, servers started for the run)."
         },
     )
     vllm_server_base_urls: list[str] | None = field(
@@ -165,7 +165,7 @@ class ThunderSyncGRPOConfig(GRPOConfig):
             return self.rollout_engine
         if self.use_vllm:
             return "vllm_server"
-        return "trl" if uses_rollout_func else "local_process"
+        return "trl" if uses_rollout_func else "embedded_server"
 
     def server_urls(self) -> list[str] | None:
         """Rollout server URLs: `vllm_server_base_urls`, else (use_vllm) TRL's single-server fields; None: start
