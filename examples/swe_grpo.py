@@ -1,14 +1,15 @@
 """GRPO on SWE-style repair tasks with tools in a sandbox, streamed with ThunderSync.
 
 Out of the box (CPU, offline): the tiny model warm-started to call tools (`tiny-agent`, built on first use),
-the bundled Python repair tasks, bubblewrap-sandboxed shell tools and the embedded rollout engine:
+the bundled Python repair tasks, bubblewrap-sandboxed shell tools and the embedded rollout server (started for the run):
 
     accelerate launch examples/swe_grpo.py
     python examples/swe_grpo.py --max_steps 2 --schedule sync
 
 A real run: `--model_name_or_path Qwen/Qwen3-8B` (or a local folder), `--use_peft --lora_r 16` for LoRA, and your
 own SWE-smith / SWE-bench rows with local checkouts: `--swe_rows data.jsonl --swe_repo_root /path/to/repos`.
-(`--use_vllm` is refused until the vLLM-server rollout engine lands; the embedded engine is used meanwhile.)
+vLLM: start `vllm serve` (see README, "Rollout servers") and add `--use_vllm --vllm_mode server
+--vllm_server_base_url http://HOST:8000` (or `--vllm_server_base_urls URL1 URL2` for several replicas).
 """
 
 from __future__ import annotations

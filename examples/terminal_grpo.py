@@ -1,14 +1,15 @@
 """GRPO on terminal tasks (SETA / Terminal-Bench style) with a sandboxed shell, streamed with ThunderSync.
 
 Out of the box (CPU, offline): the tiny model warm-started to call tools (`tiny-agent`, built on first use),
-the bundled terminal tasks, bubblewrap-sandboxed shell tools and the embedded rollout engine. Reward:
+the bundled terminal tasks, bubblewrap-sandboxed shell tools and the embedded rollout server (started for the run). Reward:
 p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA reward).
 
     accelerate launch examples/terminal_grpo.py
     python examples/terminal_grpo.py --max_steps 2 --schedule sync
 
 A real run: `--model_name_or_path Qwen/Qwen3-8B`, `--use_peft --lora_r 16` for LoRA.
-(`--use_vllm` is refused until the vLLM-server rollout engine lands; the embedded engine is used meanwhile.)
+vLLM: start `vllm serve` (see README, "Rollout servers") and add `--use_vllm --vllm_mode server
+--vllm_server_base_url http://HOST:8000` (or `--vllm_server_base_urls URL1 URL2` for several replicas).
 """
 
 from __future__ import annotations

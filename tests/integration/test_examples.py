@@ -49,7 +49,10 @@ def test_swe_example_schedules_give_identical_parameters(tmp_path, tiny_agent):
     assert moved.norm() > 0, "training must move the weights"
     # Same trajectories (seeded per step/trajectory/turn); the accumulation order follows tool timing, so the two
     # updates agree up to FP32 summation order (SGD: linear in the gradient, no Adam amplification of rounding).
-    assert float((flat["sync"] - flat["thundersync"]).norm() / moved.norm()) <= 1e-5
+    # The difference is measured against the (small) displacement, while FP32 rounds the parameters themselves:
+    # one ulp of a weight is ~1e-7 of its value, so the bound is 1e-4 of the displacement. A single differently
+    # sampled token would move the weights by orders of magnitude more.
+    assert float((flat["sync"] - flat["thundersync"]).norm() / moved.norm()) <= 1e-4
 
 
 def test_terminal_example_runs_under_accelerate_launch(tmp_path, tiny_agent):

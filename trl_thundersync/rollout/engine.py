@@ -12,7 +12,8 @@ Lifecycle of one logical batch k (the learner never looks inside an engine):
 4. `close()` releases processes and servers; idempotent.
 
 Implementations: `LocalProcessEngine` (embedded, CPU default), `TRLBatchEngine` (wraps TRL's own batch generation:
-`rollout_func`, tools, environments), later a vLLM-server engine and the multi-turn agent loop.
+`rollout_func`), `VLLMServerEngine` (vLLM or embedded servers over HTTP) and `AgentRolloutEngine` (multi-turn
+agent loop over either of the first and the third).
 """
 
 from __future__ import annotations

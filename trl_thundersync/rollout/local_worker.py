@@ -38,6 +38,27 @@ def _build_processors(sampling: SamplingParams) -> list[Any]:
     return procs
 
 
+@torch.inference_mode()
+def sample_next(model: Any, cache_kwarg: str, cache: Any, next_input: torch.Tensor, tokens: list[int],
+                processors: list[Any], generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+    """One decoding step, shared with the embedded server so both sample bit-identically.
+
+    `next_input` [1, T] is fed with `cache`; `tokens` (prompt + completion so far) feed the repetition penalty.
+    Returns the sampled token (argmax when `generator` is None: greedy) and the log-softmax of the processed
+    scores [V], whose entry at the token is the reported (vLLM "processed") log-prob.
+    """
+    out = model(input_ids=next_input, use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
+    scores = out.logits[:, -1, :].float()  # [1, V]
+    seen = torch.tensor([tokens], dtype=torch.long)
+    for proc in processors:
+        scores = proc(seen, scores)
+    if generator is None:
+        token = int(torch.argmax(scores, dim=-1).item())
+    else:
+        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).item())
+    return token, torch.log_softmax(scores, dim=-1)[0]
+
+
 class _Trajectory:
     """Decoding state of one request: its cache, generator and tokens so far."""
 
@@ -119,17 +140,11 @@ class _Worker:
                 still.append(traj)
         self.active = still
 
-    @torch.inference_mode()
     def step(self, traj: _Trajectory) -> bool:
         """Sample one token for `traj`; True when the trajectory is finished."""
-        kwargs = {self.cache_kwarg: traj.cache}
-        out = self.model(input_ids=traj.next_input, use_cache=True, logits_to_keep=1, **kwargs)
-        scores = out.logits[:, -1, :].float()  # [1, V]
-        seen = torch.tensor([traj.tokens], dtype=torch.long)
-        for proc in self.processors:
-            scores = proc(seen, scores)
-        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=traj.generator).item())
-        traj.logprobs.append(float(torch.log_softmax(scores, dim=-1)[0, token]))
+        token, logprobs = sample_next(self.model, self.cache_kwarg, traj.cache, traj.next_input, traj.tokens,
+                                      self.processors, traj.generator)
+        traj.logprobs.append(float(logprobs[token]))
         traj.tokens.append(token)
         traj.next_input = torch.tensor([[token]], dtype=torch.long)
         n_new = len(traj.tokens) - len(traj.request.prompt_ids)

@@ -4,7 +4,8 @@
     K_i = ∇ Σ_t m_it · u_i · β · KL_it · ratio_it                 (TRL's k3 KL, ratio ≡ 1 with unit slope)
 
 `m_it` is the loss mask (environment tokens and masked truncated completions are 0), `u_i` the loss type's
-per-trajectory weight. One forward; two vector-Jacobian products only when β ≠ 0.
+per-trajectory weight. With TRL's vLLM importance-sampling correction the policy term is weighted by the detached
+c_it of `importance.py` (the KL term is not, as in TRL). One forward; two vector-Jacobian products only when β ≠ 0.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import NonFiniteGradientError
+from ..errors import NonFiniteGradientError, RolloutError
 from ..types import ScoredRollout
 from .learner import SourceGradients
+from .importance import SamplingCorrection
 from .normalization import LossNormalization
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
@@ -73,6 +75,7 @@ class TrajectoryBackward:
         ref_logps_fn: LogProbFn | None = None,
         bias_correction_kl: bool = True,
         device: torch.device | str = "cpu",
+        correction: SamplingCorrection | None = None,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -85,6 +88,7 @@ class TrajectoryBackward:
         self.beta = beta
         self.bias_correction_kl = bias_correction_kl
         self.device = torch.device(device)
+        self.correction = correction  # TRL's vLLM importance-sampling weight on the policy term (None: off)
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         rollout = source.rollout
@@ -108,7 +112,10 @@ class TrajectoryBackward:
             )
         outputs, kinds, free_value, kl_sum = [], [], 0.0, 0.0
         if need_score:
-            outputs.append((logps * mask).sum() * weight * self.normalization.policy_coefficient)
+            policy = logps * mask
+            if self.correction is not None:
+                policy = policy * self.correction.weights(logps, self._sampling_logps(rollout), mask)
+            outputs.append(policy.sum() * weight * self.normalization.policy_coefficient)
             kinds.append("score")
         if need_free:
             with torch.no_grad():
@@ -131,3 +138,13 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
         return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum)
+
+    def _sampling_logps(self, rollout) -> torch.Tensor:
+        values = rollout.sampling_logprobs
+        if values is None or len(values) != len(rollout.completion_ids):
+            raise RolloutError(
+                f"trajectory {rollout.index}: the vLLM importance-sampling correction needs the sampler's log-prob of "
+                f"every completion token, got {None if values is None else len(values)} for "
+                f"{len(rollout.completion_ids)} tokens"
+            )
+        return torch.tensor([values], dtype=torch.float32, device=self.device)

@@ -31,7 +31,10 @@ from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOpti
 from ..envs.metrics import agent_metrics
 from ..rollout.engine import RolloutEngine
 from ..rollout.trl_batch import TRLBatchEngine
+from ..rollout.vllm_client import VLLMServerEngine
+from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
+from ..streaming.importance import SamplingCorrection
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, run_logical_batch
@@ -101,16 +104,28 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             raise UnsupportedOptionError(
                 f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig so unsupported options are checked"
             )
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class,
-                         reward_processing_classes=reward_processing_classes, callbacks=callbacks,
-                         optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
-                         tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
+        # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
+        # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
+        use_vllm, args.use_vllm = args.use_vllm, False
+        try:
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                             eval_dataset=eval_dataset, processing_class=processing_class,
+                             reward_processing_classes=reward_processing_classes, callbacks=callbacks,
+                             optimizers=optimizers, quantization_config=quantization_config,
+                             peft_config=peft_config, tools=tools, rollout_func=rollout_func,
+                             environment_factory=environment_factory)
+        finally:
+            args.use_vllm = use_vllm
         self._check_distributed()
         if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(
                 "tools / environment_factory run in ThunderSync's streamed agent loop; they cannot be combined with "
                 "rollout_func or rollout_engine='trl'"
+            )
+        if rollout_func is not None and args.resolved_rollout_engine(True) in ("vllm_server", "embedded_server"):
+            raise UnsupportedOptionError(
+                "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
+                "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
         if self.aux_loss_enabled:
             raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
@@ -177,6 +192,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             beta=self.beta,
             bias_correction_kl=self.args.use_bias_correction_kl,
             device=self.accelerator.device,
+            correction=SamplingCorrection.from_config(self.args),
         )
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
@@ -273,7 +289,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return [x["prompt"] for x in rows]
 
     def _uses_trl_generation(self) -> bool:
-        return self.args.rollout_engine == "trl" or self.rollout_func is not None
+        return self.rollout_func is not None or self.args.resolved_rollout_engine(False) == "trl"
 
     def _agentic(self) -> bool:
         return bool(self.tools) or self.environment_factories is not None
@@ -298,19 +314,52 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._uses_trl_generation():
             self._engine = TRLBatchEngine(self._generate, policy_version=self.policy_version)
             return self._engine
-        from ..rollout.local import LocalProcessEngine
-
-        mode = "thread" if self.args.rollout_engine == "local_thread" else "process"
-        self._set_learner_threads(mode)
         sampling = self._sampling_params()
         if self._agentic():
             sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
-        generator = LocalProcessEngine(
-            self.accelerator.unwrap_model(self.model), sampling, max_in_flight=self.args.rollout_max_in_flight,
-            mode=mode, num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
-        )
+        kind = self.args.resolved_rollout_engine(False)
+        if kind in ("embedded_server", "vllm_server"):
+            generator = self._server_engine(sampling, kind)
+        else:
+            from ..rollout.local import LocalProcessEngine
+
+            mode = "thread" if kind == "local_thread" else "process"
+            self._set_learner_threads(mode)
+            generator = LocalProcessEngine(
+                self.accelerator.unwrap_model(self.model), sampling, max_in_flight=self.args.rollout_max_in_flight,
+                mode=mode, num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
+            )
         self._engine = self._agent_engine(generator) if self._agentic() else generator
         return self._engine
+
+    def _server_engine(self, sampling: SamplingParams, kind: str):
+        """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run."""
+        from ..rollout.vllm_client import VLLMServerEngine
+        from ..serve.launcher import ServerOptions, start_embedded_engine
+
+        a, policy = self.args, self.accelerator.unwrap_model(self.model)
+        urls = a.server_urls()
+        replicas = len(urls) if urls else a.rollout_num_servers
+        common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
+                      request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
+                      restart_timeout=a.rollout_restart_timeout, policy_version=self.policy_version)
+        if urls is None:  # embedded servers started from the policy as it is now
+            self._set_learner_threads("process", rollout_threads=a.rollout_num_threads * replicas)
+            options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
+                                    startup_timeout=a.vllm_server_timeout)
+            return start_embedded_engine(policy, self._tokenizer, sampling, replicas=replicas, options=options,
+                                         startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
+        nccl = {"device": self.accelerator.device, "group_port": a.vllm_group_port,
+                "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
+        engine = VLLMServerEngine(urls, self._tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
+                                  nccl_options=nccl, **common)
+        try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
+            seconds = engine.publish(policy, self.policy_version)
+        except BaseException:
+            engine.close()
+            raise
+        self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
+        return engine
 
     def _agent_engine(self, generator):
         from ..envs.agent_loop import ToolRunner
@@ -326,22 +375,33 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
                                multi_environment=bool(getattr(self, "_multi_environment", False)))
         return AgentRolloutEngine(
-            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self.args.agent_limits(),
+            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self._agent_limits(generator),
             environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
             chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
         )
 
+    def _agent_limits(self, generator):
+        """The configured agent limits, with the context budget capped by what the model (and the rollout servers)
+        can hold, so a long trajectory ends with `max_context_tokens` instead of a request the server refuses."""
+        limits = self.args.agent_limits()
+        windows = [getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None),
+                   getattr(generator, "max_model_len", None)]
+        windows = [w for w in windows if isinstance(w, int) and w > 0]
+        if windows and min(windows) < limits.max_context_tokens:
+            limits = replace(limits, max_context_tokens=min(windows))
+        return limits
+
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
 
-    def _set_learner_threads(self, engine_mode: str) -> None:
+    def _set_learner_threads(self, engine_mode: str, rollout_threads: int | None = None) -> None:
         """On CPU, leave the worker's cores to it: oversubscribed OpenMP threads slow the learner by ~2× here."""
         if self.accelerator.device.type != "cpu":
             return
         threads = self.args.learner_num_threads
         if threads is None and engine_mode == "process":
             cores = max(1, (os.cpu_count() or 1) // self.accelerator.num_processes)
-            threads = max(1, cores - self.args.rollout_num_threads)
+            threads = max(1, cores - (rollout_threads or self.args.rollout_num_threads))
         if threads is not None:
             torch.set_num_threads(threads)
             self._metrics["train"]["thundersync/learner_threads"].append(float(threads))
@@ -466,6 +526,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             stats_memory_bytes(totals.accumulator.num_params, self.args.max_open_groups or len(scored) // self.num_generations) / 2**20
         )
         m["thundersync/policy_version"].append(float(self.policy_version))
+        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
+        if isinstance(server, VLLMServerEngine):
+            for name, value in server_metrics(server.stats()).items():
+                m[name].append(value)
         for name, value in agent_metrics([s.rollout.agent for s in scored if s.rollout.agent is not None]).items():
             m[name].append(value)
         self._logs["prompt"].extend(prompts)

@@ -1,0 +1,191 @@
+"""The wire format shared by the rollout-server client and the embedded server: vLLM's OpenAI-compatible HTTP API.
+
+Only the subset this project uses, with vLLM's field names and shapes (vLLM ≥ 0.10.2 for `return_token_ids`):
+
+    POST /v1/completions   {"model", "prompt": [int, ...], "max_tokens", "temperature", "top_p", "top_k", "min_p",
+                            "repetition_penalty", "seed", "logprobs": 0, "return_token_ids": true,
+                            "return_tokens_as_token_ids": true, "stop_token_ids": [...], "ignore_eos": true,
+                            "skip_special_tokens": false, "n": 1, "stream": false}
+        200 -> {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text",
+                "logprobs": {"text_offset", "token_logprobs", "tokens": ["token_id:<id>", ...], "top_logprobs"},
+                "finish_reason": "stop"|"length", "stop_reason", "token_ids", "prompt_token_ids"}], "usage"}
+    GET  /v1/models        200 -> {"object": "list", "data": [{"id", "object": "model", "root", "parent", ...}]}
+    errors                 {"error": {"message", "type", "param", "code"}} (vLLM ≥ 0.9; older: the same fields at
+                           the top level with "object": "error"; FastAPI's own 404: {"detail": "Not Found"})
+
+`ignore_eos` + `stop_token_ids` makes the server stop exactly where the embedded engine stops: after any of
+`SamplingParams.eos_token_ids` (the stop token is part of `token_ids`), and nowhere else.
+
+Policy versions. The embedded server sends `x-thundersync-policy-version: k` on every response (the version of its
+full weights). A LoRA policy version travels in the adapter name, `policy-v{k}`, which vLLM echoes as the response's
+`model`. Real vLLM serving full weights reports no version; the client then stamps the version the replica last
+acknowledged (see `vllm_client.py`).
+
+HTTP is plain `http.client`, one connection per request (`Connection: close`): no third-party client, no stale
+keep-alive sockets after a replica restarts; the connection cost is negligible next to a generation.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import RolloutError
+from ..types import SamplingParams
+
+POLICY_VERSION_HEADER = "x-thundersync-policy-version"
+LORA_NAME_PATTERN = "{prefix}-v{version}"  # the served name of LoRA policy version `version`
+TOKEN_ID_PREFIX = "token_id:"  # how `return_tokens_as_token_ids` spells a token in `logprobs.tokens`
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HTTPReply:
+    """One HTTP answer."""
+
+    status: int
+    headers: Mapping[str, str]  # lower-cased names
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+    @property
+    def policy_version(self) -> int | None:
+        """The version an embedded server reports; None from servers that report none (vLLM)."""
+        value = self.headers.get(POLICY_VERSION_HEADER)
+        return None if value is None else int(value)
+
+
+def http_call(base_url: str, method: str, path: str, payload: Any = None, *, timeout: float) -> HTTPReply:
+    """Send one request; raises `OSError` (refused, reset, timed out) when no HTTP answer arrives."""
+    parts = urlsplit(base_url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+    body = None if payload is None else json.dumps(payload).encode()
+    headers = {"Connection": "close", "Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        connection.request(method, parts.path.rstrip("/") + path, body=body, headers=headers)
+        response = connection.getresponse()
+        data = response.read()
+    except http.client.HTTPException as exc:  # e.g. RemoteDisconnected from a replica that died mid-answer
+        raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        connection.close()
+    return HTTPReply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+
+
+def error_message(reply: HTTPReply) -> str:
+    """The human-readable message of an error answer, in any of the shapes vLLM and FastAPI use."""
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        if "message" in inner:
+            kind = inner.get("type")
+            return f"{kind}: {inner['message']}" if kind else str(inner["message"])
+        if "detail" in body:
+            return str(body["detail"])
+    return reply.body.decode(errors="replace").strip()[:2000] or f"HTTP {reply.status}"
+
+
+# -- /v1/completions -----------------------------------------------------------------------------------------------
+def completion_payload(model: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_tokens: int,
+                       seed: int) -> dict[str, Any]:
+    """The body of one generation request: token ids in, token ids and processed log-probs of sampled tokens out."""
+    return {
+        "model": model,
+        "prompt": [int(t) for t in prompt_ids],
+        "max_tokens": int(max_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k),  # 0 = disabled, as in vLLM
+        "min_p": float(sampling.min_p),
+        "repetition_penalty": float(sampling.repetition_penalty),
+        "seed": int(seed),
+        "logprobs": 0,  # the sampled token's log-prob only
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stop_token_ids": [int(t) for t in sampling.eos_token_ids],
+        "ignore_eos": True,  # stop only at `stop_token_ids`, exactly like the embedded engine
+        "skip_special_tokens": False,
+        "n": 1,
+        "stream": False,
+    }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One parsed `/v1/completions` choice."""
+
+    model: str  # the served model name that answered (LoRA: the adapter name)
+    prompt_ids: tuple[int, ...] | None  # as the server saw them (None if it did not echo them)
+    token_ids: tuple[int, ...]  # generated tokens, the stop token included
+    logprobs: tuple[float, ...]  # log-prob of each generated token under the processed sampling distribution
+    finish_reason: str | None  # "stop" or "length"
+
+
+def parse_completion(body: Any) -> Completion:
+    """Parse a single-choice completion response; raises `RolloutError` naming what is missing or inconsistent."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise RolloutError(f"malformed completion response (no 'choices'): {str(body)[:300]}")
+    if len(body["choices"]) != 1:
+        raise RolloutError(f"expected exactly one choice, got {len(body['choices'])}")
+    choice = body["choices"][0]
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise RolloutError("the server returned no 'token_ids': it ignored return_token_ids (vLLM >= 0.10.2 needed)")
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict) or "token_logprobs" not in logprobs:
+        raise RolloutError("the server returned no log-probs for the sampled tokens (request had logprobs=0)")
+    values = logprobs["token_logprobs"]
+    tokens = logprobs.get("tokens") or []
+    if len(values) != len(token_ids) or (tokens and len(tokens) != len(token_ids)):
+        raise RolloutError(f"{len(token_ids)} token ids but {len(values)} log-probs and {len(tokens)} tokens")
+    for position, (token, spelled) in enumerate(zip(token_ids, tokens)):
+        if spelled.startswith(TOKEN_ID_PREFIX) and int(spelled[len(TOKEN_ID_PREFIX):]) != token:
+            raise RolloutError(f"log-prob entry {position} is for {spelled!r}, but token_ids[{position}] = {token}")
+    if any(v is None or math.isnan(v) for v in values):
+        raise RolloutError("the server returned a missing or NaN log-prob for a sampled token")
+    prompt = choice.get("prompt_token_ids")
+    return Completion(
+        model=str(body.get("model", "")),
+        prompt_ids=None if prompt is None else tuple(int(t) for t in prompt),
+        token_ids=tuple(int(t) for t in token_ids),
+        logprobs=tuple(float(v) for v in values),
+        finish_reason=choice.get("finish_reason"),
+    )
+
+
+# -- /v1/models and LoRA names ---------------------------------------------------------------------------------------
+def parse_model_ids(body: Any) -> list[str]:
+    """Served model names, base model first (vLLM lists the base models, then the loaded adapters)."""
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise RolloutError(f"malformed /v1/models response: {str(body)[:300]}")
+    return [str(card["id"]) for card in body["data"]]
+
+
+def parse_max_model_len(body: Any) -> int | None:
+    """The base model's context window as `/v1/models` reports it (vLLM's `max_model_len`), None if not reported."""
+    value = body["data"][0].get("max_model_len") if parse_model_ids(body) else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def lora_name(prefix: str, version: int) -> str:
+    return LORA_NAME_PATTERN.format(prefix=prefix, version=version)
+
+
+def lora_version(name: str, prefix: str) -> int | None:
+    """The policy version encoded in a served adapter name, or None if the name is not one of ours."""
+    match = re.fullmatch(re.escape(prefix) + r"-v(\d+)", name)
+    return None if match is None else int(match.group(1))

@@ -1,0 +1,366 @@
+"""`VLLMServerEngine`: rollouts from vLLM servers (or the embedded server) over vLLM's OpenAI-compatible HTTP API.
+
+    engine = VLLMServerEngine(["http://10.0.0.5:8000", "http://10.0.0.6:8000"], tokenizer, sampling)
+    engine.start_batch(requests, policy_version=k); for rollout in engine.results(): ...   # completion order
+    engine.publish(model, policy_version=k + 1)     # returns once every replica serves k + 1
+
+Implements the `RolloutEngine` contract (`engine.py`) and, like `LocalProcessEngine`, `submit(request, key=...,
+max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP request per turn).
+
+- Requests: one `POST /v1/completions` per turn, token ids in, token ids and processed log-probs out (`vllm_api`),
+  seeded with `request.seed`. At most `max_concurrency` requests are on the wire; each future resolves the moment
+  its answer arrives.
+- Back-pressure: requests beyond `max_concurrency` wait in this client, not on the servers; and nothing of batch
+  k+1 is sent before the learner closed batch k and every replica acknowledged θ_{k+1}, so the rollouts buffered
+  ahead of the learner never exceed one logical batch.
+- Routing: replicas are data-parallel copies. A trajectory (`request.index`) is sent to the least-loaded live
+  replica on its first turn and stays there for its later turns (the replica's prefix cache holds its context);
+  the table is cleared at every `start_batch` and `publish`.
+- Failures: a refused or reset connection, or HTTP 502/503/504, means the replica is restarting. The request waits
+  (at most `restart_timeout` s, polling `/health`) until it is back, the publisher puts the current policy version
+  back if the restart lost it, and the request is sent again (`retries` times at most); the same seed gives the same
+  sample. A replica that does not come back is declared dead: every request routed to it fails with
+  `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
+  A timeout (`request_timeout`) fails the request without retrying (it may still be running there).
+- Versions: every `Rollout` carries the version the server reported — the embedded server's
+  `x-thundersync-policy-version` header, or the `policy-v{k}` adapter name in LoRA mode. Real vLLM serving full
+  weights reports none; then the version the replica acknowledged at publication is used (no request is in flight
+  during a publication, so nothing can mix versions). A mismatch with the engine's version raises
+  `StalePolicyError`: the sample is refused, never relabelled.
+- Publication: `publish()` refuses while requests are in flight, then runs the `WeightPublisher` (`vllm_publish`)
+  on every replica and returns only when each of them acknowledged the new version.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..errors import ConfigurationError, RolloutError, StalePolicyError
+from ..types import Rollout, RolloutRequest, SamplingParams
+from .vllm_api import (Completion, HTTPReply, completion_payload, error_message, http_call, lora_name, lora_version,
+                       parse_completion)
+from .vllm_publish import WeightPublisher
+from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, await_health, check_tokenizer, connect_all,
+                            make_publisher, percentile, push_all)
+
+__all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
+
+logger = logging.getLogger(__name__)
+
+_RESTARTING = (502, 503, 504)  # a proxy or a server that is still loading: wait for it like for a restart
+_LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
+
+
+class VLLMServerEngine:
+    """`RolloutEngine` over HTTP rollout servers (lifecycle in `engine.py`), plus per-turn `submit`."""
+
+    def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
+                 publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
+                 startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
+                 policy_version: int = 0, on_close: Callable[[], None] | None = None,
+                 nccl_options: Mapping[str, Any] | None = None) -> None:
+        urls = [u.rstrip("/") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
+        if not urls or len(set(urls)) != len(urls):
+            raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
+        if sampling.temperature <= 0.0 or sampling.max_new_tokens < 1:
+            raise ConfigurationError(f"SamplingParams temperature={sampling.temperature} and max_new_tokens="
+                                     f"{sampling.max_new_tokens} must be > 0 (greedy decoding has no distribution)")
+        if max_concurrency < 1 or retries < 0:
+            raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1 and retries={retries} >= 0")
+        self.sampling, self.retries = sampling, retries
+        self._on_close = on_close  # e.g. stops the embedded servers this engine was started with
+        self.request_timeout, self.restart_timeout = request_timeout, restart_timeout
+        self._replicas = [Replica(i, u) for i, u in enumerate(urls)]
+        self._lock = threading.Lock()
+        self._version = self._initial_version = policy_version
+        self._publications, self._last_pub = 0, 0.0
+        self._keys: set[Any] = set()  # keys of requests in flight
+        self._sticky: dict[int, Replica] = {}  # trajectory index -> replica
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._trajectories, self._ttfr = 0, None
+        self._peak_in_flight = 0
+        self._open: int | None = None  # rollouts still owed by results()
+        self._done: queue.Queue | None = None
+        self._batch_started = 0.0
+        self._publishing = self._closed = False
+        self._failure: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="thundersync-vllm")
+        self._publisher: WeightPublisher | None = None
+        try:
+            reported = connect_all(self._replicas, startup_timeout)
+            self._publisher = make_publisher(publisher, reported, nccl_options)
+            stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported) if v not in (None, policy_version)]
+            if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
+                raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
+                                       + ", ".join(stale))
+            if tokenizer is not None:
+                check_tokenizer(self._replicas, tokenizer)
+        except BaseException:
+            self.close()
+            raise
+        for replica in self._replicas:
+            replica.version = policy_version
+
+    # -- per-request interface ----------------------------------------------------------------------------------
+    def submit(self, request: RolloutRequest, *, key: Any = None, max_new_tokens: int | None = None) -> Future:
+        """Send one generation; the future resolves to a `Rollout` (completion = this request's new tokens).
+
+        `key` must be unique among in-flight requests (default `request.index`); `max_new_tokens` overrides the
+        sampling default for this request (the agent loop's per-turn budget).
+        """
+        self._check_usable()
+        if len(request.prompt_ids) == 0:
+            raise RolloutError(f"request {request.index} has empty prompt_ids")
+        key = request.index if key is None else key
+        with self._lock:
+            if self._publishing:
+                raise RolloutError("a publication is in progress; requests must wait for publish() to return")
+            if key in self._keys:
+                raise RolloutError(f"a request with key {key!r} is already in flight")
+            replica = self._route(request.index)
+            self._keys.add(key)
+            replica.begin()
+            self._peak_in_flight = max(self._peak_in_flight, len(self._keys))
+            version = self._version
+        max_tokens = max_new_tokens or self.sampling.max_new_tokens
+        return self._pool.submit(self._generate, replica, request, key, max_tokens, version)
+
+    # -- RolloutEngine ------------------------------------------------------------------------------------------
+    def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
+        self._check_usable()
+        if self._open is not None:
+            raise RolloutError(f"a batch is still open ({self._open} rollouts not yet consumed by results())")
+        if policy_version != self._version:
+            raise RolloutError(f"start_batch(policy_version={policy_version}) but the servers serve version "
+                               f"{self._version}; publish(model, policy_version) first")
+        indices = [r.index for r in requests]
+        if len(set(indices)) != len(indices) or any(len(r.prompt_ids) == 0 for r in requests):
+            raise RolloutError("requests must have distinct indices and non-empty prompt_ids")
+        self._clear_routes()
+        self._batch_started, self._ttfr = time.perf_counter(), None
+        with self._lock:
+            self._peak_in_flight = 0
+        done: queue.Queue = queue.Queue()
+        self._open, self._done = len(requests), done
+        for request in requests:
+            self.submit(request).add_done_callback(done.put)
+
+    def results(self) -> Iterator[Rollout]:
+        if self._open is None or self._done is None:
+            raise RolloutError("results() called without an open batch; call start_batch first")
+        try:
+            while self._open:
+                rollout = self._done.get().result()  # raises the RolloutError / StalePolicyError of a failed request
+                self._open -= 1
+                self._trajectories += 1
+                if self._ttfr is None:
+                    self._ttfr = time.perf_counter() - self._batch_started
+                yield rollout
+        finally:
+            self._open = self._done = None  # a failed batch is over: nothing partial is handed on
+
+    def publish(self, model: Any, policy_version: int) -> float:
+        self._check_usable()
+        with self._lock:
+            if self._open is not None or self._keys:
+                raise RolloutError(f"cannot publish while a batch is open ({len(self._keys)} requests in flight); "
+                                   "it must close first")
+            self._publishing = True
+        try:
+            start = time.perf_counter()
+            self._publisher.prepare(model, policy_version)
+            failures = push_all(self._replicas, self._publisher, policy_version)
+            if failures:
+                self._failure = f"publication of version {policy_version} failed on " + "; ".join(failures)
+                raise RolloutError(self._failure + ". Replicas now serve different versions: create a new engine.")
+            previous = self._version
+            with self._lock:
+                for replica in self._replicas:
+                    replica.version = policy_version
+                self._version = policy_version
+                self._publications += 1
+            self._clear_routes()
+            if previous != policy_version:
+                self._publisher.retire([r.url for r in self._replicas], previous)
+            self._last_pub = time.perf_counter() - start
+            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (%s)", policy_version,
+                        len(self._replicas), self._last_pub, type(self._publisher).__name__)
+            return self._last_pub
+        finally:
+            self._publishing = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self._publisher is not None:
+                self._publisher.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    @property
+    def policy_version(self) -> int:
+        """The version every replica acknowledged serving."""
+        return self._version
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return tuple(r.url for r in self._replicas)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The smallest context window the replicas reported (prompt + generated tokens), None if none did."""
+        known = [r.max_model_len for r in self._replicas if r.max_model_len is not None]
+        return min(known) if known else None
+
+    def stats(self) -> ServerEngineStats:
+        now = time.perf_counter()
+        with self._lock:
+            replicas = tuple(r.stats(now) for r in self._replicas)
+            latencies = list(self._latencies)
+        return ServerEngineStats(
+            in_flight=sum(r.in_flight for r in replicas), peak_in_flight=self._peak_in_flight,
+            trajectories=self._trajectories,
+            tokens=sum(r.tokens for r in replicas), time_to_first_result=self._ttfr,
+            turn_latency_p50=percentile(latencies, 0.5), turn_latency_p90=percentile(latencies, 0.9),
+            turn_latency_p99=percentile(latencies, 0.99), publications=self._publications,
+            last_publication_seconds=self._last_pub, replicas=replicas,
+        )
+
+    # -- one request ----------------------------------------------------------------------------------------------
+    def _generate(self, replica: Replica, request: RolloutRequest, key: Any, max_tokens: int, version: int) -> Rollout:
+        started, completion = time.perf_counter(), None
+        try:
+            model = (lora_name(self._publisher_prefix(), version) if self._publisher.lora and self._publications
+                     else replica.base_model)
+            payload = completion_payload(model, request.prompt_ids, self.sampling, max_tokens=max_tokens,
+                                         seed=request.seed)
+            reply = self._post(replica, payload, request.index)
+            try:
+                completion = parse_completion(reply.json())
+            except ValueError as exc:
+                raise RolloutError(f"{replica.url} answered trajectory {request.index} with invalid JSON: {exc}") from exc
+            served = self._served_version(replica, completion, reply)
+            if served != version:
+                raise StalePolicyError(f"trajectory {request.index}: {replica.url} sampled it with policy version "
+                                       f"{served}, the batch is at version {version}; the sample is refused")
+            if completion.prompt_ids is not None and completion.prompt_ids != tuple(request.prompt_ids):
+                raise RolloutError(f"trajectory {request.index}: {replica.url} generated from other prompt tokens "
+                                   "than it was sent (truncation or a chat template on the server?)")
+            if not 1 <= len(completion.token_ids) <= max_tokens:
+                raise RolloutError(f"trajectory {request.index}: {replica.url} returned {len(completion.token_ids)} "
+                                   f"tokens for max_tokens={max_tokens}")
+        finally:
+            finished = time.perf_counter()
+            with self._lock:  # released before the future resolves: publish() right after a result sees it
+                self._keys.discard(key)
+                replica.end(finished)
+                self._latencies.append(finished - started)
+                if completion is not None:
+                    replica.requests += 1
+                    replica.tokens += len(completion.token_ids)
+        return Rollout(index=request.index, group=request.group, policy_version=served,
+                       prompt_ids=tuple(request.prompt_ids), completion_ids=completion.token_ids,
+                       sampling_logprobs=completion.logprobs, started_at=started, finished_at=finished)
+
+    def _post(self, replica: Replica, payload: dict, index: int) -> HTTPReply:
+        """POST /v1/completions, waiting out replica restarts; raises `RolloutError` when the replica is gone."""
+        failure = ""
+        for attempt in range(self.retries + 1):
+            if replica.dead is not None:
+                raise RolloutError(replica.dead)
+            epoch = replica.epoch
+            try:
+                reply = http_call(replica.url, "POST", "/v1/completions", payload, timeout=self.request_timeout)
+            except TimeoutError:
+                raise RolloutError(f"trajectory {index}: no answer from {replica.url} within "
+                                   f"{self.request_timeout:g} s (request_timeout)") from None
+            except OSError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                lost_adapter = self._publisher.lora and reply.status == 404  # a restarted vLLM forgot the adapter
+                if reply.status == 200:
+                    return reply
+                if reply.status not in _RESTARTING and not lost_adapter:
+                    raise RolloutError(f"trajectory {index}: {replica.url} refused the request: HTTP {reply.status} "
+                                       f"{error_message(reply)}")
+                failure = f"HTTP {reply.status} {error_message(reply)}"
+            with self._lock:
+                replica.retries += 1
+            if attempt < self.retries:
+                self._recover(replica, epoch, failure)
+        raise RolloutError(f"trajectory {index}: {replica.url} failed {self.retries + 1} times; last error: {failure}")
+
+    def _served_version(self, replica: Replica, completion: Completion, reply: HTTPReply) -> int | None:
+        if self._publisher.lora:
+            version = lora_version(completion.model, self._publisher_prefix())
+            if version is None and completion.model == replica.base_model and not self._publications:
+                return self._initial_version  # before the first publication the base model is the policy
+            return version
+        return reply.policy_version if reply.policy_version is not None else replica.version
+
+    # -- replicas --------------------------------------------------------------------------------------------------
+    def _route(self, trajectory: int) -> Replica:
+        """Sticky, least-loaded routing (call with the lock held)."""
+        replica = self._sticky.get(trajectory)
+        if replica is None:
+            live = [r for r in self._replicas if r.dead is None] or self._replicas
+            replica = min(live, key=lambda r: (r.in_flight, r.assigned, r.index))
+            replica.assigned += 1
+            self._sticky[trajectory] = replica
+        return replica
+
+    def _clear_routes(self) -> None:
+        with self._lock:
+            self._sticky.clear()
+            for replica in self._replicas:
+                replica.assigned = 0
+
+    def _recover(self, replica: Replica, epoch: int, failure: str) -> None:
+        """Wait until `replica` answers /health again and serves the engine's version; declare it dead otherwise."""
+        with replica.recovery:
+            if replica.dead is not None:
+                raise RolloutError(replica.dead)
+            if replica.epoch != epoch:
+                return  # another request already waited for this restart
+            try:
+                health = await_health(replica.url, self.restart_timeout)
+                self._restore(replica, health)
+            except RolloutError as exc:
+                replica.dead = (f"rollout replica {replica.url} failed ({failure}) and did not come back serving "
+                                f"policy version {self._version}: {exc}")
+                self._failure = replica.dead
+                raise RolloutError(replica.dead) from None
+            replica.epoch += 1
+
+    def _restore(self, replica: Replica, health: HTTPReply) -> None:
+        """After a restart: check the replica serves the engine's version, or have the publisher put it back."""
+        version = self._version
+        if not self._publications:  # nothing published: it restarted from the weights it was started with
+            if not self._publisher.lora and health.policy_version not in (None, version):
+                raise StalePolicyError(f"it came back serving version {health.policy_version}, expected {version}")
+            return
+        if not self._publisher.lora and health.policy_version == version:
+            return
+        if not self._publisher.restore(replica.url, version):
+            raise RolloutError(f"{type(self._publisher).__name__} cannot re-publish version {version} to a "
+                               "restarted server")
+
+    def _publisher_prefix(self) -> str:
+        return getattr(self._publisher, "prefix", "policy")
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RolloutError("the engine is closed")
+        if self._failure is not None:
+            raise RolloutError(f"the engine failed earlier; create a new one.\n{self._failure}")

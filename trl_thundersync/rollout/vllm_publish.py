@@ -1,0 +1,283 @@
+"""How θ_{k+1} reaches every rollout server: the weight-publication strategies of `VLLMServerEngine`.
+
+A `WeightPublisher` is used by the engine once per optimizer step (paper Algorithm 1, line 27):
+
+1. `prepare(model, version)` — once, on the trainer: write the weights file, save the adapter, note the model.
+2. `push(url, version)` — once per replica (concurrently when `concurrent`): load the version, reset the prefix
+   cache, and return only once the replica *acknowledged* serving it; raise `RolloutError` otherwise.
+3. `retire(urls, previous_version)` — after every replica acknowledged: free what the previous version held.
+4. `restore(url, version) -> bool` — after a replica restarted (it came back with the weights it was started with):
+   put `version` back, or return False when this strategy cannot (the engine then fails loudly).
+5. `close()` — remove local artifacts.
+
+Strategies:
+
+- `HTTPWeightFile` (embedded server, full weights, CPU): `policy_state_dict(model)` (LoRA merged) is written once to
+  a safetensors file; each replica loads it through `POST /thundersync/update_weights {"path", "policy_version"}`,
+  which drains in-flight requests, swaps atomically and answers with the version it now serves. The path must be
+  readable by the servers (same machine or shared filesystem).
+- `LoRAAdapterPublisher` (vLLM or embedded, LoRA): the adapter is saved as `policy-v{k}/` and hot-loaded through
+  vLLM's `POST /v1/load_lora_adapter {"lora_name": "policy-v{k}", "lora_path"}`; the acknowledgement is the name
+  listed by `GET /v1/models`. Requests then name `policy-v{k}`, and vLLM echoes it in every response, so each
+  sample carries the version that produced it. The previous adapter is unloaded after the switch.
+- `TRLNCCLPublisher` (vLLM, full weights, GPU): TRL 1.16's own weight-transfer client
+  (`trl.generation.vllm_client.VLLMClient`: `/init_weight_transfer_engine`, `/start_weight_update`,
+  `/update_weights` with an NCCL broadcast, `/finish_weight_update`, then `/reset_prefix_cache`). The synchronous
+  `/finish_weight_update` answer is the acknowledgement. It cannot restore a restarted replica.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..errors import ConfigurationError, RolloutError, UnsupportedOptionError
+from .vllm_api import error_message, http_call, lora_name, parse_model_ids
+from .weights import policy_state_dict, unwrap_model
+
+
+@runtime_checkable
+class WeightPublisher(Protocol):
+    lora: bool  # True: requests name the version's adapter, and the version is read back from the response's model
+    concurrent: bool  # True: push() may run for all replicas at once
+
+    def prepare(self, model: Any, version: int) -> None: ...
+
+    def push(self, url: str, version: int) -> None: ...
+
+    def retire(self, urls: Sequence[str], previous_version: int) -> None: ...
+
+    def restore(self, url: str, version: int) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def reset_prefix_cache(url: str, timeout: float) -> None:
+    """`POST /reset_prefix_cache`; vLLM ≥ 0.26 answers `{"success": bool}`, older versions an empty body."""
+    reply = http_call(url, "POST", "/reset_prefix_cache", timeout=timeout)
+    body = reply.json() if reply.status == 200 else None
+    if reply.status != 200 or (isinstance(body, dict) and body.get("success") is False):
+        raise RolloutError(f"{url} could not reset its prefix cache: HTTP {reply.status} {error_message(reply)} "
+                           "(vLLM serves this endpoint only with VLLM_SERVER_DEV_MODE=1)")
+
+
+class _ArtifactDir:
+    """A private temporary folder (or a given one) holding the artifact of the latest publication."""
+
+    def __init__(self, directory: str | Path | None, what: str) -> None:
+        self.owned = directory is None
+        self.root = Path(tempfile.mkdtemp(prefix=f"thundersync-{what}-")) if directory is None else Path(directory)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class HTTPWeightFile:
+    """Full weights to embedded servers through a safetensors file and `POST /thundersync/update_weights`."""
+
+    lora = False
+    concurrent = True
+
+    def __init__(self, directory: str | Path | None = None, *, timeout: float = 600.0) -> None:
+        self._dir = _ArtifactDir(directory, "weights")
+        self.timeout = timeout
+        self._path: Path | None = None  # file of the latest prepared version
+        self._version: int | None = None
+        self._previous: Path | None = None
+
+    def prepare(self, model: Any, version: int) -> None:
+        from safetensors.torch import save_file
+
+        path = self._dir.root / f"policy-v{version}.safetensors"
+        save_file(policy_state_dict(model), str(path))  # tensors are separate FP32 clones: no shared storage
+        self._previous, self._path, self._version = self._path, path, version
+
+    def push(self, url: str, version: int) -> None:
+        if self._path is None or self._version != version:
+            raise RolloutError(f"push of version {version} before prepare()")
+        payload = {"path": str(self._path.resolve()), "policy_version": version}
+        reply = http_call(url, "POST", "/thundersync/update_weights", payload, timeout=self.timeout)
+        if reply.status != 200:
+            raise RolloutError(f"{url} refused the weights of version {version}: HTTP {reply.status} "
+                               f"{error_message(reply)}")
+        acknowledged = (reply.json() or {}).get("policy_version")
+        if acknowledged != version or reply.policy_version != version:
+            raise RolloutError(f"{url} acknowledged version {acknowledged} (header {reply.policy_version}) instead "
+                               f"of {version}")
+        reset_prefix_cache(url, self.timeout)
+
+    def retire(self, urls: Sequence[str], previous_version: int) -> None:
+        if self._previous is not None and self._previous != self._path:
+            self._previous.unlink(missing_ok=True)
+        self._previous = None
+
+    def restore(self, url: str, version: int) -> bool:
+        if self._version != version or self._path is None or not self._path.exists():
+            return False
+        self.push(url, version)
+        return True
+
+    def close(self) -> None:
+        self._dir.close()
+
+
+class LoRAAdapterPublisher:
+    """LoRA adapters hot-loaded under versioned names through `POST /v1/load_lora_adapter` (vLLM or embedded)."""
+
+    lora = True
+    concurrent = True
+
+    def __init__(self, directory: str | Path | None = None, *, prefix: str = "policy", timeout: float = 600.0) -> None:
+        self._dir = _ArtifactDir(directory, "lora")
+        self.prefix, self.timeout = prefix, timeout
+        self._path: Path | None = None  # adapter folder (adapter_config.json + weights) of the latest version
+        self._version: int | None = None
+        self._previous: Path | None = None
+
+    def prepare(self, model: Any, version: int) -> None:
+        peft_model = unwrap_model(model)
+        configs = getattr(peft_model, "peft_config", None)
+        if not configs or not hasattr(peft_model, "save_pretrained"):
+            raise ConfigurationError("LoRA publication needs a peft.PeftModel policy (pass peft_config to the trainer)")
+        if len(configs) != 1 or next(iter(configs.values())).peft_type != "LORA":
+            raise UnsupportedOptionError(f"LoRA publication serves exactly one LoRA adapter; the policy has "
+                                         f"{ {name: c.peft_type for name, c in configs.items()} }")
+        target = self._dir.root / lora_name(self.prefix, version)
+        peft_model.save_pretrained(str(target), safe_serialization=True)
+        adapter = next(iter(configs))
+        if not (target / "adapter_config.json").exists():  # PEFT nests non-default adapters in a subfolder
+            target = target / adapter
+        self._previous, self._path, self._version = self._path, target, version
+
+    def push(self, url: str, version: int) -> None:
+        if self._path is None or self._version != version:
+            raise RolloutError(f"push of version {version} before prepare()")
+        name = lora_name(self.prefix, version)
+        payload = {"lora_name": name, "lora_path": str(self._path.resolve()), "load_inplace": False}
+        reply = http_call(url, "POST", "/v1/load_lora_adapter", payload, timeout=self.timeout)
+        if reply.status == 404:
+            raise RolloutError(f"{url} does not serve /v1/load_lora_adapter: start vLLM with --enable-lora "
+                               "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment")
+        if reply.status != 200:
+            raise RolloutError(f"{url} refused adapter {name!r}: HTTP {reply.status} {error_message(reply)}")
+        reset_prefix_cache(url, self.timeout)
+        if name not in self._served(url):
+            raise RolloutError(f"{url} accepted adapter {name!r} but /v1/models does not list it")
+
+    def retire(self, urls: Sequence[str], previous_version: int) -> None:
+        name = lora_name(self.prefix, previous_version)
+        for url in urls:
+            try:
+                reply = http_call(url, "POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=self.timeout)
+            except OSError as exc:
+                reply, detail = None, str(exc)
+            else:
+                detail = error_message(reply)
+            if reply is None or reply.status not in (200, 404):  # 404: never loaded there (the initial policy)
+                warnings.warn(f"{url} kept adapter {name!r} loaded ({detail}); requests name the new version, so "
+                              "no sample uses it, but it holds server memory", RuntimeWarning, stacklevel=2)
+        if self._previous is not None and self._previous != self._path:
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = None
+
+    def restore(self, url: str, version: int) -> bool:
+        if self._version != version or self._path is None or not self._path.exists():
+            return False
+        if lora_name(self.prefix, version) not in self._served(url):
+            self.push(url, version)
+        return True
+
+    def close(self) -> None:
+        self._dir.close()
+
+    def _served(self, url: str) -> list[str]:
+        reply = http_call(url, "GET", "/v1/models", timeout=self.timeout)
+        if reply.status != 200:
+            raise RolloutError(f"{url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
+        return parse_model_ids(reply.json())
+
+
+def _named_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """What vLLM loads: parameters under plain HF names (TRL's choice), LoRA merged out of place for a PeftModel."""
+    inner = unwrap_model(model)
+    if getattr(inner, "peft_config", None):
+        yield from policy_state_dict(inner).items()
+    else:
+        for name, param in inner.named_parameters():
+            yield name, param.detach()
+
+
+class TRLNCCLPublisher:
+    """Full weights to real vLLM servers with TRL 1.16's NCCL weight-transfer client (GPU only)."""
+
+    lora = False
+    concurrent = False  # one NCCL group per replica; broadcasts run one after the other
+
+    def __init__(self, *, device: Any = "cuda", dtype: torch.dtype | None = None, group_port: int = 51216,
+                 connection_timeout: float = 240.0, client_factory: Callable[..., Any] | None = None) -> None:
+        if client_factory is None:
+            client_factory = _trl_vllm_client_class()
+        self.device, self.dtype, self.group_port = device, dtype, group_port
+        self.connection_timeout = connection_timeout
+        self._factory = client_factory
+        self._clients: dict[str, Any] = {}
+        self._tensors: list[tuple[str, torch.Tensor]] = []  # what the latest prepare() will stream
+        self._version: int | None = None
+
+    def prepare(self, model: Any, version: int) -> None:
+        self._tensors, self._version = list(_named_tensors(model)), version  # references (merged clones for LoRA)
+
+    def push(self, url: str, version: int) -> None:
+        if self._version != version:
+            raise RolloutError(f"push of version {version} before prepare()")
+        client = self._client(url)
+        metadata = [(name, str(self.dtype or t.dtype).removeprefix("torch."), list(t.shape)) for name, t in self._tensors]
+        stream = ((name, t.to(device=self.device, dtype=self.dtype or t.dtype)) for name, t in self._tensors)
+        try:
+            client.update_named_params(metadata, stream)  # start → update (NCCL broadcast) → finish: synchronous
+            client.reset_prefix_cache()
+        except Exception as exc:  # TRL's client raises bare Exception on HTTP errors
+            raise RolloutError(f"NCCL weight update of {url} to version {version} failed: {exc}") from exc
+
+    def retire(self, urls: Sequence[str], previous_version: int) -> None:
+        return None
+
+    def restore(self, url: str, version: int) -> bool:
+        return False  # the restarted server lost its NCCL group and θ_k; only the trainer holds θ_k
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            close = getattr(client, "close_communicator", None)
+            if close is not None:
+                close()
+        self._clients.clear()
+        self._tensors = []
+
+    def _client(self, url: str) -> Any:
+        if url not in self._clients:
+            port = self.group_port + len(self._clients)  # one rendezvous port per replica
+            client = self._factory(base_url=url, group_port=port, connection_timeout=self.connection_timeout)
+            client.init_communicator(device=self.device)
+            self._clients[url] = client
+        return self._clients[url]
+
+
+def _trl_vllm_client_class() -> Callable[..., Any]:
+    try:
+        import vllm  # noqa: F401  (TRL's client refuses to start without it)
+        from trl.generation.vllm_client import VLLMClient
+    except ImportError as exc:
+        raise ConfigurationError(
+            "publishing full weights to vLLM needs vLLM and TRL's weight-transfer client: "
+            'pip install "trl-thundersync[vllm]" (GPU machines only); on CPU use the embedded server '
+            "(python -m trl_thundersync.serve), or LoRA adapters (publisher='lora')"
+        ) from exc
+    return VLLMClient

@@ -1,0 +1,203 @@
+"""Replicas of `VLLMServerEngine`: per-server state, startup checks, health polling, publication fan-out, stats.
+
+Each function here talks to one or all servers and knows nothing of batches or routing; `vllm_client.py` keeps the
+engine's control flow.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigurationError, RolloutError
+from .vllm_api import HTTPReply, error_message, http_call, parse_max_model_len, parse_model_ids
+from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher, WeightPublisher
+
+_POLL_S = 0.25  # how often /health is polled while waiting for a replica
+_TOKENIZER_PROBE = "ThunderSync tokenizer probe: 2 + 3 = 5, def add(a, b):"
+_START_HINT = ("start it with `python -m trl_thundersync.serve --model PATH --port N`, or `vllm serve` (see "
+               "trl_thundersync/serve/__init__.py)")
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One replica, since the engine was created."""
+
+    url: str
+    policy_version: int | None  # version the replica acknowledged serving
+    in_flight: int  # requests routed to it and not yet answered
+    requests: int  # answered requests
+    tokens: int  # completion tokens received from it
+    tokens_per_second: float  # tokens / seconds during which it had at least one request in flight
+    retries: int  # requests sent again after a connection failure or a restart
+    alive: bool  # False once it failed to come back within restart_timeout
+
+
+@dataclass(frozen=True)
+class ServerEngineStats:
+    """Counters of a `VLLMServerEngine`."""
+
+    in_flight: int  # requests submitted and not yet answered, over all replicas
+    peak_in_flight: int  # most requests in flight at once since the latest start_batch (or construction)
+    trajectories: int  # rollouts delivered by results()
+    tokens: int  # completion tokens over all answered requests
+    time_to_first_result: float | None  # latest batch: start_batch → first rollout received
+    turn_latency_p50: float | None  # seconds from submit to answer, over the last 4096 requests
+    turn_latency_p90: float | None
+    turn_latency_p99: float | None
+    publications: int  # acknowledged publish() calls
+    last_publication_seconds: float  # duration of the latest publish(), 0.0 before the first
+    replicas: tuple[ReplicaStats, ...]
+
+
+class Replica:
+    """Mutable state of one server; the engine guards every field but `recovery` with its own lock."""
+
+    def __init__(self, index: int, url: str) -> None:
+        self.index, self.url = index, url.rstrip("/")
+        self.base_model = ""  # served name of the base model (first entry of /v1/models)
+        self.max_model_len: int | None = None  # its context window, as /v1/models reports it (None: not reported)
+        self.version: int | None = None  # acknowledged version
+        self.in_flight = self.assigned = 0  # assigned: trajectories routed here since the sticky table was cleared
+        self.requests = self.tokens = self.retries = 0
+        self.busy_seconds, self.busy_since = 0.0, 0.0  # time with ≥ 1 request in flight; start of the current span
+        self.dead: str | None = None  # why it was declared dead
+        self.epoch = 0  # bumped by every recovery, so that concurrent failures recover once
+        self.recovery = threading.Lock()  # one request at a time waits for a restart
+
+    def begin(self) -> None:
+        if self.in_flight == 0:
+            self.busy_since = time.perf_counter()
+        self.in_flight += 1
+
+    def end(self, now: float) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.busy_seconds += now - self.busy_since
+
+    def stats(self, now: float) -> ReplicaStats:
+        busy = self.busy_seconds + (now - self.busy_since if self.in_flight else 0.0)
+        return ReplicaStats(url=self.url, policy_version=self.version, in_flight=self.in_flight,
+                            requests=self.requests, tokens=self.tokens,
+                            tokens_per_second=self.tokens / busy if busy > 0 else 0.0, retries=self.retries,
+                            alive=self.dead is None)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 1]); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def await_health(url: str, timeout: float) -> HTTPReply:
+    """Poll `GET /health` until it answers 200; `RolloutError` naming the URL after `timeout` seconds."""
+    deadline, last = time.monotonic() + timeout, "no answer"
+    while True:
+        try:
+            reply = http_call(url, "GET", "/health", timeout=min(5.0, max(timeout, 0.1)))
+            if reply.status == 200:
+                return reply
+            last = f"HTTP {reply.status} {error_message(reply)}"
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise RolloutError(f"rollout server {url} is not reachable after {timeout:g} s ({last})")
+        time.sleep(_POLL_S)
+
+
+def connect_all(replicas: Sequence[Replica], timeout: float) -> list[int | None]:
+    """Startup: wait for every replica, read its base model name; returns the versions they report (None: vLLM)."""
+
+    def connect(replica: Replica) -> int | None:
+        health = await_health(replica.url, timeout)
+        reply = http_call(replica.url, "GET", "/v1/models", timeout=30.0)
+        if reply.status != 200:
+            raise RolloutError(f"{replica.url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
+        replica.base_model = parse_model_ids(reply.json())[0]
+        replica.max_model_len = parse_max_model_len(reply.json())
+        return health.policy_version
+
+    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        futures = [pool.submit(connect, r) for r in replicas]
+    errors = [str(f.exception()) for f in futures if f.exception() is not None]
+    if errors:
+        raise RolloutError("; ".join(errors) + f"; {_START_HINT}")
+    return [f.result() for f in futures]
+
+
+def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None],
+                   nccl_options: Mapping[str, Any] | None = None) -> WeightPublisher:
+    """'auto' → `HTTPWeightFile` for embedded servers (they report a version), `TRLNCCLPublisher` for vLLM.
+
+    `nccl_options` are keyword arguments of `TRLNCCLPublisher` (device, dtype, group_port, ...), used if it is chosen.
+    """
+    if not isinstance(spec, str):
+        return spec
+    if spec == "auto":
+        embedded = [v is not None for v in reported]
+        if all(embedded):
+            return HTTPWeightFile()
+        if any(embedded):
+            raise ConfigurationError("publisher='auto' cannot mix embedded servers and vLLM servers; pass one")
+        spec = "nccl"
+    factories = {"http": HTTPWeightFile, "lora": LoRAAdapterPublisher, "nccl": TRLNCCLPublisher}
+    if spec not in factories:
+        raise ConfigurationError(f"publisher={spec!r} is not one of {['auto', *factories]} or a WeightPublisher")
+    return TRLNCCLPublisher(**(nccl_options or {})) if spec == "nccl" else factories[spec]()
+
+
+def push_all(replicas: Sequence[Replica], publisher: WeightPublisher, version: int) -> list[str]:
+    """Run `publisher.push` on every replica; returns one 'url: error' line per replica that did not acknowledge."""
+
+    def push(replica: Replica) -> str | None:
+        try:
+            publisher.push(replica.url, version)
+        except (RolloutError, OSError, ValueError) as exc:
+            return f"{replica.url}: {exc}"
+        return None
+
+    if publisher.concurrent and len(replicas) > 1:
+        with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+            outcomes = list(pool.map(push, replicas))
+    else:
+        outcomes = [push(r) for r in replicas]
+    return [o for o in outcomes if o is not None]
+
+
+def check_tokenizer(replicas: Sequence[Replica], tokenizer: Any) -> None:
+    """The servers must tokenize like the trainer, or the ids it sends mean other text to their model.
+
+    Uses vLLM's `POST /tokenize`; a server without it (404) is not checked.
+    """
+    local = list(tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
+    for replica in replicas:
+        body = {"model": replica.base_model, "prompt": _TOKENIZER_PROBE, "add_special_tokens": False}
+        reply = http_call(replica.url, "POST", "/tokenize", body, timeout=30.0)
+        if reply.status == 200 and list((reply.json() or {}).get("tokens", local)) != local:
+            raise ConfigurationError(f"{replica.url} serves {replica.base_model!r}, whose tokenizer splits text "
+                                     "differently from the trainer's: serve the policy's own checkpoint")
+
+
+def server_metrics(stats: ServerEngineStats) -> dict[str, float]:
+    """Flat metrics for the trainer's logs (`rollout/...`), one set per replica plus the engine-wide ones."""
+    out = {"rollout/in_flight_peak": float(stats.peak_in_flight), "rollout/tokens": float(stats.tokens)}
+    for name, value in (("time_to_first_result_s", stats.time_to_first_result),
+                        ("turn_latency_p50_s", stats.turn_latency_p50), ("turn_latency_p90_s", stats.turn_latency_p90),
+                        ("turn_latency_p99_s", stats.turn_latency_p99),
+                        ("publication_s", stats.last_publication_seconds)):
+        if value is not None:
+            out[f"rollout/{name}"] = float(value)
+    for i, replica in enumerate(stats.replicas):
+        out[f"rollout/replica{i}/tokens_per_s"] = replica.tokens_per_second
+        out[f"rollout/replica{i}/policy_version"] = float(-1 if replica.policy_version is None
+                                                          else replica.policy_version)
+        out[f"rollout/replica{i}/retries"] = float(replica.retries)
+        out[f"rollout/replica{i}/alive"] = float(replica.alive)
+    return out
