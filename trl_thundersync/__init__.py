@@ -1,6 +1,7 @@
 """trl_thundersync: zero-staleness gradient streaming for TRL (ThunderSyncRL, arXiv 2610.05935).
 
     from trl_thundersync import ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig
+    from trl_thundersync import ThunderSyncGKDTrainer, ThunderSyncGKDConfig   # on-policy distillation per turn
 
 Public names import lazily so `import trl_thundersync` stays cheap and optional dependencies load on first use.
 """
@@ -15,6 +16,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "ThunderSyncGRPOTrainer": "trl_thundersync.trainers.grpo_trainer",
     "ThunderSyncGRPOConfig": "trl_thundersync.trainers.grpo_config",
+    "ThunderSyncGKDTrainer": "trl_thundersync.trainers.gkd_trainer",
+    "ThunderSyncGKDConfig": "trl_thundersync.trainers.gkd_config",
     "LocalProcessEngine": "trl_thundersync.rollout.local",
     "RolloutEngine": "trl_thundersync.rollout.engine",
 }
@@ -24,6 +27,8 @@ __all__ = [*_LAZY, "errors", "types", "__version__"]
 if TYPE_CHECKING:
     from .rollout.engine import RolloutEngine
     from .rollout.local import LocalProcessEngine
+    from .trainers.gkd_config import ThunderSyncGKDConfig
+    from .trainers.gkd_trainer import ThunderSyncGKDTrainer
     from .trainers.grpo_config import ThunderSyncGRPOConfig
     from .trainers.grpo_trainer import ThunderSyncGRPOTrainer
 

@@ -37,3 +37,19 @@ class RolloutError(ThunderSyncError):
 
 class BatchIncompleteError(ThunderSyncError):
     """The barrier was reached while a registered trajectory or group of the batch had not closed."""
+
+
+class TeacherScoringError(ThunderSyncError):
+    """The teacher returned too few or too many log-probabilities for a turn, NaN/inf scores, or failed to answer."""
+
+
+class VocabularyMismatchError(ConfigurationError):
+    """Teacher and student do not share a tokenizer/vocabulary, so teacher scores of student tokens mean nothing."""
+
+
+class NoScoredTokensError(ThunderSyncError):
+    """A logical distillation batch closed with zero scored action tokens: Eq. 9's normalizer N_k would be 0."""
+
+
+class TurnOrderError(ThunderSyncError):
+    """A turn's context does not extend its trajectory's previous turn (the token history was rewritten)."""

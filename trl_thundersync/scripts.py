@@ -39,3 +39,19 @@ def finish_distributed() -> None:
     """Tear down torch.distributed cleanly (a leftover process group can abort the interpreter's exit)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def resolve_teacher(name: str | None, tiny_dir: str = "tiny-agent-teacher") -> str:
+    """The teacher of the distillation examples: `tiny-agent` (or nothing) → a second tool-calling tiny agent,
+    warm-started with another seed (built once, about a minute on two cores); `tiny` → a random-weight tiny teacher,
+    wider and deeper than the tiny student; anything else is returned unchanged. All share the student's tokenizer."""
+    if name in (None, "", "tiny-agent"):
+        from .testing.tiny_agent import save_tiny_agent_model
+
+        print(f"preparing the tiny agent teacher in {tiny_dir} (first run only)", flush=True)
+        return str(save_tiny_agent_model(tiny_dir, seed=1))
+    if name == "tiny":
+        from .testing.tiny import save_tiny_model
+
+        return str(save_tiny_model(tiny_dir, hidden_size=96, num_layers=3, seed=7))
+    return name

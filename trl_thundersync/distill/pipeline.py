@@ -1,0 +1,168 @@
+"""One logical distillation batch end to end: rollouts → teacher thread → learner (caller's thread) → totals.
+
+    results thread   drains `engine.results()`; a single-turn engine's rollout becomes one turn event; every
+                     finished trajectory becomes a `TrajectoryClosed` after its turns
+    agent loop       (multi-turn engines) emits each `TurnEvent` through the `TurnRouter` the moment its action is
+                     complete — while the tool runs
+    teacher thread   scores turns in arrival order (queue wait and scoring time recorded) and forwards them
+    learner          `schedule="thundersync"`: every scored turn's backward runs at once; `"sync"`: the learner
+                     waits until the batch has closed, then processes the same items in the same order
+
+Both sources enter one FIFO queue and the agent loop emits a trajectory's turn events before the trajectory
+finishes, so the teacher sees a trajectory's turns before its close; the learner does not rely on it anyway.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import RolloutError
+from ..rollout.engine import RolloutEngine
+from ..types import RolloutRequest, TurnEvent
+from .learner import DistillBatchLearner
+from .records import DistillTotals, ScoredTurn, TrajectoryClosed
+from .teacher import TeacherScorer, check_teacher_scores
+
+_DONE = object()
+
+
+class TurnRouter:
+    """The agent engine's `on_turn` callback: forwards turn events to the open batch's teacher queue."""
+
+    def __init__(self) -> None:
+        self._target: queue.Queue | None = None
+
+    def __call__(self, event: TurnEvent) -> None:
+        target = self._target
+        if target is None:
+            raise RolloutError(f"turn event of trajectory {event.index} arrived while no distillation batch is open")
+        target.put(event)
+
+    def open(self, target: queue.Queue) -> None:
+        self._target = target
+
+    def close(self) -> None:
+        self._target = None
+
+
+@dataclass(frozen=True)
+class DistillTiming:
+    """Wall-clock landmarks of one logical batch (perf_counter seconds) and teacher accounting."""
+
+    start: float
+    rollout_end: float  # the last trajectory finished and its last turn was scored
+    learner_busy: float  # Σ service time of learner items
+    barrier: float  # every learner item done
+    teacher_wait: float  # Σ over turns: action complete → teacher starts scoring it
+    teacher_seconds: float  # Σ over turns: teacher scoring time
+
+    @property
+    def tail(self) -> float:
+        return max(0.0, self.barrier - self.rollout_end)
+
+
+def _results(engine: RolloutEngine, single_turn: bool, out: queue.Queue, stop: threading.Event) -> None:
+    try:
+        for rollout in engine.results():
+            if stop.is_set():
+                break
+            if single_turn:
+                out.put(TurnEvent(rollout.index, 0, rollout.policy_version, tuple(rollout.prompt_ids),
+                                  tuple(rollout.completion_ids), rollout.finished_at or time.perf_counter()))
+            turns = rollout.agent.turns if rollout.agent is not None else 1
+            out.put(TrajectoryClosed(rollout, turns, time.perf_counter()))
+    except BaseException as exc:  # re-raised in the learner's thread
+        out.put(exc)
+    finally:
+        out.put(_DONE)
+
+
+def _teach(teacher: TeacherScorer, vocab_size: int | None, inbox: queue.Queue, out: queue.Queue) -> None:
+    while True:
+        item = inbox.get()
+        try:
+            if isinstance(item, TurnEvent):
+                start = time.perf_counter()
+                scores = teacher.score(item.context_ids, item.action_ids)
+                check_teacher_scores(scores, len(item.action_ids), vocab_size,
+                                     f"trajectory {item.index} turn {item.turn}")
+                out.put(ScoredTurn(item, scores, start, time.perf_counter()))
+            else:
+                out.put(item)
+        except BaseException as exc:
+            out.put(exc)
+            return
+        if item is _DONE or isinstance(item, BaseException):
+            return
+
+
+def run_distill_batch(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    policy_version: int,
+    teacher: TeacherScorer,
+    learner: DistillBatchLearner,
+    *,
+    schedule: str = "thundersync",
+    router: TurnRouter | None = None,
+    logits_vocab_size: int | None = None,
+    on_item: Callable[[ScoredTurn | TrajectoryClosed], None] | None = None,
+) -> tuple[DistillTotals, DistillTiming]:
+    """`router`: the `TurnRouter` a multi-turn engine emits through (None: the engine is single-turn).
+    `logits_vocab_size`: require full-vocabulary teacher logits of this width (generalized JSD)."""
+    start = time.perf_counter()
+    to_teacher: queue.Queue = queue.Queue()
+    inbox: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    if router is not None:
+        router.open(to_teacher)
+    engine.start_batch(requests, policy_version)
+    threads = [
+        threading.Thread(target=_results, args=(engine, router is None, to_teacher, stop), daemon=True,
+                         name="thundersync-distill-rollouts"),
+        threading.Thread(target=_teach, args=(teacher, logits_vocab_size, to_teacher, inbox), daemon=True,
+                         name="thundersync-teacher"),
+    ]
+    for thread in threads:
+        thread.start()
+    arrived: list[ScoredTurn | TrajectoryClosed] = []
+    try:
+        while True:
+            item = inbox.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            arrived.append(item)
+            if on_item is not None:
+                on_item(item)
+            if schedule == "thundersync":
+                learner.submit(item)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        if router is not None:
+            router.close()
+        for thread in threads:
+            thread.join(timeout=5.0)
+    closed = sum(isinstance(item, TrajectoryClosed) for item in arrived)
+    if closed != len(requests):
+        raise RolloutError(f"the rollout engine delivered {closed} of {len(requests)} trajectories")
+    if schedule == "sync":
+        for item in arrived:
+            learner.submit(item)
+    totals = learner.finish()
+    barrier = time.perf_counter()
+    # R: the last input fixed (a turn scored or a trajectory finished), not when the busy learner picked it up
+    rollout_end = max((i.scored_at if isinstance(i, ScoredTurn) else i.closed_at for i in arrived), default=start)
+    turns = [w for w in totals.work if w.kind == "turn_backward"]
+    return totals, DistillTiming(
+        start=start, rollout_end=rollout_end, learner_busy=sum(w.end - w.start for w in totals.work),
+        barrier=barrier, teacher_wait=sum(w.teacher_wait for w in turns),
+        teacher_seconds=sum(w.teacher_seconds for w in turns),
+    )

@@ -1,0 +1,65 @@
+"""Frozen records of the distillation path: teacher scores, scored turns, learner work, batch totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..types import Rollout, TurnEvent
+
+
+@dataclass(frozen=True)
+class TeacherScores:
+    """What the frozen teacher says about one turn's action tokens a_1..a_T in their realized context."""
+
+    logprobs: torch.Tensor  # (T,) FP32: log π_T(a_t | h_t) of the sampled tokens
+    logits: torch.Tensor | None = None  # (T, V) FP32 teacher logits at the action positions; None when the teacher
+    # only returns sampled-token log-probs (a server), which is enough for OPD but not for the generalized JSD
+
+
+@dataclass(frozen=True)
+class ScoredTurn:
+    """A turn whose teacher scores are known: one OPD/GKD learner source, released at `scored_at`."""
+
+    event: TurnEvent  # the agent loop's turn (context tokens, action tokens, policy version)
+    teacher: TeacherScores
+    scoring_start: float  # perf_counter when the teacher started on it; queue wait = scoring_start − event.time
+    scored_at: float  # perf_counter when the scores were known: the source's ready time τ
+
+
+@dataclass(frozen=True)
+class TrajectoryClosed:
+    """The rollout engine finished a trajectory; its deferred context backward may run once all turns are in."""
+
+    rollout: Rollout
+    turns: int  # turn events the trajectory emitted (its last turn closes it)
+    closed_at: float  # perf_counter
+
+
+@dataclass(frozen=True)
+class TurnWork:
+    """One unit of distillation learner work, for the trace and metrics."""
+
+    kind: str  # "turn_backward" (objective backward of one turn) or "context_replay" (deferred adjoints at close)
+    index: int  # trajectory index in the batch
+    turn: int  # turn number (-1 for a replay)
+    policy_version: int
+    ready: float  # τ: teacher scores known (turn) / trajectory closed (replay)
+    start: float
+    end: float
+    tokens: int  # scored action tokens (turn) / context tokens replayed (replay)
+    teacher_wait: float = 0.0  # seconds the turn waited for the teacher after its action was complete
+    teacher_seconds: float = 0.0  # seconds the teacher spent scoring it
+
+
+@dataclass(frozen=True)
+class DistillTotals:
+    """Everything the barrier needs once every turn and trajectory of the batch has been processed."""
+
+    grads: tuple[torch.Tensor, ...]  # Σ_j g_j per trainable parameter, FP32, not yet divided by N_k
+    scored_tokens: int  # N_k (this process)
+    loss_sum: float  # Σ over scored tokens of the per-token loss value (OPD: −A; GJSD: the divergence)
+    turns: int  # turns processed
+    trajectories: int
+    work: tuple[TurnWork, ...]

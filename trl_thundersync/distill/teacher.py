@@ -1,0 +1,98 @@
+"""The frozen teacher: the `TeacherScorer` protocol, a local-model implementation and the checks on its answers.
+
+Lifecycle: the distillation pipeline calls `score(context_ids, action_ids)` once per turn, from its teacher thread,
+as soon as the turn's action is complete; `close()` once when training ends. A scorer never sees the student.
+`full_vocabulary` says whether `TeacherScores.logits` is filled (needed by the generalized JSD; OPD needs only the
+sampled-token log-probs, which a teacher server can return).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..errors import TeacherScoringError, VocabularyMismatchError
+from .losses import action_logprobs
+from .records import TeacherScores
+
+
+@runtime_checkable
+class TeacherScorer(Protocol):
+    full_vocabulary: bool  # True: `score` also returns (T, V) logits over the student's vocabulary
+
+    def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTeacher:
+    """A teacher model in this process: one no-grad forward over context + action per turn, logits at temperature 1
+    (as TRL's GKD loss uses them)."""
+
+    full_vocabulary = True
+
+    def __init__(self, model: Any, device: torch.device | str | None = None) -> None:
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+
+    @torch.no_grad()
+    def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
+        if not action_ids:
+            return TeacherScores(torch.zeros(0), torch.zeros(0, 0))
+        ids = torch.tensor([list(context_ids) + list(action_ids)], device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(input_ids=ids).logits[0, len(context_ids) - 1 : -1].float()
+        finally:
+            self.model.train(was_training)
+        actions = torch.tensor(list(action_ids), device=logits.device)
+        return TeacherScores(action_logprobs(logits, actions), logits)
+
+    def close(self) -> None:
+        return None
+
+
+def check_teacher_scores(scores: TeacherScores, num_actions: int, vocab_size: int | None, where: str) -> None:
+    """Refuse malformed teacher answers loudly (never pad, truncate or zero them)."""
+    if scores.logprobs.shape != (num_actions,):
+        raise TeacherScoringError(
+            f"{where}: the teacher returned {tuple(scores.logprobs.shape)} log-probabilities for {num_actions} action "
+            "tokens; it must score every sampled token exactly once"
+        )
+    if not bool(torch.isfinite(scores.logprobs).all()):
+        bad = int((~torch.isfinite(scores.logprobs)).sum())
+        raise TeacherScoringError(f"{where}: {bad} of {num_actions} teacher log-probabilities are NaN/inf")
+    if vocab_size is not None:
+        if scores.logits is None:
+            raise TeacherScoringError(f"{where}: the objective needs full-vocabulary teacher logits, got none")
+        if num_actions and scores.logits.shape != (num_actions, vocab_size):
+            raise TeacherScoringError(
+                f"{where}: teacher logits have shape {tuple(scores.logits.shape)}, expected ({num_actions}, "
+                f"{vocab_size}) (one row per action token over the student's vocabulary)"
+            )
+        if not bool(torch.isfinite(scores.logits).all()):
+            raise TeacherScoringError(f"{where}: the teacher's logits contain NaN/inf")
+
+
+def check_same_vocabulary(student_tokenizer: Any, teacher_tokenizer: Any | None, student_vocab: int,
+                          teacher_vocab: int | None) -> None:
+    """Teacher scores of student tokens only mean something if both map the same ids to the same tokens."""
+    if teacher_vocab is not None and teacher_vocab != student_vocab:
+        raise VocabularyMismatchError(
+            f"the student's vocab_size is {student_vocab} but the teacher's is {teacher_vocab}; on-policy "
+            "distillation scores the student's token ids with the teacher, so both must share one vocabulary. "
+            "Use a teacher from the same model family (same tokenizer)"
+        )
+    if teacher_tokenizer is None or student_tokenizer is None:
+        return
+    student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if student != teacher:
+        differing = sorted(set(student.items()) ^ set(teacher.items()))[:3]
+        raise VocabularyMismatchError(
+            f"the teacher's tokenizer differs from the student's ({len(student)} vs {len(teacher)} entries; first "
+            f"differences: {differing}); the same token id would name different text. Use one tokenizer family"
+        )
+

@@ -1,0 +1,140 @@
+"""`ThunderSyncGKDConfig`: TRL's `GKDConfig` plus the per-turn streaming fields; refuses what cannot stream exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl.experimental.gkd import GKDConfig
+
+from ..errors import ConfigurationError, UnsupportedOptionError
+
+OBJECTIVES = ("gjsd", "opd")
+TURN_BACKWARDS = ("auto", "boundary_cut", "naive")
+SCHEDULES = ("thundersync", "sync")
+ROLLOUT_ENGINES = ("local_process", "local_thread")
+
+
+@dataclass
+class ThunderSyncGKDConfig(GKDConfig):
+    objective: str = field(
+        default="gjsd",
+        metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
+                  "(a local teacher model), as trl's GKDTrainer; 'opd': the paper's turn-level on-policy distillation, "
+                  "sampled-token advantage sg(log π_T − log π_θ). Both are "
+                  "normalized by the batch's scored-token count."},
+    )
+    schedule: str = field(
+        default="thundersync",
+        metadata={"help": "'thundersync' runs each turn's student backward as soon as the teacher scored it, while "
+                  "tools and other turns still run; 'sync' waits until the batch closed (same code, same update)."},
+    )
+    turn_backward: str = field(
+        default="auto",
+        metadata={"help": "'boundary_cut': each turn forwards only its new tokens over detached key/value proxies and "
+                  "the deferred context adjoints are replayed when the trajectory closes (linear cost); 'naive': "
+                  "every turn re-runs its whole context (quadratic; the reference, and what works with activation checkpointing); "
+                  "'auto': boundary_cut, or naive when gradient_checkpointing is on."},
+    )
+    teacher_server_url: str | None = field(
+        default=None,
+        metadata={"help": "Base URL of a vLLM-compatible teacher server (e.g. http://host:8000) that returns prompt "
+                  "log-probabilities from /v1/completions; replaces teacher_model, needs objective='opd' and lmbda=1. "
+                  "The server must use the student's tokenizer."},
+    )
+    teacher_server_model: str | None = field(
+        default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}
+    )
+    teacher_server_timeout: float = field(
+        default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
+    )
+    rollout_engine: str = field(
+        default="local_process",
+        metadata={"help": "'local_process': embedded sampler in a worker process; 'local_thread': the same in a thread."},
+    )
+    rollout_max_in_flight: int = field(default=16, metadata={"help": "Trajectories the embedded engine decodes at once."})
+    rollout_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded rollout worker."})
+    agent_max_turns: int = field(default=8, metadata={"help": "Agent loop (tools/environments): turns per trajectory."})
+    agent_max_tokens_per_turn: int | None = field(
+        default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_new_tokens."}
+    )
+    agent_max_completion_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Agent loop: model tokens per trajectory over all turns. None: agent_max_turns × max_new_tokens."},
+    )
+    agent_max_context_tokens: int = field(default=8192, metadata={"help": "Agent loop: prompt + everything appended."})
+    agent_max_observation_tokens: int = field(
+        default=256, metadata={"help": "Agent loop: tool-result tokens kept per observation (head and tail)."}
+    )
+    agent_tool_timeout: float = field(default=60.0, metadata={"help": "Agent loop: seconds per tool call."})
+    trace: bool = field(
+        default=True,
+        metadata={"help": "Append a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
+                  "publication) to <output_dir>/thundersync_trace/steps.jsonl."},
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except ConfigurationError:
+            raise
+        except ValueError as exc:  # TRL's own checks (lmbda, beta ranges): same text, typed
+            raise ConfigurationError(str(exc)) from exc
+        for name, value, allowed in (("objective", self.objective, OBJECTIVES), ("schedule", self.schedule, SCHEDULES),
+                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS),
+                                     ("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES)):
+            if value not in allowed:
+                raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
+        for name in ("rollout_max_in_flight", "rollout_num_threads", "agent_max_turns", "agent_max_context_tokens",
+                     "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1")
+        for name in ("agent_max_tokens_per_turn", "agent_max_completion_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1 (or None for the default)")
+        if self.agent_max_observation_tokens < 2 or self.agent_tool_timeout <= 0:
+            raise ConfigurationError(
+                f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 and agent_tool_timeout="
+                f"{self.agent_tool_timeout} must be > 0"
+            )
+        self._refuse_unstreamable()
+
+    def _refuse_unstreamable(self) -> None:
+        def refuse(name: str, value, why: str) -> None:
+            raise UnsupportedOptionError(f"ThunderSyncGKDConfig: {name}={value!r} is not supported: {why}")
+
+        if self.gradient_accumulation_steps != 1:
+            refuse("gradient_accumulation_steps", self.gradient_accumulation_steps,
+                   "one logical batch (per_device_train_batch_size rows) feeds exactly one optimizer step; raise "
+                   "per_device_train_batch_size instead")
+        if self.turn_backward == "boundary_cut" and self.gradient_checkpointing:
+            refuse("gradient_checkpointing", self.gradient_checkpointing,
+                   "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "
+                   "set gradient_checkpointing=False, or turn_backward='naive'")
+        if self.teacher_server_url is not None:
+            if self.objective != "opd":
+                refuse("objective", self.objective, "a teacher server returns sampled-token log-probabilities only; "
+                       "the generalized JSD needs the full distribution of a local teacher_model. Use objective='opd'")
+            if self.lmbda != 1.0 or self.seq_kd:
+                refuse("lmbda" if self.lmbda != 1.0 else "seq_kd", self.lmbda if self.lmbda != 1.0 else self.seq_kd,
+                       "off-policy steps use TRL's generalized JSD with a local teacher; with a teacher server use "
+                       "lmbda=1.0 and seq_kd=False")
+            if self.teacher_server_timeout <= 0:
+                raise ConfigurationError(f"teacher_server_timeout={self.teacher_server_timeout} must be > 0")
+        if self.turn_backward == "auto":
+            self.turn_backward = "naive" if self.gradient_checkpointing else "boundary_cut"
+        if self.use_liger_kernel:
+            refuse("use_liger_kernel", self.use_liger_kernel, "the Liger loss bypasses the streamed learner")
+
+    def agent_limits(self):
+        """The agent loop's budgets, defaulting to the GKD generation fields."""
+        from ..envs.agent_loop import AgentLimits
+
+        per_turn = self.agent_max_tokens_per_turn or self.max_new_tokens
+        return AgentLimits(
+            max_turns=self.agent_max_turns,
+            max_tokens_per_turn=per_turn,
+            max_completion_tokens=self.agent_max_completion_tokens or self.agent_max_turns * per_turn,
+            max_context_tokens=self.agent_max_context_tokens,
+            max_observation_tokens=self.agent_max_observation_tokens,
+            tool_timeout_s=self.agent_tool_timeout,
+        )

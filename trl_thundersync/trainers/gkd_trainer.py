@@ -1,0 +1,261 @@
+"""`ThunderSyncGKDTrainer`: `trl.experimental.gkd.GKDTrainer` with on-policy distillation streamed per turn.
+
+Swap `GKDTrainer`/`GKDConfig` for `ThunderSyncGKDTrainer`/`ThunderSyncGKDConfig`. Every micro-step draws
+`random() <= lmbda` exactly as TRL does. On-policy steps run the logical batch through `distill.pipeline`: the
+embedded engine samples at θ_k (multi-turn with tools/environments), the frozen teacher scores each turn as soon as
+its action is complete, the student's backward for that turn runs at once (boundary-cut by default), and at the
+barrier Σ_j g_j / N_k is written into `param.grad`; TRL's loop clips it and takes the one optimizer step, and a
+callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
+teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from trl.experimental.gkd import GKDTrainer
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.sft_trainer import SFTTrainer
+
+from ..distill.learner import DistillBatchLearner, batch_direction
+from ..distill.losses import generalized_jsd_per_token, opd_loss_sum
+from ..distill.pipeline import DistillTiming, TurnRouter, run_distill_batch
+from ..distill.records import DistillTotals, TeacherScores
+from ..distill.teacher import LocalTeacher, check_same_vocabulary
+from ..distill.trace import distill_step_trace
+from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from ..envs.metrics import agent_metrics
+from ..errors import UnsupportedOptionError
+from ..trace.recorder import TraceWriter
+from .gkd_config import ThunderSyncGKDConfig
+from .gkd_rollout import (build_engine, pass_through_collator, requests_from_collated, requests_from_rows,
+                          sampling_params)
+from .grpo_trainer import _PublishCallback
+
+
+class ThunderSyncGKDTrainer(GKDTrainer):
+    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`)."""
+
+    _tag_names = ["trl", "gkd", "thundersync"]
+
+    def __init__(self, model=None, teacher_model=None, args=None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, compute_metrics=None, callbacks=None,
+                 optimizers=(None, None), preprocess_logits_for_metrics=None, peft_config=None, formatting_func=None,
+                 tools=None, environment_factory=None):
+        self._agentic = bool(tools) or environment_factory is not None
+        _refuse_combinations(args, teacher_model, eval_dataset, self._agentic)
+        if processing_class is None and isinstance(model, str):
+            from transformers import AutoTokenizer
+
+            processing_class = AutoTokenizer.from_pretrained(model)
+        if self._agentic and data_collator is None:
+            data_collator = pass_through_collator
+        trainer_kwargs = dict(args=args, data_collator=data_collator, train_dataset=train_dataset,
+                              eval_dataset=eval_dataset, processing_class=processing_class,
+                              compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
+                              preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
+                              formatting_func=formatting_func)
+        if teacher_model is not None:
+            _check_vocabularies(model, teacher_model, processing_class)
+            super().__init__(model=model, teacher_model=teacher_model, **trainer_kwargs)
+            self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
+        else:
+            self._init_with_teacher_server(model, trainer_kwargs)
+        if self.accelerator.num_processes > 1:
+            raise UnsupportedOptionError(
+                f"{self.accelerator.num_processes} processes: the streamed distillation barrier is single-process so "
+                "far (no cross-process token count); run one process")
+        if self._agentic:
+            from trl.chat_template_utils import add_response_schema
+
+            tok = self.processing_class
+            if getattr(tok, "response_template", None) is None and getattr(tok, "response_schema", None) is None:
+                self.processing_class = add_response_schema(tok)
+        self.tools, self.environment_factory = list(tools or []), environment_factory
+        self.policy_version = 0
+        self._engine = None
+        self._router = TurnRouter()
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
+        self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
+        self.last_trace = None
+        self.add_callback(_PublishCallback(self))
+
+    def _init_with_teacher_server(self, model, trainer_kwargs: dict) -> None:
+        """GKDTrainer's construction without a local teacher model: the same SFT setup (raw `messages` kept for the
+        ChatML collator), dropout off, and the fields `training_step` reads; the teacher is the server client."""
+        from trl.experimental.utils import DataCollatorForChatML
+        from trl.trainer.utils import disable_dropout_in_model
+
+        from ..distill.teacher_server import ServerTeacher
+
+        args = trainer_kwargs["args"]
+        args.remove_unused_columns = False
+        args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        if trainer_kwargs["data_collator"] is None:
+            trainer_kwargs["data_collator"] = DataCollatorForChatML(tokenizer=trainer_kwargs["processing_class"],
+                                                                    max_length=args.max_length)
+        SFTTrainer.__init__(self, model, **trainer_kwargs)
+        if args.disable_dropout:
+            disable_dropout_in_model(self.model)
+        self.teacher_model = None
+        self.lmbda, self.beta, self.temperature, self.seq_kd = 1.0, args.beta, args.temperature, False
+        self.generation_config = self.model.generation_config
+        self._teacher = ServerTeacher(args.teacher_server_url, args.teacher_server_model, args.teacher_server_timeout)
+
+    # -- TRL hook ---------------------------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if random.random() <= self.lmbda:  # TRL's draw, at the same point of the RNG stream
+            return self._streamed_batch(model, inputs)
+        if self.seq_kd:
+            with unwrap_model_for_generation(self.teacher_model, self.accelerator,
+                                             generation_kwargs=self.generation_kwargs) as teacher:
+                ids, attention, labels = self.generate_on_policy_outputs(teacher, inputs, self.generation_config)
+            inputs["input_ids"], inputs["attention_mask"], inputs["labels"] = ids, attention, labels
+        return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
+
+    # -- the streamed on-policy batch -------------------------------------------------------------------------------
+    def _streamed_batch(self, model, inputs) -> torch.Tensor:
+        version = self.state.global_step
+        if version != self.policy_version:
+            self._publish(version)
+        if self._agentic:
+            requests = requests_from_rows(inputs, self.args.seed, version)
+        else:
+            requests = requests_from_collated(inputs, self.args.seed, version)
+        engine = self._rollout_engine()
+        module = self.accelerator.unwrap_model(model)
+        module.train()
+        grads = GradientSum(self._trainable)
+        backward_cls = BoundaryCutBackward if self.args.turn_backward == "boundary_cut" else NaiveTurnBackward
+        backward = backward_cls(module, self._trainable, self._objective, grads, self.accelerator.device)
+        learner = DistillBatchLearner(batch_size=len(requests), policy_version=version, backward=backward, grads=grads)
+        items: list = []
+        vocab = module.config.get_text_config().vocab_size if self.args.objective == "gjsd" else None
+        totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
+                                           schedule=self.args.schedule, router=self._router if self._agentic else None,
+                                           logits_vocab_size=vocab, on_item=items.append)
+        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens)):
+            param.grad = direction.to(param.dtype)
+        self.last_batch = (totals, timing)
+        self._open_step = (version, totals, timing, items)
+        self._log_batch(totals, timing, items)
+        return torch.tensor(totals.loss_sum / totals.scored_tokens, device=self.args.device)
+
+    def _objective(self, logits: torch.Tensor, actions: torch.Tensor, teacher: TeacherScores) -> torch.Tensor:
+        if self.args.objective == "opd":
+            return opd_loss_sum(logits, actions, teacher.logprobs)
+        # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling uses args.temperature)
+        return generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
+
+    def _rollout_engine(self):
+        if self._engine is None:
+            if self.accelerator.device.type == "cpu" and self.args.rollout_engine == "local_process":
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) - self.args.rollout_num_threads))
+            eos = self.generation_config.eos_token_id
+            eos = [eos] if isinstance(eos, int) else list(eos or [])
+            per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
+            sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
+            self._engine = build_engine(self.accelerator.unwrap_model(self.model), self.args, sampling,
+                                        tokenizer=self.processing_class, tools=self.tools,
+                                        environment_factory=self.environment_factory,
+                                        on_turn=self._router if self._agentic else None,
+                                        policy_version=self.policy_version)
+        return self._engine
+
+    # -- publication, trace and metrics (called by _PublishCallback after each optimizer step) ----------------------
+    def _publish(self, version: int) -> None:
+        if self._engine is not None:
+            seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)
+            self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
+        self.policy_version = version
+
+    def _record_step(self, optimizer_end: float, publish_end: float) -> None:
+        if self._open_step is None:
+            return
+        version, totals, timing, items = self._open_step
+        self._open_step = None
+        trace = distill_step_trace(step=version, schedule=self.args.schedule, start=timing.start,
+                                   rollout_end=timing.rollout_end, totals=totals, items=items,
+                                   optimizer_end=optimizer_end, publish_end=publish_end)
+        self._metrics["train"]["thundersync/step_wall_with_publish_seconds"].append(trace.wall)
+        if self.args.trace and self.accelerator.is_main_process:
+            TraceWriter(Path(self.args.output_dir) / "thundersync_trace" / "steps.jsonl").append(trace)
+        self.last_trace = trace
+
+    def _log_batch(self, totals: DistillTotals, timing: DistillTiming, items: list) -> None:
+        m = self._metrics["train"]
+        turns = [w for w in totals.work if w.kind == "turn_backward"]
+        wall = timing.barrier - timing.start
+        m["thundersync/on_policy"].append(1.0)
+        m["thundersync/scored_tokens"].append(float(totals.scored_tokens))
+        m["thundersync/turns"].append(float(totals.turns))
+        m["thundersync/teacher_queue_wait_seconds"].append(timing.teacher_wait / max(len(turns), 1))
+        m["thundersync/teacher_scoring_seconds"].append(timing.teacher_seconds / max(len(turns), 1))
+        m["thundersync/teacher_busy_seconds"].append(timing.teacher_seconds)
+        m["thundersync/step_wall_seconds"].append(wall)
+        m["thundersync/rollout_seconds"].append(timing.rollout_end - timing.start)
+        m["thundersync/learner_busy_seconds"].append(timing.learner_busy)
+        m["thundersync/learner_tail_seconds"].append(timing.tail)
+        m["thundersync/learner_idle_fraction"].append(max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0)
+        m["thundersync/policy_version"].append(float(self.policy_version))
+        if self.args.objective == "opd":  # −Σ A / N = mean of log π_θ − log π_T over sampled tokens
+            m["opd/reverse_kl"].append(totals.loss_sum / totals.scored_tokens)
+        rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
+        lengths = [len(r.completion_ids) for r in rollouts]
+        m["completions/mean_length"].append(sum(lengths) / len(lengths))
+        for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
+            m[name].append(value)
+
+    def close(self) -> None:
+        """Stop the rollout engine (also done at interpreter exit)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        self._teacher.close()
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.close()
+
+
+def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:
+    """Argument combinations the streamed trainer cannot honour exactly, refused before anything is built."""
+    if not isinstance(args, ThunderSyncGKDConfig):
+        raise UnsupportedOptionError(
+            f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig so unsupported options are checked")
+    if (teacher_model is None) == (args.teacher_server_url is None):
+        raise UnsupportedOptionError(
+            "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "
+            f"args.teacher_server_url (got teacher_model={type(teacher_model).__name__}, teacher_server_url="
+            f"{args.teacher_server_url!r})")
+    if agentic and (args.lmbda < 1.0 or args.seq_kd):
+        raise UnsupportedOptionError(
+            f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
+            "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
+    if args.teacher_server_url is not None and eval_dataset is not None:
+        raise UnsupportedOptionError(
+            "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
+            "teacher_model; evaluate separately or use a local teacher")
+
+
+def _check_vocabularies(model, teacher_model, processing_class) -> None:
+    """Refuse teacher/student pairs whose token ids mean different things (before any model is built)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    def vocab_of(m):
+        config = AutoConfig.from_pretrained(m) if isinstance(m, str) else getattr(m, "config", None)
+        return config.get_text_config().vocab_size if config is not None else None
+
+    teacher_tokenizer = None
+    if isinstance(teacher_model, str) and os.path.isfile(os.path.join(teacher_model, "tokenizer_config.json")):
+        teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_model)
+    student_vocab = vocab_of(model)
+    if student_vocab is not None:
+        check_same_vocabulary(processing_class, teacher_tokenizer, student_vocab, vocab_of(teacher_model))
