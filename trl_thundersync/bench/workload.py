@@ -1,0 +1,244 @@
+"""The benchmark workload: an agentic GRPO job whose rollout/learner balance and duration spread are knobs.
+
+Every schedule of a benchmark point runs exactly this workload:
+
+- model: the tiny offline Qwen3 (`testing.tiny`) at `hidden` × `layers` — its per-trajectory forward + backward is
+  the learner-side cost;
+- data: `batch / group` chat prompts per step (TRL's sampler, fixed seed), `group` trajectories each;
+- environment: `ShellBenchEnv`, a TRL `environment_factory` environment whose one tool `run_shell(command)` runs a
+  real command in the bubblewrap sandbox (`envs.sandbox.make_sandbox` on a private temp workspace); its reward is
+  a deterministic hash of everything the trajectory ran and saw, so GRPO advantages are non-zero;
+- agent (`--generator scripted`): `ScriptedTurnGenerator` actions — `turns` tool calls `sleep <d> && printf ... &&
+  ls`, then a final answer. d = `latency_mean` × m_i × j_it: m_i ~ LogNormal(mean 1, CV `latency_cv`) per
+  trajectory (the trajectory-duration spread), j_it ~ LogNormal(mean 1, CV `turn_jitter`) per turn, both seeded by
+  (seed, step, trajectory[, turn]) so every schedule sees identical trajectories, latencies and rewards. Optional
+  `gen_delay` seconds of simulated decode per turn. At most `concurrency` trajectories are in flight (rollout slots),
+  so a batch runs in about batch / concurrency waves;
+- agent (`--generator model`): the trainer's own embedded `LocalProcessEngine` samples from the tiny model in a
+  worker process (one torch thread) — rollout really computes on one core while the learner uses the other.
+
+Balance ρ = L/R is set by `latency_mean`; `calibrated_latency_mean` picks it from a measured learner cost per
+trajectory and a measured fixed per-turn overhead, by replaying the seeded durations through `concurrency` slots.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import heapq
+import math
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark point. Times in seconds."""
+
+    name: str = "point"
+    seed: int = 0
+    steps: int = 4  # optimizer steps per run; the first is dropped as warm-up
+    batch: int = 16  # trajectories per optimizer step (B)
+    group: int = 4  # GRPO group size (G)
+    turns: int = 2  # tool calls per trajectory (scripted agent), followed by one answer turn
+    concurrency: int = 4  # trajectories in flight at once (rollout slots; embedded engine: rollout_max_in_flight)
+    latency_mean: float | None = None  # mean sandboxed sleep per tool call; None: calibrated from `balance`
+    latency_cv: float = 0.5  # coefficient of variation of a trajectory's total tool latency
+    turn_jitter: float = 0.2  # coefficient of variation of each turn's share
+    gen_delay: float = 0.0  # simulated decode seconds per turn (scripted agent)
+    balance: float | None = 1.0  # target ρ = L/R used by calibration
+    hidden: int = 256  # tiny model width
+    layers: int = 4  # tiny model depth
+    generator: str = "scripted"  # "scripted" | "model" (embedded LocalProcessEngine)
+    max_new_tokens: int = 48  # generated tokens per turn (model generator)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Workload":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def with_(self, **changes: Any) -> "Workload":
+        return replace(self, **changes)
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """A completion budget every trajectory fits in (actions + observations), for both trainers."""
+        if self.generator == "model":
+            return self.max_new_tokens * (self.turns + 1) + 64 * self.turns
+        return 96 * (self.turns + 1) + 16
+
+
+# --- seeded latencies --------------------------------------------------------------------------------------------
+
+
+def _lognormal(rng: random.Random, cv: float) -> float:
+    """A LogNormal draw with mean 1 and coefficient of variation `cv` (exactly 1 when cv = 0)."""
+    if cv <= 0:
+        return 1.0
+    sigma2 = math.log1p(cv * cv)
+    return rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
+
+
+def trajectory_multiplier(w: Workload, step: int, index: int) -> float:
+    """m_i: the trajectory's latency scale (mean 1, CV `latency_cv`), the same for every schedule."""
+    return _lognormal(random.Random(f"bench|{w.seed}|{step}|{index}"), w.latency_cv)
+
+
+def turn_shares(w: Workload, step: int, index: int) -> list[float]:
+    """j_it: the per-turn jitter of trajectory `index` (mean 1, CV `turn_jitter`)."""
+    return [_lognormal(random.Random(f"bench|{w.seed}|{step}|{index}|{t}"), w.turn_jitter) for t in range(w.turns)]
+
+
+def tool_latency(w: Workload, step: int, index: int, turn: int) -> float:
+    """Seconds the sandboxed command of (step, trajectory, turn) sleeps."""
+    mean = w.latency_mean or 0.0
+    return mean * trajectory_multiplier(w, step, index) * turn_shares(w, step, index)[turn]
+
+
+def trajectory_latency_units(w: Workload, step: int) -> list[float]:
+    """Σ_t m_i·j_it per trajectory of a step: its total tool latency in units of `latency_mean`."""
+    return [trajectory_multiplier(w, step, i) * sum(turn_shares(w, step, i)) for i in range(w.batch)]
+
+
+def command_for(w: Workload, step: int, index: int, turn: int) -> str:
+    """The real command of one tool call: a seeded sleep and a little real work."""
+    return f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn} && ls"
+
+
+# --- calibration -------------------------------------------------------------------------------------------------
+
+
+def makespan(durations: list[float], slots: int) -> float:
+    """Greedy FIFO list scheduling of `durations` on `slots` (the agent engine's thread pool): the batch's R."""
+    free = [0.0] * max(1, min(slots, len(durations)))
+    end = 0.0
+    for d in durations:
+        start = heapq.heappop(free)
+        end = max(end, start + d)
+        heapq.heappush(free, start + d)
+    return end
+
+
+def predicted_rollout(w: Workload, latency_mean: float, overhead_per_trajectory: float,
+                      steps: range | None = None) -> float:
+    """Mean R over the measured steps for a latency mean: seeded durations through `concurrency` slots."""
+    steps = steps if steps is not None else range(1, max(2, w.steps))
+    spans = [makespan([overhead_per_trajectory + latency_mean * u for u in trajectory_latency_units(w, s)],
+                      w.concurrency) for s in steps]
+    return sum(spans) / len(spans)
+
+
+def calibrated_latency_mean(w: Workload, learner_per_trajectory: float, overhead_per_trajectory: float,
+                            rollout_fixed: float = 0.0) -> float:
+    """The tool-latency mean that makes R ≈ L/ρ, L = batch × learner seconds per trajectory (bisection).
+
+    `overhead_per_trajectory` is a trajectory's duration without any sleep (sandbox start-up, agent loop, turns);
+    `rollout_fixed` a per-batch cost outside the slots (admission, scoring of the last trajectory).
+    """
+    if not w.balance or w.balance <= 0:
+        raise ValueError(f"balance={w.balance!r}: calibration needs a positive target ρ")
+    target = w.batch * learner_per_trajectory / w.balance - rollout_fixed
+    if predicted_rollout(w, 0.0, overhead_per_trajectory) >= target:
+        return 0.0  # even without sleeping the rollout is too slow for this ρ: report the realized ρ instead
+    lo, hi = 0.0, 1.0
+    while predicted_rollout(w, hi, overhead_per_trajectory) < target:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_rollout(w, mid, overhead_per_trajectory) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+# --- environment ----------------------------------------------------------------------------------------------------
+
+
+_WORKSPACES: list[Path] = []
+
+
+@atexit.register
+def _remove_workspaces() -> None:
+    for path in _WORKSPACES:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class ShellBenchEnv:
+    """A TRL `environment_factory` environment: one sandboxed shell tool and a deterministic reward."""
+
+    def __init__(self) -> None:
+        from ..envs.sandbox import make_sandbox
+        from ..envs.sandbox_api import SandboxLimits
+
+        workspace = Path(tempfile.mkdtemp(prefix="ts-bench-ws-"))
+        _WORKSPACES.append(workspace)
+        (workspace / "README.md").write_text("benchmark workspace\n")
+        (workspace / "data.txt").write_text("1 2 3\n")
+        self.sandbox = make_sandbox(workspace, SandboxLimits(timeout_s=120.0, cpu_time_s=60))
+        self.transcript: list[str] = []
+
+    def reset(self, **row) -> str | None:
+        self.transcript = [str(row.get("prompt", ""))]
+        return None
+
+    def run_shell(self, command: str) -> str:
+        """Run a shell command in the sandboxed task workspace and return its exit code and output.
+
+        Args:
+            command: The shell command to run.
+        """
+        result = self.sandbox.run(command)
+        observation = f"exit code: {result.exit_code}\n{result.stdout}{result.stderr}"
+        self.transcript.append(command + "\n" + observation)
+        return observation
+
+    def get_reward(self) -> float:
+        """A hash of the trajectory in [0, 1): deterministic, different between trajectories of a group."""
+        digest = hashlib.sha256("\x00".join(self.transcript).encode()).digest()
+        return int.from_bytes(digest[:4], "big") / 2**32
+
+
+def bench_dataset(n: int = 64):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Task {k}: inspect the workspace with the "
+                                           "shell, then answer."}] for k in range(n)]})
+
+
+def bench_script(w: Workload, step_fn: Callable[[], int]):
+    """The scripted agent: `turns` sandboxed commands, then an answer; `step_fn()` gives the optimizer step."""
+    from ..testing.scripted import tool_call_text
+
+    def script(index: int, turn: int, context: str) -> str:
+        if turn < w.turns:
+            return tool_call_text("run_shell", {"command": command_for(w, step_fn(), index, turn)})
+        return f"Done: task finished after {w.turns} commands."
+
+    return script
+
+
+def bench_delay(w: Workload, step_fn: Callable[[], int]) -> Callable[[int, int], float] | None:
+    """Simulated decode time per turn (`gen_delay` with the turn jitter), or None."""
+    if w.gen_delay <= 0:
+        return None
+
+    def delay(index: int, turn: int) -> float:
+        rng = random.Random(f"bench-gen|{w.seed}|{step_fn()}|{index}|{turn}")
+        return w.gen_delay * _lognormal(rng, w.turn_jitter)
+
+    return delay
+
+
+def limit_in_flight(engine, slots: int):
+    """Cap an `AgentRolloutEngine` at `slots` concurrent trajectories (its pool is only used to start them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine.pool.shutdown(wait=False)
+    engine.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="bench-agent")
+    return engine
