@@ -50,3 +50,16 @@ def test_smoke_preset_runs_three_schedules_and_writes_reports(tmp_path, capsys):
     trace = json.loads(open(files["chrome_trace"]).read())
     schedules_traced = {e["args"]["schedule"] for e in trace["traceEvents"] if e.get("cat") == "step"}
     assert schedules_traced == {"sync", "thundersync", "trl"}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin splits the learner and rollout onto 2 CPUs")
+def test_pinned_runs_record_their_core_split(tmp_path, capsys):
+    out = tmp_path / "pinned.json"
+    main(["--preset", "smoke", "--pin", "--schedules", "sync,thundersync", "--out", str(out)])
+    assert "learner pinned to one core" in capsys.readouterr().out
+    point = json.loads(out.read_text())["points"][0]
+    for schedule in ("sync", "thundersync"):
+        pinning = point["runs"][schedule][0]["pinning"]
+        assert len(pinning["learner"]) == 1 and pinning["rollout"]
+        assert not set(pinning["learner"]) & set(pinning["rollout"])
+        assert point["runs"][schedule][0]["learner_thread_cpus"] == pinning["learner"]

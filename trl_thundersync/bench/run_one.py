@@ -1,7 +1,7 @@
 """One benchmark run in its own process: one schedule on one workload; writes a result JSON and step traces.
 
     python -m trl_thundersync.bench.run_one --json-args '{"schedule": "sync", "workload": {...},
-        "out_dir": "...", "model_dir": "...", "result": "..."}'
+        "out_dir": "...", "model_dir": "...", "result": "...", "pin": false}'
 
 Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`), "trl" (stock `trl.GRPOTrainer`; with the scripted
 agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox for the
@@ -35,8 +35,8 @@ from ..testing.tiny import save_tiny_model  # noqa: E402
 from ..trace.flops import ModelShape, learner_flops  # noqa: E402
 from ..trace.recorder import TraceWriter  # noqa: E402
 from ..trace.records import StepTrace, TraceEvent  # noqa: E402
-from .workload import (ShellBenchEnv, Workload, bench_dataset, bench_delay, bench_script,  # noqa: E402
-                       limit_in_flight)
+from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
+from .workload import ShellBenchEnv, Workload, bench_dataset, bench_delay, bench_script  # noqa: E402
 
 TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"
 
@@ -65,7 +65,29 @@ def _common(w: Workload, out_dir: Path) -> dict:
                 logging_steps=1, disable_tqdm=True)
 
 
-def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path):
+def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
+    """Give an `AgentRolloutEngine` (and its scripted generator and tool runner) fresh thread pools: at most `slots`
+    trajectories in flight (the engine's pool only starts trajectories), pinned to the rollout cores under `plan`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def pool(workers: int, name: str) -> ThreadPoolExecutor:
+        if plan is None:
+            return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        return pinned_pool(workers, plan.rollout, name)
+
+    engine.pool.shutdown(wait=False)
+    engine.pool = pool(slots, "bench-agent")
+    engine.tool_runner.pool.shutdown(wait=False)
+    engine.tool_runner.pool = pool(max(8, slots), "bench-tool")
+    generator = engine.generator
+    if hasattr(generator, "script"):  # the scripted generator: its delays and tokenization are rollout work too
+        generator.pool.shutdown(wait=False)
+        generator.pool = pool(max(8, slots), "bench-generator")
+    return engine
+
+
+def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
+                      plan: CorePlan | None):
     from ..testing.scripted import ScriptedTurnGenerator
     from ..trainers.grpo_config import ThunderSyncGRPOConfig
     from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
@@ -82,15 +104,16 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
         step = lambda: trainer.state.global_step  # noqa: E731
         generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
                                           workers=max(8, w.concurrency))
-        trainer._engine = limit_in_flight(trainer._agent_engine(generator), w.concurrency)
+        trainer._engine = use_rollout_pools(trainer._agent_engine(generator), w.concurrency, plan)
     return trainer
 
 
 class ScriptedBatchRollout:
     """TRL `rollout_func`: the same scripted agent loop, environments and sandbox, synchronously for a batch."""
 
-    def __init__(self, w: Workload, tokenizer) -> None:
+    def __init__(self, w: Workload, tokenizer, plan: CorePlan | None) -> None:
         self.w = w
+        self.plan = plan
         self.tokenizer = tokenizer
         self.engine = None
         self.trainer = None
@@ -127,6 +150,7 @@ class ScriptedBatchRollout:
             environments=EnvironmentSpec(factories={None: ShellBenchEnv}, standalone_tools=[]),
             tool_runner=ToolRunner(), chat_template=template, chat_template_kwargs=template_kwargs,
             max_concurrent=w.concurrency)
+        use_rollout_pools(self.engine, w.concurrency, self.plan)
 
     def __call__(self, prompts, trainer):
         from ..trainers.grpo_trainer import trajectory_seed
@@ -153,7 +177,7 @@ def env_reward(env_reward, **kwargs):
     return env_reward
 
 
-def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: StepTimer):
+def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: StepTimer, plan: CorePlan | None):
     from trl import GRPOConfig, GRPOTrainer
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -176,7 +200,7 @@ def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: Ste
 
     args = cpu_config(GRPOConfig, out_dir, **_common(w, out_dir))
     if w.generator == "scripted":
-        rollout = ScriptedBatchRollout(w, tokenizer)
+        rollout = ScriptedBatchRollout(w, tokenizer, plan)
         trainer = TimedGRPOTrainer(model=load_model(model_path), reward_funcs=[env_reward], args=args,
                                    train_dataset=bench_dataset(), processing_class=tokenizer, rollout_func=rollout)
     else:
@@ -240,15 +264,22 @@ def run(spec: dict) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / TRACE_FILE).unlink(missing_ok=True)
     hf_logging.set_verbosity_error()
+    plan = None
+    if spec.get("pin"):
+        if w.generator != "scripted":
+            raise SystemExit("--pin splits the scripted agent's threads from the learner; the embedded engine's "
+                             "worker process is not pinned, so use it with --generator scripted")
+        plan = current_plan()
+        pin_thread(plan.learner)  # before torch starts its threads: they inherit the learner core
     torch.set_num_threads(1)
     model_path = str(save_tiny_model(spec["model_dir"], w.hidden, w.layers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     timer = StepTimer()
     started, busy0, own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
     if schedule == "trl":
-        trainer = build_trl(w, model_path, tokenizer, out_dir, timer)
+        trainer = build_trl(w, model_path, tokenizer, out_dir, timer, plan)
     elif schedule in ("sync", "thundersync"):
-        trainer = build_thundersync(w, schedule, model_path, tokenizer, out_dir)
+        trainer = build_thundersync(w, schedule, model_path, tokenizer, out_dir, plan)
     else:
         raise SystemExit(f"unknown schedule {schedule!r}")
     trainer.add_callback(timer)
@@ -263,12 +294,14 @@ def run(spec: dict) -> dict:
             "trace": str(out_dir / TRACE_FILE), "peak_rss_mb": peak_rss_mb(),
             "num_params": sum(p.numel() for p in trainer.model.parameters()),
             "torch_threads": torch.get_num_threads(), "run_seconds": wall, "cpu_cores_used": own / wall,
-            "foreign_cpu_cores": foreign}
+            "foreign_cpu_cores": foreign,
+            "pinning": None if plan is None else {"learner": sorted(plan.learner), "rollout": sorted(plan.rollout)},
+            "learner_thread_cpus": sorted(os.sched_getaffinity(0))}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json-args", required=True, help="JSON object: schedule, workload, out_dir, model_dir, result")
+    parser.add_argument("--json-args", required=True, help="JSON object: schedule, workload, out_dir, model_dir, result, pin")
     spec = json.loads(parser.parse_args(argv).json_args)
     result = run(spec)
     Path(spec["result"]).write_text(json.dumps(result, indent=1))

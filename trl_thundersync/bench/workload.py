@@ -17,15 +17,14 @@ Every schedule of a benchmark point runs exactly this workload:
 - agent (`--generator model`): the trainer's own embedded `LocalProcessEngine` samples from the tiny model in a
   worker process (one torch thread) — rollout really computes on one core while the learner uses the other.
 
-Balance ρ = L/R is set by `latency_mean`; `calibrated_latency_mean` picks it from a measured learner cost per
-trajectory and a measured fixed per-turn overhead, by replaying the seeded durations through `concurrency` slots.
+Balance ρ = L/R is set by `latency_mean`; `bench.calibration` picks it from a measured learner cost per
+trajectory and a measured per-trajectory rollout overhead, by replaying the seeded durations through the slots.
 """
 
 from __future__ import annotations
 
 import atexit
 import hashlib
-import heapq
 import math
 import random
 import shutil
@@ -113,50 +112,6 @@ def command_for(w: Workload, step: int, index: int, turn: int) -> str:
     return f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn} && ls"
 
 
-# --- calibration -------------------------------------------------------------------------------------------------
-
-
-def makespan(durations: list[float], slots: int) -> float:
-    """Greedy FIFO list scheduling of `durations` on `slots` (the agent engine's thread pool): the batch's R."""
-    free = [0.0] * max(1, min(slots, len(durations)))
-    end = 0.0
-    for d in durations:
-        start = heapq.heappop(free)
-        end = max(end, start + d)
-        heapq.heappush(free, start + d)
-    return end
-
-
-def predicted_rollout(w: Workload, latency_mean: float, overhead_per_trajectory: float,
-                      steps: range | None = None) -> float:
-    """Mean R over the measured steps for a latency mean: seeded durations through `concurrency` slots."""
-    steps = steps if steps is not None else range(1, max(2, w.steps))
-    spans = [makespan([overhead_per_trajectory + latency_mean * u for u in trajectory_latency_units(w, s)],
-                      w.concurrency) for s in steps]
-    return sum(spans) / len(spans)
-
-
-def calibrated_latency_mean(w: Workload, learner_per_trajectory: float, overhead_per_trajectory: float,
-                            rollout_fixed: float = 0.0) -> float:
-    """The tool-latency mean that makes R ≈ L/ρ, L = batch × learner seconds per trajectory (bisection).
-
-    `overhead_per_trajectory` is a trajectory's duration without any sleep (sandbox start-up, agent loop, turns);
-    `rollout_fixed` a per-batch cost outside the slots (admission, scoring of the last trajectory).
-    """
-    if not w.balance or w.balance <= 0:
-        raise ValueError(f"balance={w.balance!r}: calibration needs a positive target ρ")
-    target = w.batch * learner_per_trajectory / w.balance - rollout_fixed
-    if predicted_rollout(w, 0.0, overhead_per_trajectory) >= target:
-        return 0.0  # even without sleeping the rollout is too slow for this ρ: report the realized ρ instead
-    lo, hi = 0.0, 1.0
-    while predicted_rollout(w, hi, overhead_per_trajectory) < target:
-        hi *= 2
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if predicted_rollout(w, mid, overhead_per_trajectory) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
 # --- environment ----------------------------------------------------------------------------------------------------
 
 
@@ -233,12 +188,3 @@ def bench_delay(w: Workload, step_fn: Callable[[], int]) -> Callable[[int, int],
         return w.gen_delay * _lognormal(rng, w.turn_jitter)
 
     return delay
-
-
-def limit_in_flight(engine, slots: int):
-    """Cap an `AgentRolloutEngine` at `slots` concurrent trajectories (its pool is only used to start them)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    engine.pool.shutdown(wait=False)
-    engine.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="bench-agent")
-    return engine
