@@ -114,8 +114,8 @@ def calibrate(w: Workload, work: Path, cache: dict[str, dict], pin: bool) -> Cal
 
 def resolve(w: Workload, work: Path, cache: dict[str, dict], pin: bool) -> tuple[Workload, Calibration | None]:
     """Fill in the tool-latency mean from `balance` (calibrated) when it is not given."""
-    if w.generator == "model" or w.latency_mean is not None:
-        return w.with_(latency_mean=w.latency_mean or 0.0), None
+    if w.latency_mean is not None:
+        return w, None
     if not w.balance:
         raise SystemExit(f"{w.name}: give --latency-mean or --balance")
     cal = calibrate(w, work, cache, pin)
@@ -175,7 +175,7 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "hidden", "layers", "generator", "max_new_tokens", "seed")
+          "gen_delay", "hidden", "layers", "seed")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -191,7 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-flops", type=float, help="peak FLOP/s of the learner's device (for MFU), e.g. 1e11")
     p.add_argument("--pin", action="store_true",
                    help="pin the learner thread to one CPU and the rollout side (agent loops, tools, sandboxes) to "
-                        "the others; needs ≥ 2 CPUs and the scripted agent")
+                        "the others; needs ≥ 2 CPUs")
     knobs = p.add_argument_group("workload knobs (override the preset; apply to every point)")
     knobs.add_argument("--steps", type=int, help="optimizer steps per run (the first is dropped)")
     knobs.add_argument("--batch", type=int, help="trajectories per step")
@@ -205,9 +205,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--gen-delay", type=float, help="simulated decode seconds per turn")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
-    knobs.add_argument("--generator", choices=["scripted", "model"],
-                       help="scripted agent (default) or sampling from the tiny model in the embedded engine")
-    knobs.add_argument("--max-new-tokens", type=int, help="tokens per turn (model generator)")
     knobs.add_argument("--seed", type=int)
     args = p.parse_args(argv)
     if args.schedules:

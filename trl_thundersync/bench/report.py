@@ -28,14 +28,10 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def describe(w: Workload, calibrated: bool, pinned: bool) -> str:
     """One line: the workload of a point."""
-    if w.generator == "model":
-        rollout = (f"embedded LocalProcessEngine sampling {w.max_new_tokens} tokens/turn, {w.concurrency} in flight, "
-                   "1 torch thread")
-    else:
-        rollout = (f"{w.turns} sandboxed tool calls/trajectory, latency mean {w.latency_mean:.3f} s, CV "
-                   f"{w.latency_cv:g}, {w.concurrency} slots")
-        if calibrated:
-            rollout += f" (calibrated for ρ = {w.balance:g})"
+    rollout = (f"{w.turns} sandboxed tool calls/trajectory, latency mean {w.latency_mean:.3f} s, CV "
+               f"{w.latency_cv:g}, {w.concurrency} slots")
+    if calibrated:
+        rollout += f" (calibrated for ρ = {w.balance:g})"
     cores = ", learner pinned to one core and rollout to the other(s)" if pinned else ""
     return f"B={w.batch} G={w.group} steps={w.steps}, model {w.hidden}x{w.layers}, {rollout}{cores}"
 

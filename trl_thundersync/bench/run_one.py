@@ -94,17 +94,14 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
 
     extra = dict(schedule=schedule, agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
                  rollout_max_in_flight=w.concurrency)
-    if w.generator == "model":
-        extra.update(rollout_engine="local_process", agent_max_tokens_per_turn=w.max_new_tokens)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,
                                      environment_factory=ShellBenchEnv)
-    if w.generator == "scripted":
-        step = lambda: trainer.state.global_step  # noqa: E731
-        generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
-                                          workers=max(8, w.concurrency))
-        trainer._engine = use_rollout_pools(trainer._agent_engine(generator), w.concurrency, plan)
+    step = lambda: trainer.state.global_step  # noqa: E731
+    generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
+                                      workers=max(8, w.concurrency))
+    trainer._engine = use_rollout_pools(trainer._agent_engine(generator), w.concurrency, plan)
     return trainer
 
 
@@ -199,17 +196,9 @@ def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: Ste
             return loss
 
     args = cpu_config(GRPOConfig, out_dir, **_common(w, out_dir))
-    if w.generator == "scripted":
-        rollout = ScriptedBatchRollout(w, tokenizer, plan)
-        trainer = TimedGRPOTrainer(model=load_model(model_path), reward_funcs=[env_reward], args=args,
-                                   train_dataset=bench_dataset(), processing_class=tokenizer, rollout_func=rollout)
-    else:
-        rollout = None
-        args = cpu_config(GRPOConfig, out_dir, **{**_common(w, out_dir), "max_completion_length": w.max_new_tokens},
-                          max_tool_calling_iterations=w.turns)
-        trainer = TimedGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
-                                   train_dataset=bench_dataset(), processing_class=tokenizer,
-                                   environment_factory=ShellBenchEnv)
+    rollout = ScriptedBatchRollout(w, tokenizer, plan)
+    trainer = TimedGRPOTrainer(model=load_model(model_path), reward_funcs=[env_reward], args=args,
+                               train_dataset=bench_dataset(), processing_class=tokenizer, rollout_func=rollout)
     shape = ModelShape.from_config(trainer.model.config)
     writer = TraceWriter(out_dir / TRACE_FILE)
 
@@ -266,9 +255,6 @@ def run(spec: dict) -> dict:
     hf_logging.set_verbosity_error()
     plan = None
     if spec.get("pin"):
-        if w.generator != "scripted":
-            raise SystemExit("--pin splits the scripted agent's threads from the learner; the embedded engine's "
-                             "worker process is not pinned, so use it with --generator scripted")
         plan = current_plan()
         pin_thread(plan.learner)  # before torch starts its threads: they inherit the learner core
     torch.set_num_threads(1)

@@ -8,14 +8,12 @@ Every schedule of a benchmark point runs exactly this workload:
 - environment: `ShellBenchEnv`, a TRL `environment_factory` environment whose one tool `run_shell(command)` runs a
   real command in the bubblewrap sandbox (`envs.sandbox.make_sandbox` on a private temp workspace); its reward is
   a deterministic hash of everything the trajectory ran and saw, so GRPO advantages are non-zero;
-- agent (`--generator scripted`): `ScriptedTurnGenerator` actions — `turns` tool calls `sleep <d> && printf ... &&
+- agent: `ScriptedTurnGenerator` actions — `turns` tool calls `sleep <d> && printf ... &&
   ls`, then a final answer. d = `latency_mean` × m_i × j_it: m_i ~ LogNormal(mean 1, CV `latency_cv`) per
   trajectory (the trajectory-duration spread), j_it ~ LogNormal(mean 1, CV `turn_jitter`) per turn, both seeded by
   (seed, step, trajectory[, turn]) so every schedule sees identical trajectories, latencies and rewards. Optional
   `gen_delay` seconds of simulated decode per turn. At most `concurrency` trajectories are in flight (rollout slots),
   so a batch runs in about batch / concurrency waves;
-- agent (`--generator model`): the trainer's own embedded `LocalProcessEngine` samples from the tiny model in a
-  worker process (one torch thread) — rollout really computes on one core while the learner uses the other.
 
 Balance ρ = L/R is set by `latency_mean`; `bench.calibration` picks it from a measured learner cost per
 trajectory and a measured per-trajectory rollout overhead, by replaying the seeded durations through the slots.
@@ -53,8 +51,6 @@ class Workload:
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
-    generator: str = "scripted"  # "scripted" | "model" (embedded LocalProcessEngine)
-    max_new_tokens: int = 48  # generated tokens per turn (model generator)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,8 +66,6 @@ class Workload:
     @property
     def max_completion_tokens(self) -> int:
         """A completion budget every trajectory fits in (actions + observations), for both trainers."""
-        if self.generator == "model":
-            return self.max_new_tokens * (self.turns + 1) + 64 * self.turns
         return 96 * (self.turns + 1) + 16
 
 
