@@ -159,3 +159,23 @@ def test_split_cores_gives_the_learner_one_cpu():
     assert plan.learner == {2} and plan.rollout == {0, 1}
     with pytest.raises(ValueError, match="at least 2"):
         split_cores({0})
+
+
+def test_markdown_tables_render_every_schedule_and_the_prediction():
+    from trl_thundersync.bench.markdown import render
+
+    def summary(wall, idle):
+        return {"step_wall_s": wall, "step_wall_stdev_s": 0.1, "rollout_s": 4.0, "learner_busy_s": 4.0,
+                "balance_ratio": 1.0, "learner_idle_fraction": idle, "learner_tail_s": 0.5, "peak_rss_mb": 600.0,
+                "stats_peak_mb": 38.1, "foreign_cpu_cores": 0.2, "trajectory_duration_cv": 0.6}
+
+    report = {"command": "python -m trl_thundersync.bench --preset quick", "date": "2026-12-01", "seconds": 200.0,
+              "points": [{"name": "quick", "schedules": {"sync": summary(8.0, 0.5), "thundersync": summary(4.4, 0.09),
+                                                         "trl": summary(9.0, 0.55)},
+                          "compare": {"speedup": {"sync": 1.0, "thundersync": 8.0 / 4.4, "trl": 8.0 / 9.0},
+                                      "predicted_speedup": 1.9, "measured_speedup_step": 8.0 / 4.4,
+                                      "prediction_gap": (8.0 / 4.4) / 1.9 - 1}}]}
+    text = render(report)
+    assert "| quick | thundersync | 4.40 ± 0.10 | 1.82× |" in text
+    assert "| quick | trl | 9.00 ± 0.10 | 0.89× |" in text and "| 600 | – |" in text
+    assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | 0.20 |" in text

@@ -207,15 +207,12 @@ def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: Ste
         s0, s1 = trainer.marks["step"]
         events = []
         tokens = []
-        if rollout is not None:
-            for r in rollout.last:
-                tokens.append(len(r.prompt_ids) + len(r.completion_ids))
-                events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group,
-                                         tokens=len(r.completion_ids)))
-                for start, stop in (r.agent.tool_intervals if r.agent else ()):
-                    events.append(TraceEvent("tool", "tool_call", start, stop, r.index, r.group))
-        else:
-            events.append(TraceEvent("rollout", "batch_generate", r0, r1))
+        for r in rollout.last:
+            tokens.append(len(r.prompt_ids) + len(r.completion_ids))
+            events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group,
+                                     tokens=len(r.completion_ids)))
+            for start, stop in (r.agent.tool_intervals if r.agent else ()):
+                events.append(TraceEvent("tool", "tool_call", start, stop, r.index, r.group))
         flops = sum(learner_flops(shape, n) for n in tokens)
         events.append(TraceEvent("learner", "score_loss_backward", r1, s1, ready=r1, tokens=sum(tokens),
                                  flops=flops))
