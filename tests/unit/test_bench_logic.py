@@ -178,4 +178,4 @@ def test_markdown_tables_render_every_schedule_and_the_prediction():
     text = render(report)
     assert "| quick | thundersync | 4.40 ± 0.10 | 1.82× |" in text
     assert "| quick | trl | 9.00 ± 0.10 | 0.89× |" in text and "| 600 | – |" in text
-    assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | 0.20 |" in text
+    assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | +0%, +0% | 0.20 |" in text

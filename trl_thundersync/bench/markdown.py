@@ -34,9 +34,11 @@ def schedule_table(report: dict[str, Any]) -> str:
 
 
 def prediction_table(report: dict[str, Any]) -> str:
-    """Per point: realized ρ and duration CV, measured vs replay-predicted ThunderSync speedup, idle fractions."""
+    """Per point: realized ρ and duration CV, measured vs replay-predicted ThunderSync speedup, learner idle, and
+    how much slower L and R were in the thundersync runs than in the sync runs (contention while overlapping)."""
     lines = ["| point | ρ = L/R (sync) | duration CV | sync step s | thundersync step s | measured speedup | "
-             "predicted (Eq. 14 replay) | gap | thundersync learner idle | other CPU (cores) |", "|" + "---|" * 10]
+             "predicted (Eq. 14 replay) | gap | thundersync learner idle | L, R under overlap vs sync | "
+             "other CPU (cores) |", "|" + "---|" * 11]
     for point in report["points"]:
         c, st = point["compare"], point["schedules"]
         if c["predicted_speedup"] is None:
@@ -46,7 +48,10 @@ def prediction_table(report: dict[str, Any]) -> str:
         lines.append(f"| {point['name']} | {sync['balance_ratio']:.2f} | {sync['trajectory_duration_cv']:.2f} | "
                      f"{sync['step_wall_s']:.2f} | {ts['step_wall_s']:.2f} | {c['measured_speedup_step']:.2f}× | "
                      f"{c['predicted_speedup']:.2f}× | {c['prediction_gap']:+.1%} | "
-                     f"{ts['learner_idle_fraction']:.0%} | {noise:.2f} |")
+                     f"{ts['learner_idle_fraction']:.0%} | "
+                     f"{ts['learner_busy_s'] / sync['learner_busy_s'] - 1:+.0%}, "
+                     f"{ts['rollout_s'] / sync['rollout_s'] - 1:+.0%} | "
+                     f"{noise:.2f} |")
     return "\n".join(lines)
 
 

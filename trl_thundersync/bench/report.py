@@ -60,7 +60,9 @@ def prediction_line(stats: dict[str, ScheduleSummary], cmp: Comparison) -> str |
             f"{cmp.measured_speedup_trace:.2f}x (trace walls); predicted {cmp.predicted_speedup:.2f}x (replay of the "
             f"sync traces, Eq. 14), gap {cmp.prediction_gap * 100:+.1f}%; replay error on thundersync's own steps "
             f"{_fmt(None if own is None else own * 100, '.1f')}%; trajectory-duration CV "
-            f"{stats['sync'].trajectory_duration_cv:.2f}")
+            f"{stats['sync'].trajectory_duration_cv:.2f}; overlap slowed the learner by "
+            f"{stats['thundersync'].learner_busy_s / stats['sync'].learner_busy_s - 1:+.0%} and the rollout by "
+            f"{stats['thundersync'].rollout_s / stats['sync'].rollout_s - 1:+.0%} (L and R vs sync)")
 
 
 def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], cmp: Comparison) -> None:
