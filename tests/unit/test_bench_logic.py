@@ -136,6 +136,9 @@ def test_summaries_drop_warm_up_and_compare_with_the_prediction():
     assert s.learner_tflops_per_s == pytest.approx(2.0 / 8.0) and s.mfu == pytest.approx(0.25)
     assert s.stats_peak_mb == 1.0 and s.peak_rss_mb == 100.0 and s.replay_abs_error == pytest.approx(0.0)
     assert stats["thundersync"].mfu is None and stats["thundersync"].learner_idle_fraction == pytest.approx(1 / 3)
+    # thundersync: the backward 2→4 ran before R = 4, the one 4→6 after it; sync ran both after R
+    assert (stats["thundersync"].backward_during_rollout_s, stats["thundersync"].backward_after_rollout_s) == (2.0, 2.0)
+    assert (s.backward_during_rollout_s, s.backward_after_rollout_s) == (None, 2.0)
     cmp = compare(stats)
     assert cmp.speedup == pytest.approx({"sync": 1.0, "thundersync": 8.0 / 6.0})
     assert cmp.predicted_speedup == pytest.approx(8.0 / 6.0)  # lane from the sync trace: 2→4, 4→6
@@ -178,4 +181,4 @@ def test_markdown_tables_render_every_schedule_and_the_prediction():
     text = render(report)
     assert "| quick | thundersync | 4.40 ± 0.10 | 1.82× |" in text
     assert "| quick | trl | 9.00 ± 0.10 | 0.89× |" in text and "| 600 | – |" in text
-    assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | +0%, +0% | 0.20 |" in text
+    assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | +0%, +0% | – / – | 0.20 |" in text

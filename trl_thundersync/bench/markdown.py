@@ -1,9 +1,12 @@
 """Render benchmark reports (the JSON `python -m trl_thundersync.bench` writes) as Markdown tables.
 
     python -m trl_thundersync.bench.markdown outputs/bench/quick.json outputs/bench/balance-sweep.json
+    python -m trl_thundersync.bench.markdown --from-traces outputs/bench/quick.json   # re-summarize the raw traces
 
-One table per report: a row per (point, schedule) for single points, a row per point (sync vs thundersync,
-measured and predicted) for sweeps. This is how the tables in BENCHMARKS.md are produced.
+Two tables per report: every (point, schedule) with its step time, stage times and memory; and per point, sync vs
+thundersync measured next to the replay prediction. This is how the tables in BENCHMARKS.md are produced.
+`--from-traces` recomputes the summaries from the runs' step traces (kept in the work dir) with this version's
+`bench.stats`, instead of reading the summaries stored in the report.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Any
 
 def _x(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:.0f}"
 
 
 def schedule_table(report: dict[str, Any]) -> str:
@@ -38,7 +45,7 @@ def prediction_table(report: dict[str, Any]) -> str:
     how much slower L and R were in the thundersync runs than in the sync runs (contention while overlapping)."""
     lines = ["| point | ρ = L/R (sync) | duration CV | sync step s | thundersync step s | measured speedup | "
              "predicted (Eq. 14 replay) | gap | thundersync learner idle | L, R under overlap vs sync | "
-             "other CPU (cores) |", "|" + "---|" * 11]
+             "backward ms during / after R | other CPU (cores) |", "|" + "---|" * 12]
     for point in report["points"]:
         c, st = point["compare"], point["schedules"]
         if c["predicted_speedup"] is None:
@@ -50,9 +57,22 @@ def prediction_table(report: dict[str, Any]) -> str:
                      f"{c['predicted_speedup']:.2f}× | {c['prediction_gap']:+.1%} | "
                      f"{ts['learner_idle_fraction']:.0%} | "
                      f"{ts['learner_busy_s'] / sync['learner_busy_s'] - 1:+.0%}, "
-                     f"{ts['rollout_s'] / sync['rollout_s'] - 1:+.0%} | "
-                     f"{noise:.2f} |")
+                     f"{ts['rollout_s'] / sync['rollout_s'] - 1:+.0%} | {_ms(ts.get('backward_during_rollout_s'))} / "
+                     f"{_ms(ts.get('backward_after_rollout_s'))} | {noise:.2f} |")
     return "\n".join(lines)
+
+
+def resummarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with every point's schedule summaries and comparison recomputed from its runs' traces."""
+    from .__main__ import load_run
+    from .stats import compare, summarize
+
+    points = []
+    for point in report["points"]:
+        stats = {name: summarize([load_run(r) for r in runs]) for name, runs in point["runs"].items()}
+        points.append({**point, "schedules": {k: v.to_dict() for k, v in stats.items()},
+                       "compare": compare(stats).to_dict()})
+    return {**report, "points": points}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -63,8 +83,12 @@ def render(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of python -m trl_thundersync.bench")
+    parser.add_argument("--from-traces", action="store_true", help="recompute the summaries from the step traces")
     args = parser.parse_args(argv)
-    print("\n\n".join(render(json.loads(path.read_text())) for path in args.reports))
+    reports = [json.loads(path.read_text()) for path in args.reports]
+    if args.from_traces:
+        reports = [resummarize(r) for r in reports]
+    print("\n\n".join(render(r) for r in reports))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,13 @@ def prediction_line(stats: dict[str, ScheduleSummary], cmp: Comparison) -> str |
             f"{_fmt(None if own is None else own * 100, '.1f')}%; trajectory-duration CV "
             f"{stats['sync'].trajectory_duration_cv:.2f}; overlap slowed the learner by "
             f"{stats['thundersync'].learner_busy_s / stats['sync'].learner_busy_s - 1:+.0%} and the rollout by "
-            f"{stats['thundersync'].rollout_s / stats['sync'].rollout_s - 1:+.0%} (L and R vs sync)")
+            f"{stats['thundersync'].rollout_s / stats['sync'].rollout_s - 1:+.0%} (L and R vs sync); thundersync "
+            f"backward median {_fmt(_ms(stats['thundersync'].backward_during_rollout_s), '.0f')} ms during rollout, "
+            f"{_fmt(_ms(stats['thundersync'].backward_after_rollout_s), '.0f')} ms after")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
 
 
 def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], cmp: Comparison) -> None:

@@ -60,6 +60,19 @@ def predict_thundersync(step: StepTrace) -> Replay:
     return replay(items, step.rollout_end, suffix, step.start)
 
 
+def backward_medians(steps: Sequence[StepTrace]) -> tuple[float | None, float | None]:
+    """Median service of trajectory backwards that ran entirely before R, and entirely after R (None if none).
+
+    Within one ThunderSync step the same kind of work, measured twice: the ratio is what overlapping with the
+    rollout side (its threads share the process and the GIL; its sandboxes share the cores) costs the learner.
+    """
+    during = [e.end - e.start for s in steps for e in s.events
+              if e.kind == "source_backward" and e.end <= s.rollout_end]
+    after = [e.end - e.start for s in steps for e in s.events
+             if e.kind == "source_backward" and e.start >= s.rollout_end]
+    return (statistics.median(during) if during else None, statistics.median(after) if after else None)
+
+
 def trajectory_duration_cv(step: StepTrace) -> float:
     """Population CV of the step's trajectory durations (rollout lane, kind "trajectory"); 0 with < 2."""
     durations = [e.end - e.start for e in step.events if e.kind == "trajectory"]
@@ -94,6 +107,8 @@ class ScheduleSummary:
     replay_thundersync_s: float  # Eq. 14 prediction of ThunderSync on these steps' recorded work
     replay_sync_s: float  # R + L + P on these steps
     replay_abs_error: float | None  # ThunderSync/sync only: mean |measured − replay of own schedule| / replay
+    backward_during_rollout_s: float | None  # median backward that ran before R (None: no such item)
+    backward_after_rollout_s: float | None  # median backward that ran after R
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +127,7 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
     reps = [predict_thundersync(t) for t in traces]
     tflops = [sum(e.flops for e in t.events) / t.wall / 1e12 for t in traces]
     own_schedule = traces[0].schedule in ("sync", "thundersync")
+    during, after = backward_medians(traces)
     return ScheduleSummary(
         steps=len(traces), step_wall_s=_mean(walls), step_wall_stdev_s=statistics.stdev(walls) if len(walls) > 1
         else 0.0, step_walls_s=tuple(walls), trace_wall_s=_mean([t.wall for t in traces]),
@@ -129,6 +145,7 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
         replay_thundersync_s=_mean([r.thundersync_time for r in reps]),
         replay_sync_s=_mean([r.sync_time for r in reps]),
         replay_abs_error=predicted_vs_measured(traces).mean_abs_relative_error if own_schedule else None,
+        backward_during_rollout_s=during, backward_after_rollout_s=after,
     )
 
 
