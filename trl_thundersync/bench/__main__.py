@@ -1,6 +1,6 @@
 """Benchmark: the same agentic GRPO workload under `sync`, `thundersync` and stock `trl.GRPOTrainer`.
 
-    python -m trl_thundersync.bench --preset quick                 # < 5 min on 2 CPU cores, ρ ≈ 1, CV 0.6
+    python -m trl_thundersync.bench --preset quick                 # ~5 min on 2 CPU cores, ρ ≈ 1, CV 0.6
     python -m trl_thundersync.bench --preset quick --pin           # learner on one core, rollout on the other
     python -m trl_thundersync.bench --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
     python -m trl_thundersync.bench --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
@@ -40,8 +40,9 @@ from .workload import Workload
 
 SCHEDULES = ("sync", "thundersync", "trl")
 
-# Quick point: 8 rollout waves of 4 slots, ρ ≈ 1, duration CV 0.6. Sizes fit the stated times on 2 CPU cores.
-_QUICK = Workload(name="quick", batch=32, group=4, turns=2, concurrency=4, latency_cv=0.6, balance=1.0,
+# Quick point: all 32 trajectories of a step in flight at once (one rollout wave, as on a rollout server with enough
+# slots; R is the slowest trajectory), ρ ≈ 1, duration CV 0.6. Sizes fit the stated times on 2 CPU cores.
+_QUICK = Workload(name="quick", batch=32, group=4, turns=2, concurrency=32, latency_cv=0.6, balance=1.0,
                   hidden=192, layers=4, steps=3)
 
 
@@ -51,8 +52,8 @@ def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
         "quick": ([_QUICK], 2, SCHEDULES),
         "balance-sweep": ([_QUICK.with_(name=f"rho={r:g}", balance=r) for r in (0.25, 0.5, 1.0, 2.0, 4.0)], 1,
                           ("sync", "thundersync")),
-        # All 32 trajectories in flight at once: R is the slowest trajectory, so the spread decides the overlap.
-        "spread-sweep": ([_QUICK.with_(name=f"cv={c:g}", latency_cv=c, concurrency=32)
+        # R is the slowest trajectory, so the spread decides how early the learner gets work.
+        "spread-sweep": ([_QUICK.with_(name=f"cv={c:g}", latency_cv=c)
                           for c in (0.0, 0.25, 0.5, 1.0, 1.5)], 1, ("sync", "thundersync")),
         "smoke": ([Workload(name="smoke", batch=4, group=2, turns=1, concurrency=2, latency_mean=0.02,
                             balance=None, hidden=32, layers=1, steps=2)], 1, SCHEDULES),
