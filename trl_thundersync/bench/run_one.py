@@ -284,7 +284,8 @@ def run(spec: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json-args", required=True, help="JSON object: schedule, workload, out_dir, model_dir, result, pin")
+    parser.add_argument("--json-args", required=True,
+                        help="JSON object: schedule, workload, out_dir, model_dir, result, pin")
     spec = json.loads(parser.parse_args(argv).json_args)
     result = run(spec)
     Path(spec["result"]).write_text(json.dumps(result, indent=1))

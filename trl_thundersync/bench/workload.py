@@ -103,7 +103,8 @@ def trajectory_latency_units(w: Workload, step: int) -> list[float]:
 
 def command_for(w: Workload, step: int, index: int, turn: int) -> str:
     """The real command of one tool call: a seeded sleep and a little real work."""
-    return f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn} && ls"
+    return (f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
+            " && ls")
 
 
 # --- environment ----------------------------------------------------------------------------------------------------
