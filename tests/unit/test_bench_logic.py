@@ -41,9 +41,11 @@ def test_latencies_are_seeded_per_step_trajectory_and_turn():
     assert command_for(w, 2, 5, 1).startswith(f"sleep {tool_latency(w, 2, 5, 1):.4f} && ")
 
 
-def test_workload_round_trips_through_a_dict_and_ignores_unknown_keys():
+def test_workload_round_trips_through_a_dict_and_rejects_unknown_fields():
     w = Workload(name="x", batch=8, latency_cv=1.0)
-    assert Workload.from_dict({**w.to_dict(), "not_a_knob": 3}) == w
+    assert Workload.from_dict(w.to_dict()) == w
+    with pytest.raises(ValueError, match="not_a_knob"):
+        Workload.from_dict({**w.to_dict(), "not_a_knob": 3})
 
 
 # --- slot scheduling and calibration ---------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ class Workload:
     batch: int = 16  # trajectories per optimizer step (B)
     group: int = 4  # GRPO group size (G)
     turns: int = 2  # tool calls per trajectory (scripted agent), followed by one answer turn
-    concurrency: int = 4  # trajectories in flight at once (rollout slots; embedded engine: rollout_max_in_flight)
+    concurrency: int = 4  # trajectories in flight at once (rollout slots: the agent engine's trajectory pool)
     latency_mean: float | None = None  # mean sandboxed sleep per tool call; None: calibrated from `balance`
     latency_cv: float = 0.5  # coefficient of variation of a trajectory's total tool latency
     turn_jitter: float = 0.2  # coefficient of variation of each turn's share
@@ -57,8 +57,10 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Workload":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown workload fields {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+        return cls(**data)
 
     def with_(self, **changes: Any) -> "Workload":
         return replace(self, **changes)
