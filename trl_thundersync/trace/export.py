@@ -246,7 +246,7 @@ def plot_speedup(points: Sequence[SpeedupPoint], path: str | Path,
     ax.set_ylabel("speedup over Sync")
     ax.set_ylim(min(0.9, min(p.measured for p in points) - 0.05), 2.1)
     ax.set_title(title or "ThunderSync speedup vs. balance")
-    ax.legend(fontsize=8, loc="lower center")
+    ax.legend(fontsize=8, loc="best")  # "best" keeps the legend off the measured points
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 

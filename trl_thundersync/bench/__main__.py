@@ -1,0 +1,275 @@
+"""Benchmark: the same agentic GRPO workload under `sync`, `thundersync` and stock `trl.GRPOTrainer`.
+
+    python -m trl_thundersync.bench --preset quick                 # ~5 min on 2 CPU cores, ρ ≈ 1, CV 0.6
+    python -m trl_thundersync.bench --preset quick --pin           # learner on one core, rollout on the other
+    python -m trl_thundersync.bench --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
+    python -m trl_thundersync.bench --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
+    python -m trl_thundersync.bench --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
+
+Each run (one schedule, one repeat) is its own process (`bench.run_one`), so peak RSS is per schedule and runs
+share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so machine noise hits every schedule, and
+the first step of every run is dropped as warm-up. Workload and knobs: `bench/workload.py`. With `--balance ρ` the
+tool-latency mean is calibrated first (`bench/calibration.py`, one short `sync` probe without sleeps).
+
+Prints a table per point (mean step wall ± stdev, speedup vs sync, R, L, realized ρ, learner idle fraction, learner
+tail, learner TFLOP/s and MFU with `--peak-flops`, peak RSS, gradient-statistics memory, CPU used by this run and by
+other processes meanwhile) and the measured speedup next to the trace-replay prediction (paper Eq. 14 on the *sync*
+traces). Writes `<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json`
+(the same steps for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
+from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
+from .report import SpreadPoint, describe, machine, plot_spread, print_point
+from .stats import RunSteps, compare, measured_run, side_by_side, summarize
+from .workload import Workload
+
+SCHEDULES = ("sync", "thundersync", "trl")
+
+# Quick point: all 32 trajectories of a step in flight at once (one rollout wave, as on a rollout server with enough
+# slots; R is the slowest trajectory), ρ ≈ 1, duration CV 0.6. Sizes fit the stated times on 2 CPU cores.
+_QUICK = Workload(name="quick", batch=32, group=4, turns=2, concurrency=32, latency_cv=0.6, balance=1.0,
+                  hidden=192, layers=4, steps=3)
+
+
+def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
+    """name → (points, repeats, schedules)."""
+    return {
+        "quick": ([_QUICK], 2, SCHEDULES),
+        "balance-sweep": ([_QUICK.with_(name=f"rho={r:g}", balance=r) for r in (0.25, 0.5, 1.0, 2.0, 4.0)], 1,
+                          ("sync", "thundersync")),
+        # R is the slowest trajectory, so the spread decides how early the learner gets work.
+        "spread-sweep": ([_QUICK.with_(name=f"cv={c:g}", latency_cv=c)
+                          for c in (0.0, 0.25, 0.5, 1.0, 1.5)], 1, ("sync", "thundersync")),
+        "smoke": ([Workload(name="smoke", batch=4, group=2, turns=1, concurrency=2, latency_mean=0.02,
+                            balance=None, hidden=32, layers=1, steps=2)], 1, SCHEDULES),
+    }
+
+
+# --- running -------------------------------------------------------------------------------------------------------
+
+
+def run_child(schedule: str, w: Workload, run_dir: Path, model_dir: Path, pin: bool) -> dict[str, Any]:
+    """One run in its own process; returns run_one's result JSON (with the log path)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(model_dir),
+            "result": str(run_dir / "result.json"), "pin": pin}
+    log = run_dir / "run.log"
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, "-m", "trl_thundersync.bench.run_one", "--json-args", json.dumps(spec)],
+                              stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark run {schedule} ({w.name}) failed with exit code {proc.returncode}; "
+                         f"log {log}:\n{log.read_text()[-3000:]}")
+    result = json.loads((run_dir / "result.json").read_text())
+    result["log"] = str(log)
+    return result
+
+
+def load_run(result: dict[str, Any]) -> RunSteps:
+    walls = [end - begin for begin, end in result["step_intervals"]]
+    try:
+        return measured_run(walls, read_jsonl(result["trace"]), result)
+    except ValueError as err:
+        raise SystemExit(f"{result['log']}: {err}") from err
+
+
+def _model_dir(work: Path, w: Workload) -> Path:
+    return work / f"tiny-qwen3-h{w.hidden}-l{w.layers}"
+
+
+def _calibration_key(w: Workload, pin: bool) -> str:
+    return (f"h{w.hidden}-l{w.layers}-b{w.batch}-g{w.group}-t{w.turns}-q{w.concurrency}-d{w.gen_delay:g}-"
+            f"s{w.seed}{'-pinned' if pin else ''}")
+
+
+def calibrate(w: Workload, work: Path, cache: dict[str, dict], pin: bool) -> Calibration:
+    """Probe the learner cost and rollout overhead of `w` (cached per shape in the work dir)."""
+    key = _calibration_key(w, pin)
+    if key not in cache:
+        probe = w.with_(name=f"calibration-{key}", latency_mean=0.0, steps=3)
+        started = time.perf_counter()
+        print(f"calibrating {key}: one sync run without tool latency ...", flush=True)
+        result = run_child("sync", probe, work / "calibration" / key, _model_dir(work, w), pin)
+        cal = calibration_from_probe(probe, read_jsonl(result["trace"])[1:])
+        cache[key] = cal.to_dict()
+        print(f"  learner {cal.learner_per_trajectory_s * 1e3:.0f} ms/trajectory, rollout overhead "
+              f"{cal.overhead_per_trajectory_s * 1e3:.0f} ms/trajectory, R without latency "
+              f"{cal.rollout_without_latency_s:.2f} s ({time.perf_counter() - started:.0f} s)", flush=True)
+    return Calibration(**cache[key])
+
+
+def resolve(w: Workload, work: Path, cache: dict[str, dict], pin: bool) -> tuple[Workload, Calibration | None]:
+    """Fill in the tool-latency mean from `balance` (calibrated) when it is not given."""
+    if w.latency_mean is not None:
+        return w, None
+    if not w.balance:
+        raise SystemExit(f"{w.name}: give --latency-mean or --balance")
+    cal = calibrate(w, work, cache, pin)
+    mean = calibrated_latency_mean(w, cal.learner_per_trajectory_s, cal.overhead_per_trajectory_s,
+                                   cal.rollout_fixed_s)
+    return w.with_(latency_mean=round(mean, 4)), cal
+
+
+def run_point(w: Workload, schedules: tuple[str, ...], repeats: int, work: Path, pin: bool,
+              progress: tuple[int, int], started: float) -> dict[str, list[dict[str, Any]]]:
+    """Every schedule `repeats` times, interleaved; returns the result JSONs per schedule."""
+    done, total = progress
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in schedules}
+    for r in range(repeats):
+        for schedule in schedules:
+            done += 1
+            result = run_child(schedule, w, work / w.name / f"{schedule}-{r}", _model_dir(work, w), pin)
+            runs[schedule].append(result)
+            walls = [b - a for a, b in result["step_intervals"][1:]]
+            print(f"[{done}/{total}] {w.name} {schedule:<11} repeat {r + 1}: {len(walls)} measured steps, mean "
+                  f"{sum(walls) / len(walls):.2f} s, run {result['run_seconds']:.0f} s, other processes "
+                  f"{result['foreign_cpu_cores']:.2f} cores  (elapsed {time.perf_counter() - started:.0f} s)",
+                  flush=True)
+    return runs
+
+
+# --- outputs -------------------------------------------------------------------------------------------------------
+
+
+def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str) -> dict[str, str]:
+    """Timeline + Chrome trace of the point closest to balance, speedup plot, spread plot for the spread sweep."""
+    files: dict[str, str] = {}
+    focus = min(points, key=lambda p: abs(math.log(p["schedules"].get("sync", {}).get("balance_ratio", 1.0) or 1.0)))
+    steps = []
+    for schedule in SCHEDULES:
+        if schedule in focus["runs"]:
+            traces = read_jsonl(focus["runs"][schedule][-1]["trace"])
+            steps.append(traces[1] if len(traces) > 1 else traces[0])
+    steps = side_by_side(steps)
+    title = f"{focus['name']}: one step each of {', '.join(s.schedule for s in steps)} (same trajectories)"
+    files["timeline_png"] = str(plot_timeline(steps, out.with_name(f"{out.stem}-timeline.png"), title=title))
+    files["chrome_trace"] = str(write_chrome_trace(steps, out.with_name(f"{out.stem}-trace.json")))
+    compared = [p for p in points if p["compare"]["predicted_speedup"] is not None]
+    if compared:
+        speed = [SpeedupPoint(balance_ratio=p["schedules"]["sync"]["balance_ratio"],
+                              measured=p["compare"]["measured_speedup_step"],
+                              predicted=p["compare"]["predicted_speedup"], label=p["name"]) for p in compared]
+        files["speedup_png"] = str(plot_speedup(speed, out.with_name(f"{out.stem}-speedup.png"),
+                                                title=f"ThunderSync speedup over Sync ({name})"))
+    if preset == "spread-sweep" and len(compared) > 1:
+        spread = [SpreadPoint(p["schedules"]["sync"]["trajectory_duration_cv"], p["compare"]["measured_speedup_step"],
+                              p["compare"]["predicted_speedup"]) for p in compared]
+        files["spread_png"] = str(plot_spread(spread, out.with_name(f"{out.stem}-spread.png")))
+    return files
+
+
+# --- command line ---------------------------------------------------------------------------------------------------
+
+_KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
+          "gen_delay", "hidden", "layers", "seed")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trl_thundersync.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(presets()), default=None,
+                   help="a predefined point or sweep (default: quick, with any knob below overriding it)")
+    p.add_argument("--name", help="output name (default: the preset's)")
+    p.add_argument("--out", help="JSON path (default outputs/bench/<name>.json); plots are written beside it")
+    p.add_argument("--work-dir", help="runs, traces and logs (default <out stem>-runs beside the JSON)")
+    p.add_argument("--repeats", type=int, help="runs per schedule (interleaved)")
+    p.add_argument("--schedules", help="comma-separated subset of sync,thundersync,trl")
+    p.add_argument("--peak-flops", type=float, help="peak FLOP/s of the learner's device (for MFU), e.g. 1e11")
+    p.add_argument("--pin", action="store_true",
+                   help="pin the learner thread to one CPU and the rollout side (agent loops, tools, sandboxes) to "
+                        "the others; needs ≥ 2 CPUs")
+    knobs = p.add_argument_group("workload knobs (override the preset; apply to every point)")
+    knobs.add_argument("--steps", type=int, help="optimizer steps per run (the first is dropped)")
+    knobs.add_argument("--batch", type=int, help="trajectories per step")
+    knobs.add_argument("--group", type=int, help="GRPO group size")
+    knobs.add_argument("--turns", type=int, help="tool calls per trajectory")
+    knobs.add_argument("--concurrency", type=int, help="trajectories in flight (rollout slots)")
+    knobs.add_argument("--balance", type=float, help="target ρ = L/R; calibrates the tool-latency mean")
+    knobs.add_argument("--latency-mean", type=float, help="mean sandboxed sleep per tool call, s (no calibration)")
+    knobs.add_argument("--latency-cv", type=float, help="CV of a trajectory's total tool latency")
+    knobs.add_argument("--turn-jitter", type=float, help="CV of each turn's share of it")
+    knobs.add_argument("--gen-delay", type=float, help="simulated decode seconds per turn")
+    knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
+    knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
+    knobs.add_argument("--seed", type=int)
+    args = p.parse_args(argv)
+    if args.schedules:
+        args.schedules = tuple(s.strip() for s in args.schedules.split(","))
+        unknown = set(args.schedules) - set(SCHEDULES)
+        if unknown:
+            p.error(f"--schedules: unknown {sorted(unknown)}; choose from {', '.join(SCHEDULES)}")
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats={args.repeats}: use ≥ 1")
+    if args.steps is not None and args.steps < 2:
+        p.error(f"--steps={args.steps}: use ≥ 2 (the first step of every run is warm-up)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    preset = args.preset or "quick"
+    points, repeats, schedules = presets()[preset]
+    overrides = {k: getattr(args, k) for k in _KNOBS if getattr(args, k) is not None}
+    if "latency_mean" in overrides and "balance" not in overrides:
+        overrides["balance"] = None  # an explicit latency replaces calibration
+    if "balance" in overrides and "latency_mean" not in overrides:
+        overrides["latency_mean"] = None
+    points = [w.with_(**overrides) for w in points]
+    repeats = args.repeats or repeats
+    schedules = args.schedules or schedules
+    name = args.name or (preset + ("-pinned" if args.pin else "") + ("-custom" if overrides else ""))
+    out = Path(args.out or f"outputs/bench/{name}.json")
+    work = Path(args.work_dir or out.with_name(f"{out.stem}-runs"))
+    work.mkdir(parents=True, exist_ok=True)
+    cache_path = work / "calibration.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    command = "python -m trl_thundersync.bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                          else sys.argv[1:]))
+    started = time.perf_counter()
+    print(f"{command}\n{len(points)} point(s) × {repeats} repeat(s) × {', '.join(schedules)}; work dir {work}",
+          flush=True)
+
+    resolved = []
+    for w in points:
+        resolved.append(resolve(w, work, cache, args.pin))
+        cache_path.write_text(json.dumps(cache, indent=1))
+    total = len(resolved) * repeats * len(schedules)
+    results = []
+    for k, (w, cal) in enumerate(resolved):
+        runs = run_point(w, schedules, repeats, work, args.pin, (k * repeats * len(schedules), total), started)
+        stats = {s: summarize([load_run(r) for r in runs[s]], args.peak_flops) for s in schedules}
+        cmp = compare(stats)
+        results.append({"name": w.name, "workload": w.to_dict(), "calibration": None if cal is None else cal.to_dict(),
+                        "schedules": {s: v.to_dict() for s, v in stats.items()}, "compare": cmp.to_dict(),
+                        "runs": runs})
+        print_point(w.name, describe(w, cal is not None, args.pin), stats, cmp)
+
+    files = write_plots(results, out, name, preset)
+    files["json"] = str(out)
+    report = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "machine": machine(), "preset": preset, "pin": args.pin, "repeats": repeats,
+              "schedules": list(schedules), "points": results, "files": files,
+              "seconds": time.perf_counter() - started}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {', '.join(files.values())}  ({report['seconds']:.0f} s)")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Printed tables, the spread plot and the machine description of the benchmark command.
+
+`print_point` writes one table per benchmark point (one row per schedule) and a line comparing ThunderSync's
+measured speedup with the trace-replay prediction. Plots draw on a bare matplotlib `Figure`, like `trace.export`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .stats import Comparison, ScheduleSummary
+from .workload import Workload
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    """`format(x, spec)`, or a dash aligned the same way for a missing value."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return format("-", spec.split(".")[0].rstrip("f") or "")
+    return format(x, spec)
+
+
+def describe(w: Workload, calibrated: bool, pinned: bool) -> str:
+    """One line: the workload of a point."""
+    rollout = (f"{w.turns} sandboxed tool calls/trajectory, latency mean {w.latency_mean:.3f} s, CV "
+               f"{w.latency_cv:g}, {w.concurrency} slots")
+    if calibrated:
+        rollout += f" (calibrated for ρ = {w.balance:g})"
+    cores = ", learner pinned to one core and rollout to the other(s)" if pinned else ""
+    return f"B={w.batch} G={w.group} steps={w.steps}, model {w.hidden}x{w.layers}, {rollout}{cores}"
+
+
+HEADER = (f"{'schedule':<12} {'step s':>7} {'± sd':>6} {'speedup':>7} {'R s':>6} {'L s':>6} {'ρ=L/R':>6} "
+          f"{'idle':>5} {'tail s':>6} {'TFLOP/s':>8} {'MFU':>6} {'RSS MB':>7} {'stats MB':>8} {'cores':>5} "
+          f"{'other':>5}")
+
+
+def table_row(schedule: str, s: ScheduleSummary, speedup: float | None) -> str:
+    """One row of `HEADER` (stats MB is '-' for stock TRL, which keeps no gradient statistics)."""
+    stats_mb = _fmt(s.stats_peak_mb if schedule != "trl" else None, ">8.2f")
+    return (f"{schedule:<12} {s.step_wall_s:>7.3f} {s.step_wall_stdev_s:>6.3f} {_fmt(speedup, '>6.2f')}x "
+            f"{s.rollout_s:>6.2f} {s.learner_busy_s:>6.2f} {s.balance_ratio:>6.2f} "
+            f"{s.learner_idle_fraction:>5.2f} {s.learner_tail_s:>6.2f} {s.learner_tflops_per_s:>8.4f} "
+            f"{_fmt(s.mfu, '>6.4f')} {s.peak_rss_mb:>7.0f} {stats_mb} {s.cpu_cores_used:>5.2f} "
+            f"{s.foreign_cpu_cores:>5.2f}")
+
+
+def prediction_line(stats: dict[str, ScheduleSummary], cmp: Comparison) -> str | None:
+    """Measured ThunderSync speedup next to the replay prediction (None without both schedules)."""
+    if cmp.predicted_speedup is None or cmp.measured_speedup_step is None:
+        return None
+    own = stats["thundersync"].replay_abs_error
+    return (f"thundersync vs sync: measured {cmp.measured_speedup_step:.2f}x (step walls), "
+            f"{cmp.measured_speedup_trace:.2f}x (trace walls); predicted {cmp.predicted_speedup:.2f}x (replay of the "
+            f"sync traces, Eq. 14), gap {cmp.prediction_gap * 100:+.1f}%; replay error on thundersync's own steps "
+            f"{_fmt(None if own is None else own * 100, '.1f')}%; trajectory-duration CV "
+            f"{stats['sync'].trajectory_duration_cv:.2f}; overlap slowed the learner by "
+            f"{stats['thundersync'].learner_busy_s / stats['sync'].learner_busy_s - 1:+.0%} and the rollout by "
+            f"{stats['thundersync'].rollout_s / stats['sync'].rollout_s - 1:+.0%} (L and R vs sync); thundersync "
+            f"backward median {_fmt(_ms(stats['thundersync'].backward_during_rollout_s), '.0f')} ms during rollout, "
+            f"{_fmt(_ms(stats['thundersync'].backward_after_rollout_s), '.0f')} ms after")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], cmp: Comparison) -> None:
+    print(f"\n== {name}: {description}")
+    print(HEADER)
+    for schedule, s in stats.items():
+        print(table_row(schedule, s, cmp.speedup.get(schedule)))
+    line = prediction_line(stats, cmp)
+    if line is not None:
+        print(line)
+    print("columns: R rollout, L learner service, idle = 1 − L/step, tail = learner time after R, stats = gradient "
+          "statistics memory, cores = CPU this run used, other = CPU other processes used meanwhile (machine noise)")
+
+
+@dataclass(frozen=True)
+class SpreadPoint:
+    """One point of the spread sweep."""
+
+    duration_cv: float  # realized trajectory-duration CV (sync runs)
+    measured: float  # measured speedup over sync
+    predicted: float  # trace-replay prediction
+
+
+def plot_spread(points: Sequence[SpreadPoint], path: Path) -> Path:
+    """Speedup over Sync against the realized trajectory-duration CV, measured and replay-predicted."""
+    from matplotlib.figure import Figure
+
+    rows = sorted(points, key=lambda p: p.duration_cv)
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.subplots()
+    ax.axhline(2.0, color="black", linestyle="--", linewidth=1, label="2× bound (Eq. 17)")
+    ax.plot([p.duration_cv for p in rows], [p.predicted for p in rows], "o-", mfc="none", color="tab:blue",
+            label="predicted (replay of sync traces)")
+    ax.plot([p.duration_cv for p in rows], [p.measured for p in rows], "o", color="tab:red", label="measured")
+    ax.set_xlabel("trajectory-duration coefficient of variation (realized)")
+    ax.set_ylabel("speedup over Sync")
+    ax.set_ylim(min([0.9] + [p.measured - 0.05 for p in rows]), 2.1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("ThunderSync speedup vs. trajectory-duration spread (ρ ≈ 1)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    return path
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count, memory and Python of this machine, for the report."""
+    model = platform.processor() or "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except FileNotFoundError:  # no util-linux: keep platform.processor()
+        out = ""
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"nproc": os.cpu_count(), "cpu": model, "memory_gib": round(mem, 1), "python": platform.python_version(),
+            "platform": platform.platform()}

@@ -1,0 +1,296 @@
+"""One benchmark run in its own process: one schedule on one workload; writes a result JSON and step traces.
+
+    python -m trl_thundersync.bench.run_one --json-args '{"schedule": "sync", "workload": {...},
+        "out_dir": "...", "model_dir": "...", "result": "...", "pin": false}'
+
+Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`), "trl" (stock `trl.GRPOTrainer`; with the scripted
+agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox for the
+whole batch). Every run uses one torch thread for the learner. Per step it records the wall time from
+`on_step_begin` to `on_step_end` (after the new weights are published) and a `StepTrace`: ThunderSync writes its own
+(`<out_dir>/thundersync_trace/steps.jsonl`); for TRL this module writes one in the same format with schedule "trl"
+(rollout = TRL's generation call, one learner item = scoring + loss + backward of the whole batch). The process's
+peak RSS (itself + its largest finished child) goes into the result. The parent (`python -m trl_thundersync.bench`)
+does all the statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from ..testing.parity import cpu_config, load_model  # noqa: E402
+from ..testing.tiny import save_tiny_model  # noqa: E402
+from ..trace.flops import ModelShape, learner_flops  # noqa: E402
+from ..trace.recorder import TraceWriter  # noqa: E402
+from ..trace.records import StepTrace, TraceEvent  # noqa: E402
+from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
+from .workload import ShellBenchEnv, Workload, bench_dataset, bench_delay, bench_script  # noqa: E402
+
+TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of every optimizer step: on_step_begin → on_step_end (added last, so after publication)."""
+
+    def __init__(self) -> None:
+        self.begin = 0.0
+        self.intervals: list[tuple[float, float]] = []
+        self.on_end = None  # optional hook(begin, end)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        end = time.perf_counter()
+        self.intervals.append((self.begin, end))
+        if self.on_end is not None:
+            self.on_end(self.begin, end)
+
+
+def _common(w: Workload, out_dir: Path) -> dict:
+    return dict(per_device_train_batch_size=w.batch, num_generations=w.group, max_steps=w.steps,
+                max_completion_length=w.max_completion_tokens, learning_rate=1e-5, seed=w.seed,
+                logging_steps=1, disable_tqdm=True)
+
+
+def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
+    """Give an `AgentRolloutEngine` (and its scripted generator and tool runner) fresh thread pools: at most `slots`
+    trajectories in flight (the engine's pool only starts trajectories), pinned to the rollout cores under `plan`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def pool(workers: int, name: str) -> ThreadPoolExecutor:
+        if plan is None:
+            return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        return pinned_pool(workers, plan.rollout, name)
+
+    engine.pool.shutdown(wait=False)
+    engine.pool = pool(slots, "bench-agent")
+    engine.tool_runner.pool.shutdown(wait=False)
+    engine.tool_runner.pool = pool(max(8, slots), "bench-tool")
+    generator = engine.generator
+    if hasattr(generator, "script"):  # the scripted generator: its delays and tokenization are rollout work too
+        generator.pool.shutdown(wait=False)
+        generator.pool = pool(max(8, slots), "bench-generator")
+    return engine
+
+
+def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
+                      plan: CorePlan | None):
+    from ..testing.scripted import ScriptedTurnGenerator
+    from ..trainers.grpo_config import ThunderSyncGRPOConfig
+    from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+
+    extra = dict(schedule=schedule, agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
+                 rollout_max_in_flight=w.concurrency)
+    args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
+    trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
+                                     train_dataset=bench_dataset(), processing_class=tokenizer,
+                                     environment_factory=ShellBenchEnv)
+    step = lambda: trainer.state.global_step  # noqa: E731
+    generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
+                                      workers=max(8, w.concurrency))
+    trainer._engine = use_rollout_pools(trainer._agent_engine(generator), w.concurrency, plan)
+    return trainer
+
+
+class ScriptedBatchRollout:
+    """TRL `rollout_func`: the same scripted agent loop, environments and sandbox, synchronously for a batch."""
+
+    def __init__(self, w: Workload, tokenizer, plan: CorePlan | None) -> None:
+        self.w = w
+        self.plan = plan
+        self.tokenizer = tokenizer
+        self.engine = None
+        self.trainer = None
+        self.last: list = []
+
+    def _build(self, trainer):
+        from ..envs.agent_loop import AgentLimits, ToolRunner
+        from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
+        from ..testing.scripted import ScriptedTurnGenerator
+
+        w = self.w
+        step = lambda: trainer.state.global_step  # noqa: E731
+        generator = ScriptedTurnGenerator(self.tokenizer, bench_script(w, step), delay=bench_delay(w, step),
+                                          workers=max(8, w.concurrency))
+        from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+        # What ThunderSync (and TRL with tools) render with: TRL's training template when the stock one re-renders
+        # earlier turns, so prompts and tool framings are token-identical between the trainers.
+        template = None if is_chat_template_prefix_preserving(self.tokenizer) else get_training_chat_template(
+            self.tokenizer)
+        template_kwargs = getattr(trainer, "chat_template_kwargs", None) or {}
+
+        def render_prompt(prompt, tools):
+            out = trainer.processing_class.apply_chat_template(
+                conversation=prompt, tools=tools or None, chat_template=template, add_generation_prompt=True,
+                tokenize=True, return_dict=True, **template_kwargs)
+            return list(out["input_ids"])
+
+        budget = w.max_completion_tokens
+        limits = AgentLimits(max_turns=w.turns + 1, max_tokens_per_turn=budget, max_completion_tokens=budget,
+                             max_context_tokens=8192, max_observation_tokens=256, tool_timeout_s=60.0)
+        self.engine = AgentRolloutEngine(
+            generator, tokenizer=self.tokenizer, render_prompt=render_prompt, limits=limits,
+            environments=EnvironmentSpec(factories={None: ShellBenchEnv}, standalone_tools=[]),
+            tool_runner=ToolRunner(), chat_template=template, chat_template_kwargs=template_kwargs,
+            max_concurrent=w.concurrency)
+        use_rollout_pools(self.engine, w.concurrency, self.plan)
+
+    def __call__(self, prompts, trainer):
+        from ..trainers.grpo_trainer import trajectory_seed
+        from ..types import RolloutRequest
+
+        if self.engine is None:
+            self._build(trainer)
+        step = trainer.state.global_step
+        requests = [RolloutRequest(index=i, group=i // self.w.group, prompt_ids=(),
+                                   seed=trajectory_seed(self.w.seed, step, i), prompt=p, row={"prompt": p})
+                    for i, p in enumerate(prompts)]
+        self.engine.start_batch(requests, self.engine.generator.policy_version)
+        rollouts = sorted(self.engine.results(), key=lambda r: r.index)
+        rewards = [self.engine.environments[r.index].get_reward() for r in rollouts]
+        self.last = rollouts
+        return {"prompt_ids": [list(r.prompt_ids) for r in rollouts],
+                "completion_ids": [list(r.completion_ids) for r in rollouts],
+                "logprobs": [list(r.sampling_logprobs) for r in rollouts],
+                "env_mask": [list(r.env_mask) for r in rollouts], "env_reward": rewards}
+
+
+def env_reward(env_reward, **kwargs):
+    """The environment's reward, passed through `rollout_func`'s extra field."""
+    return env_reward
+
+
+def build_trl(w: Workload, model_path: str, tokenizer, out_dir: Path, timer: StepTimer, plan: CorePlan | None):
+    from trl import GRPOConfig, GRPOTrainer
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Stock GRPOTrainer; only times its generation call and its training step, for the trace."""
+
+        marks: dict = {}
+
+        def _generate(self, prompts):
+            start = time.perf_counter()
+            try:
+                return super()._generate(prompts)
+            finally:
+                self.marks.update(rollout=(start, time.perf_counter()))
+
+        def training_step(self, *args, **kwargs):
+            start = time.perf_counter()
+            loss = super().training_step(*args, **kwargs)
+            self.marks.update(step=(start, time.perf_counter()))
+            return loss
+
+    args = cpu_config(GRPOConfig, out_dir, **_common(w, out_dir))
+    rollout = ScriptedBatchRollout(w, tokenizer, plan)
+    trainer = TimedGRPOTrainer(model=load_model(model_path), reward_funcs=[env_reward], args=args,
+                               train_dataset=bench_dataset(), processing_class=tokenizer, rollout_func=rollout)
+    shape = ModelShape.from_config(trainer.model.config)
+    writer = TraceWriter(out_dir / TRACE_FILE)
+
+    def on_end(begin: float, end: float) -> None:
+        r0, r1 = trainer.marks["rollout"]
+        s0, s1 = trainer.marks["step"]
+        events = []
+        tokens = []
+        for r in rollout.last:
+            tokens.append(len(r.prompt_ids) + len(r.completion_ids))
+            events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group,
+                                     tokens=len(r.completion_ids)))
+            for start, stop in (r.agent.tool_intervals if r.agent else ()):
+                events.append(TraceEvent("tool", "tool_call", start, stop, r.index, r.group))
+        flops = sum(learner_flops(shape, n) for n in tokens)
+        events.append(TraceEvent("learner", "score_loss_backward", r1, s1, ready=r1, tokens=sum(tokens),
+                                 flops=flops))
+        events.append(TraceEvent("barrier", "optimizer", s1, end))
+        writer.append(StepTrace(step=len(timer.intervals) - 1, schedule="trl", start=r0, rollout_end=r1,
+                                learner_end=s1, barrier_end=end, publish_end=end, events=tuple(events)))
+
+    timer.on_end = on_end
+    return trainer
+
+
+def peak_rss_mb() -> dict[str, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"self": own, "children": children, "total": own + children}
+
+
+def _busy_cpu_seconds() -> float:
+    """Machine-wide busy CPU seconds so far (/proc/stat: everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def run(spec: dict) -> dict:
+    w = Workload.from_dict(spec["workload"])
+    schedule = spec["schedule"]
+    out_dir = Path(spec["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / TRACE_FILE).unlink(missing_ok=True)
+    hf_logging.set_verbosity_error()
+    plan = None
+    if spec.get("pin"):
+        plan = current_plan()
+        pin_thread(plan.learner)  # before torch starts its threads: they inherit the learner core
+    torch.set_num_threads(1)
+    model_path = str(save_tiny_model(spec["model_dir"], w.hidden, w.layers))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    timer = StepTimer()
+    started, busy0, own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+    if schedule == "trl":
+        trainer = build_trl(w, model_path, tokenizer, out_dir, timer, plan)
+    elif schedule in ("sync", "thundersync"):
+        trainer = build_thundersync(w, schedule, model_path, tokenizer, out_dir, plan)
+    else:
+        raise SystemExit(f"unknown schedule {schedule!r}")
+    trainer.add_callback(timer)
+    trainer.train()
+    if hasattr(trainer, "close"):
+        trainer.close()
+    wall = time.perf_counter() - started
+    own = _own_cpu_seconds() - own0
+    # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
+    foreign = max(0.0, _busy_cpu_seconds() - busy0 - own) / wall
+    return {"schedule": schedule, "workload": w.to_dict(), "step_intervals": timer.intervals,
+            "trace": str(out_dir / TRACE_FILE), "peak_rss_mb": peak_rss_mb(),
+            "num_params": sum(p.numel() for p in trainer.model.parameters()),
+            "torch_threads": torch.get_num_threads(), "run_seconds": wall, "cpu_cores_used": own / wall,
+            "foreign_cpu_cores": foreign,
+            "pinning": None if plan is None else {"learner": sorted(plan.learner), "rollout": sorted(plan.rollout)},
+            "learner_thread_cpus": sorted(os.sched_getaffinity(0))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json-args", required=True,
+                        help="JSON object: schedule, workload, out_dir, model_dir, result, pin")
+    spec = json.loads(parser.parse_args(argv).json_args)
+    result = run(spec)
+    Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
