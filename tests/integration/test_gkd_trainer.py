@@ -120,6 +120,31 @@ def test_schedules_and_backwards_give_the_same_parameters(tmp_path, tokenizer, t
         assert relative_error(results[other], results[0]) <= 1e-4
 
 
+@pytest.mark.parametrize("objective", ["opd", "gjsd"])
+def test_gradient_accumulation_streams_one_logical_batch(tmp_path, tokenizer, tiny_model_path, teacher_path,
+                                                         objective):
+    # per_device_train_batch_size=2 × gradient_accumulation_steps=2 is one logical batch of 4 rows, one optimizer
+    # step: the same rows, seeds, samples and direction as the batch-synchronous reference with 4 rows per batch.
+    runs = {}
+    for name, overrides in [("reference", dict(per_device_train_batch_size=4, schedule="sync")),
+                            ("accumulated", dict(per_device_train_batch_size=2, gradient_accumulation_steps=2))]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=config(tmp_path / name, objective=objective, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "thundersync/scored_tokens" in h]
+        runs[name] = (capture.directions, params(trainer), logs, trainer.policy_version)
+    (ref_dirs, ref_params, ref_logs, ref_version), (dirs, final, logs, version) = runs["reference"], runs["accumulated"]
+    assert len(dirs) == len(ref_dirs) == 2 and version == ref_version == 2  # two optimizer steps, two publications
+    assert [h["thundersync/scored_tokens"] for h in logs] == [h["thundersync/scored_tokens"] for h in ref_logs]
+    assert [h["loss"] for h in logs] == pytest.approx([h["loss"] for h in ref_logs], rel=1e-5)
+    assert ref_dirs[0].norm() > 0
+    for mine, theirs in zip(dirs, ref_dirs):
+        assert relative_error(mine, theirs) <= 1e-6
+    assert relative_error(final, ref_params) <= 1e-6
+
+
 class CounterEnv:
     def reset(self, **row) -> str | None:
         self.count = 0
@@ -170,8 +195,9 @@ def test_multi_turn_tools_stream_per_turn_and_schedules_agree(tmp_path, tokenize
 
 
 def test_refusals_name_the_field(tmp_path, tokenizer, tiny_model_path, teacher_path):
-    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps"):
-        config(tmp_path, gradient_accumulation_steps=2)
+    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2 is not supported: with lmbda=0.5"):
+        config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5)
+    assert config(tmp_path, gradient_accumulation_steps=2).gradient_accumulation_steps == 2  # lmbda=1: one batch
     with pytest.raises(UnsupportedOptionError, match="gradient_checkpointing"):
         config(tmp_path, gradient_checkpointing=True, turn_backward="boundary_cut")
     assert config(tmp_path, gradient_checkpointing=True).turn_backward == "naive"

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from .rollout_config import RolloutFields, TRLVLLMServerFields
 
 OBJECTIVES = ("gjsd", "opd")
 TURN_BACKWARDS = ("auto", "boundary_cut", "naive")
 SCHEDULES = ("thundersync", "sync")
-ROLLOUT_ENGINES = ("local_process", "local_thread")
+ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "embedded_server", "vllm_server")
 
 
 @dataclass
-class ThunderSyncGKDConfig(GKDConfig):
+class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     objective: str = field(
         default="gjsd",
         metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
@@ -47,12 +48,6 @@ class ThunderSyncGKDConfig(GKDConfig):
     teacher_server_timeout: float = field(
         default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
     )
-    rollout_engine: str = field(
-        default="local_process",
-        metadata={"help": "'local_process': embedded sampler in a worker process; 'local_thread': the same in a thread."},
-    )
-    rollout_max_in_flight: int = field(default=16, metadata={"help": "Trajectories the embedded engine decodes at once."})
-    rollout_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded rollout worker."})
     agent_max_turns: int = field(default=8, metadata={"help": "Agent loop (tools/environments): turns per trajectory."})
     agent_max_tokens_per_turn: int | None = field(
         default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_new_tokens."}
@@ -80,12 +75,11 @@ class ThunderSyncGKDConfig(GKDConfig):
         except ValueError as exc:  # TRL's own checks (lmbda, beta ranges): same text, typed
             raise ConfigurationError(str(exc)) from exc
         for name, value, allowed in (("objective", self.objective, OBJECTIVES), ("schedule", self.schedule, SCHEDULES),
-                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS),
-                                     ("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES)):
+                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS)):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
-        for name in ("rollout_max_in_flight", "rollout_num_threads", "agent_max_turns", "agent_max_context_tokens",
-                     "max_new_tokens"):
+        self.check_rollout_fields(ROLLOUT_ENGINES)
+        for name in ("agent_max_turns", "agent_max_context_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1")
         for name in ("agent_max_tokens_per_turn", "agent_max_completion_tokens"):
@@ -102,10 +96,15 @@ class ThunderSyncGKDConfig(GKDConfig):
         def refuse(name: str, value, why: str) -> None:
             raise UnsupportedOptionError(f"ThunderSyncGKDConfig: {name}={value!r} is not supported: {why}")
 
-        if self.gradient_accumulation_steps != 1:
+        if self.gradient_accumulation_steps > 1 and self.lmbda < 1.0:
+            # TRL draws on/off-policy per micro-step and scales each micro-batch's loss by a token count of the
+            # dataset labels, so an optimizer step is not one batch of sampled trajectories normalized once.
             refuse("gradient_accumulation_steps", self.gradient_accumulation_steps,
-                   "one logical batch (per_device_train_batch_size rows) feeds exactly one optimizer step; raise "
-                   "per_device_train_batch_size instead")
+                   f"with lmbda={self.lmbda} TRL's GKD draws on- or off-policy per micro-step, "
+                   "so one optimizer step would mix streamed and dataset micro-batches with TRL's per-micro-batch "
+                   "normalization; use gradient_accumulation_steps=1 (raise per_device_train_batch_size), or "
+                   "lmbda=1.0, where the per_device_train_batch_size × gradient_accumulation_steps "
+                   "rows of a step are streamed as one logical batch")
         if self.turn_backward == "boundary_cut" and self.gradient_checkpointing:
             refuse("gradient_checkpointing", self.gradient_checkpointing,
                    "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "
