@@ -222,6 +222,39 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_mo
                               train_dataset=messages(), processing_class=tokenizer)
 
 
+@pytest.mark.parametrize("objective, extra_tokens", [("gjsd", 37), ("opd", 0)])
+def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer, tiny_model_path, teacher_path,
+                                                             objective, extra_tokens):
+    # The teacher's token rows moved to other ids (and, for the generalized JSD, 37 extra tokens): with the map, the
+    # student's update is the one the same-vocabulary teacher gives.
+    from trl_thundersync.testing.vocab import relabelled_teacher
+
+    other, mapping = relabelled_teacher(load_model(teacher_path), extra_tokens=extra_tokens, seed=3)
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping))
+    directions = []
+    for name, teacher, overrides in [("same", load_model(teacher_path), {}),
+                                     ("mapped", other, {"teacher_vocab_map": str(path)})]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=teacher,
+                                        args=config(tmp_path / name, objective=objective, max_steps=1, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        directions.append(capture.directions[0])
+    assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 1e-6
+    if extra_tokens:  # without the map, the other vocab_size is refused and the message names the fix
+        with pytest.raises(VocabularyMismatchError, match="teacher_vocab_map"):
+            ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=other, args=config(tmp_path / "refused"),
+                                  train_dataset=messages(), processing_class=tokenizer)
+    path.write_text(json.dumps(mapping[:-1]))
+    with pytest.raises(VocabularyMismatchError, match="entries but the student's vocab_size"):
+        ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=other,
+                              args=config(tmp_path / "short", teacher_vocab_map=str(path)),
+                              train_dataset=messages(), processing_class=tokenizer)
+    with pytest.raises(UnsupportedOptionError, match="lmbda=0.5 is not supported: with teacher_vocab_map"):
+        config(tmp_path, lmbda=0.5, teacher_vocab_map=str(path))
+
+
 def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path, teacher_path):
     from trl_thundersync.testing.fake_teacher_server import FakeTeacherServer
 

@@ -42,6 +42,14 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
                   "log-probabilities from /v1/completions; replaces teacher_model, needs objective='opd' and lmbda=1. "
                   "The server must use the student's tokenizer."},
     )
+    teacher_vocab_map: str | None = field(
+        default=None,
+        metadata={"help": "Path to a JSON list of V_s integers: the teacher token id of every student token id, for a "
+                  "teacher whose vocabulary is ordered differently or larger (validated: total over the student's "
+                  "vocab_size, in the teacher's range). The teacher reads and scores the mapped ids (OPD), and a "
+                  "local teacher's logits are gathered at the mapped ids (generalized JSD). None: teacher and student "
+                  "must share one vocabulary and tokenizer."},
+    )
     teacher_server_model: str | None = field(
         default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}
     )
@@ -109,6 +117,10 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             refuse("gradient_checkpointing", self.gradient_checkpointing,
                    "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "
                    "set gradient_checkpointing=False, or turn_backward='naive'")
+        if self.teacher_vocab_map is not None and (self.lmbda != 1.0 or self.seq_kd):
+            refuse("lmbda" if self.lmbda != 1.0 else "seq_kd", self.lmbda if self.lmbda != 1.0 else self.seq_kd,
+                   "with teacher_vocab_map, off-policy steps would run TRL's generalized JSD (or teacher generation) "
+                   "on unmapped teacher logits; use lmbda=1.0 and seq_kd=False")
         if self.teacher_server_url is not None:
             if self.objective != "opd":
                 refuse("objective", self.objective, "a teacher server returns sampled-token log-probabilities only; "

@@ -28,6 +28,7 @@ from ..distill.records import DistillTotals, TeacherScores
 from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from ..distill.vocab_map import VocabularyMap
 from ..envs.metrics import agent_metrics
 from ..errors import UnsupportedOptionError
 from ..rollout.vllm_client import VLLMServerEngine
@@ -62,13 +63,14 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                               compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                               preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
                               formatting_func=formatting_func)
-        if teacher_model is not None:
+        if teacher_model is not None and args.teacher_vocab_map is None:
             _check_vocabularies(model, teacher_model, processing_class)
             super().__init__(model=model, teacher_model=teacher_model, **trainer_kwargs)
             self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
-        else:
+        else:  # TRL's GKDTrainer refuses a teacher with another vocab_size, so a mapped teacher is attached here
             self._init_without_trl_teacher(model, trainer_kwargs)
-            self._teacher = self._server_teacher()
+            self._teacher = self._mapped_local_teacher(teacher_model) if teacher_model is not None else \
+                self._server_teacher()
         if self.accelerator.num_processes > 1:
             raise UnsupportedOptionError(
                 f"{self.accelerator.num_processes} processes: the streamed distillation barrier is single-process so "
@@ -113,7 +115,30 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         from ..distill.teacher_server import ServerTeacher
 
         a = self.args
-        return ServerTeacher(a.teacher_server_url, a.teacher_server_model, a.teacher_server_timeout)
+        return ServerTeacher(a.teacher_server_url, a.teacher_server_model, a.teacher_server_timeout,
+                             vocab_map=self._vocab_map(teacher_vocab=None))
+
+    def _mapped_local_teacher(self, teacher_model) -> LocalTeacher:
+        """A local teacher with another vocabulary, read through `teacher_vocab_map` (a model or a path, loaded with
+        `teacher_model_init_kwargs` as TRL would)."""
+        from transformers import AutoModelForCausalLM
+
+        if isinstance(teacher_model, str):
+            kwargs = {"trust_remote_code": self.args.trust_remote_code, **(self.args.teacher_model_init_kwargs or {})}
+            teacher_model = AutoModelForCausalLM.from_pretrained(teacher_model, **kwargs)
+        elif self.args.teacher_model_init_kwargs is not None:
+            raise UnsupportedOptionError("teacher_model_init_kwargs is set but teacher_model is already instantiated")
+        self.teacher_model = self.accelerator.prepare_model(teacher_model, evaluation_mode=True)
+        teacher_vocab = self.teacher_model.config.get_text_config().vocab_size
+        return LocalTeacher(self.teacher_model, self.accelerator.device, vocab_map=self._vocab_map(teacher_vocab))
+
+    def _vocab_map(self, teacher_vocab: int | None) -> VocabularyMap | None:
+        """`args.teacher_vocab_map`, validated against the student's vocab_size (and the teacher's, when known)."""
+        if self.args.teacher_vocab_map is None:
+            return None
+        student_vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+        return VocabularyMap.from_json(self.args.teacher_vocab_map, student_vocab=student_vocab,
+                                       teacher_vocab=teacher_vocab)
 
     # -- TRL hook ---------------------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -264,6 +289,10 @@ def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> No
         raise UnsupportedOptionError(
             f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
             "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
+    if args.teacher_vocab_map is not None and eval_dataset is not None:
+        raise UnsupportedOptionError(
+            "eval_dataset with teacher_vocab_map: evaluation runs TRL's generalized-JSD loss on the teacher's own "
+            "vocabulary, which does not line up with the student's; evaluate separately")
     if args.teacher_server_url is not None and eval_dataset is not None:
         raise UnsupportedOptionError(
             "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
