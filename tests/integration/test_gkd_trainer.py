@@ -11,7 +11,7 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
-from trl_thundersync.errors import UnsupportedOptionError, VocabularyMismatchError
+from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
 from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
 from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync.testing.tiny import save_tiny_model
@@ -143,6 +143,22 @@ def test_gradient_accumulation_streams_one_logical_batch(tmp_path, tokenizer, ti
     for mine, theirs in zip(dirs, ref_dirs):
         assert relative_error(mine, theirs) <= 1e-6
     assert relative_error(final, ref_params) <= 1e-6
+
+
+def test_open_trajectory_cap_gives_the_same_direction(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    directions, peaks = [], []
+    for name, overrides in [("uncapped", {}), ("capped", {"max_open_trajectories": 1})]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=config(tmp_path / name, max_steps=1, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        directions.append(capture.directions[0])
+        peaks.append(trainer.state.log_history[0]["thundersync/open_trajectories_peak"])
+    assert peaks[1] == 1 and directions[0].norm() > 0
+    assert relative_error(directions[1], directions[0]) <= 1e-5
+    with pytest.raises(ConfigurationError, match="max_open_trajectories=0"):
+        config(tmp_path, max_open_trajectories=0)
 
 
 class CounterEnv:

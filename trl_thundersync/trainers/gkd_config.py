@@ -36,6 +36,13 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
                   "every turn re-runs its whole context (quadratic; the reference, and what works with activation checkpointing); "
                   "'auto': boundary_cut, or naive when gradient_checkpointing is on."},
     )
+    max_open_trajectories: int | None = field(
+        default=None,
+        metadata={"help": "Admission cap: at most this many trajectories hold per-turn backward state at once (the "
+                  "boundary-cut key/value graphs and deferred context adjoints, which grow with each trajectory's "
+                  "length); turns of the others wait, scored, and are processed in arrival order when one closes. "
+                  "Same update. None: every trajectory of the batch may be open."},
+    )
     teacher_server_url: str | None = field(
         default=None,
         metadata={"help": "Base URL of a vLLM-compatible teacher server (e.g. http://host:8000) that returns prompt "
@@ -87,6 +94,9 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
         self.check_rollout_fields(ROLLOUT_ENGINES)
+        if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
+            raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "
+                                     "no cap)")
         for name in ("agent_max_turns", "agent_max_context_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1")

@@ -176,7 +176,8 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         grads = GradientSum(self._trainable)
         backward_cls = BoundaryCutBackward if self.args.turn_backward == "boundary_cut" else NaiveTurnBackward
         backward = backward_cls(module, self._trainable, self._objective, grads, self.accelerator.device)
-        learner = DistillBatchLearner(batch_size=len(requests), policy_version=version, backward=backward, grads=grads)
+        learner = DistillBatchLearner(batch_size=len(requests), policy_version=version, backward=backward, grads=grads,
+                                      max_open_trajectories=self.args.max_open_trajectories)
         items: list = []
         vocab = module.config.get_text_config().vocab_size if self.args.objective == "gjsd" else None
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
@@ -240,6 +241,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         m["thundersync/on_policy"].append(1.0)
         m["thundersync/scored_tokens"].append(float(totals.scored_tokens))
         m["thundersync/turns"].append(float(totals.turns))
+        m["thundersync/open_trajectories_peak"].append(float(totals.peak_open_trajectories))
         m["thundersync/teacher_queue_wait_seconds"].append(timing.teacher_wait / max(len(turns), 1))
         m["thundersync/teacher_scoring_seconds"].append(timing.teacher_seconds / max(len(turns), 1))
         m["thundersync/teacher_busy_seconds"].append(timing.teacher_seconds)
