@@ -257,7 +257,9 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
                                         train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
         trainer.train()
         directions.append(capture.directions[0])
-    assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 1e-6
+    # FP32 order: the permuted teacher's log-softmax sums its vocabulary in another order, and OPD's advantages are
+    # small differences of log-probabilities, so that rounding shows at ~7e-7 of the direction (GJSD: 0 here).
+    assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 5e-6
     if extra_tokens:  # without the map, the other vocab_size is refused and the message names the fix
         with pytest.raises(VocabularyMismatchError, match="teacher_vocab_map"):
             ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=other, args=config(tmp_path / "refused"),
