@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from ..types import RolloutRequest, SamplingParams
 from .grpo_trainer import trajectory_seed
 from .rollout_setup import capped_agent_limits
