@@ -11,7 +11,7 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
-from trl_thundersync.errors import UnsupportedOptionError, VocabularyMismatchError
+from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
 from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
 from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync.testing.tiny import save_tiny_model
@@ -120,6 +120,47 @@ def test_schedules_and_backwards_give_the_same_parameters(tmp_path, tokenizer, t
         assert relative_error(results[other], results[0]) <= 1e-4
 
 
+@pytest.mark.parametrize("objective", ["opd", "gjsd"])
+def test_gradient_accumulation_streams_one_logical_batch(tmp_path, tokenizer, tiny_model_path, teacher_path,
+                                                         objective):
+    # per_device_train_batch_size=2 × gradient_accumulation_steps=2 is one logical batch of 4 rows, one optimizer
+    # step: the same rows, seeds, samples and direction as the batch-synchronous reference with 4 rows per batch.
+    runs = {}
+    for name, overrides in [("reference", dict(per_device_train_batch_size=4, schedule="sync")),
+                            ("accumulated", dict(per_device_train_batch_size=2, gradient_accumulation_steps=2))]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=config(tmp_path / name, objective=objective, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "thundersync/scored_tokens" in h]
+        runs[name] = (capture.directions, params(trainer), logs, trainer.policy_version)
+    (ref_dirs, ref_params, ref_logs, ref_version), (dirs, final, logs, version) = runs["reference"], runs["accumulated"]
+    assert len(dirs) == len(ref_dirs) == 2 and version == ref_version == 2  # two optimizer steps, two publications
+    assert [h["thundersync/scored_tokens"] for h in logs] == [h["thundersync/scored_tokens"] for h in ref_logs]
+    assert [h["loss"] for h in logs] == pytest.approx([h["loss"] for h in ref_logs], rel=1e-5)
+    assert ref_dirs[0].norm() > 0
+    for mine, theirs in zip(dirs, ref_dirs):
+        assert relative_error(mine, theirs) <= 1e-6
+    assert relative_error(final, ref_params) <= 1e-6
+
+
+def test_open_trajectory_cap_gives_the_same_direction(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    directions, peaks = [], []
+    for name, overrides in [("uncapped", {}), ("capped", {"max_open_trajectories": 1})]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=config(tmp_path / name, max_steps=1, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        directions.append(capture.directions[0])
+        peaks.append(trainer.state.log_history[0]["thundersync/open_trajectories_peak"])
+    assert peaks[1] == 1 and directions[0].norm() > 0
+    assert relative_error(directions[1], directions[0]) <= 1e-5
+    with pytest.raises(ConfigurationError, match="max_open_trajectories=0"):
+        config(tmp_path, max_open_trajectories=0)
+
+
 class CounterEnv:
     def reset(self, **row) -> str | None:
         self.count = 0
@@ -170,8 +211,9 @@ def test_multi_turn_tools_stream_per_turn_and_schedules_agree(tmp_path, tokenize
 
 
 def test_refusals_name_the_field(tmp_path, tokenizer, tiny_model_path, teacher_path):
-    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps"):
-        config(tmp_path, gradient_accumulation_steps=2)
+    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2 is not supported: with lmbda=0.5"):
+        config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5)
+    assert config(tmp_path, gradient_accumulation_steps=2).gradient_accumulation_steps == 2  # lmbda=1: one batch
     with pytest.raises(UnsupportedOptionError, match="gradient_checkpointing"):
         config(tmp_path, gradient_checkpointing=True, turn_backward="boundary_cut")
     assert config(tmp_path, gradient_checkpointing=True).turn_backward == "naive"
@@ -194,6 +236,41 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_mo
     with pytest.raises(VocabularyMismatchError, match="tokenizer differs"):
         ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=str(path), args=config(tmp_path),
                               train_dataset=messages(), processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("objective, extra_tokens", [("gjsd", 37), ("opd", 0)])
+def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer, tiny_model_path, teacher_path,
+                                                             objective, extra_tokens):
+    # The teacher's token rows moved to other ids (and, for the generalized JSD, 37 extra tokens): with the map, the
+    # student's update is the one the same-vocabulary teacher gives.
+    from trl_thundersync.testing.vocab import relabelled_teacher
+
+    other, mapping = relabelled_teacher(load_model(teacher_path), extra_tokens=extra_tokens, seed=3)
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping))
+    directions = []
+    for name, teacher, overrides in [("same", load_model(teacher_path), {}),
+                                     ("mapped", other, {"teacher_vocab_map": str(path)})]:
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=teacher,
+                                        args=config(tmp_path / name, objective=objective, max_steps=1, **overrides),
+                                        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
+        trainer.train()
+        directions.append(capture.directions[0])
+    # FP32 order: the permuted teacher's log-softmax sums its vocabulary in another order, and OPD's advantages are
+    # small differences of log-probabilities, so that rounding shows at ~7e-7 of the direction (GJSD: 0 here).
+    assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 5e-6
+    if extra_tokens:  # without the map, the other vocab_size is refused and the message names the fix
+        with pytest.raises(VocabularyMismatchError, match="teacher_vocab_map"):
+            ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=other, args=config(tmp_path / "refused"),
+                                  train_dataset=messages(), processing_class=tokenizer)
+    path.write_text(json.dumps(mapping[:-1]))
+    with pytest.raises(VocabularyMismatchError, match="entries but the student's vocab_size"):
+        ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=other,
+                              args=config(tmp_path / "short", teacher_vocab_map=str(path)),
+                              train_dataset=messages(), processing_class=tokenizer)
+    with pytest.raises(UnsupportedOptionError, match="lmbda=0.5 is not supported: with teacher_vocab_map"):
+        config(tmp_path, lmbda=0.5, teacher_vocab_map=str(path))
 
 
 def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path, teacher_path):

@@ -56,11 +56,15 @@ def _reference(model, trajectories, teacher, kind):
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
 
 
-def _streamed(model, trajectories, teacher, kind, *, order_seed, schedule="thundersync", cut=True, version=0):
+def _streamed(model, trajectories, teacher, kind, *, order_seed, schedule="thundersync", cut=True, version=0,
+              max_open=None, backward_spy=None):
     params = [p for p in model.parameters() if p.requires_grad]
     grads = GradientSum(params)
     backward = (BoundaryCutBackward if cut else NaiveTurnBackward)(model, params, _objective(kind), grads)
-    learner = DistillBatchLearner(batch_size=len(trajectories), policy_version=0, backward=backward, grads=grads)
+    if backward_spy is not None:
+        backward = backward_spy(backward)
+    learner = DistillBatchLearner(batch_size=len(trajectories), policy_version=0, backward=backward, grads=grads,
+                                  max_open_trajectories=max_open)
     router = TurnRouter()
     engine = ReplayTurnEngine(trajectories, router, order_seed=order_seed)
     requests = [RolloutRequest(i, i, (), 0) for i in range(len(trajectories))]
@@ -84,6 +88,38 @@ def test_streamed_equals_batch_synchronous_for_random_orders(student, kind):
         assert totals.turns == sum(len(t) for t in trajectories)
         assert {w.kind for w in totals.work} == {"turn_backward", "context_replay"}
         assert timing.teacher_seconds >= 0.0 and timing.teacher_wait >= 0.0
+
+
+class _OpenStateSpy:
+    """Wraps a `BoundaryCutBackward`: records how many trajectories hold boundary-cut state after each turn."""
+
+    def __init__(self, backward) -> None:
+        self.backward, self.sizes = backward, []
+
+    def turn(self, event, teacher):
+        outcome = self.backward.turn(event, teacher)
+        self.sizes.append(len(self.backward.open))
+        return outcome
+
+    def close(self, index):
+        return self.backward.close(index)
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_admission_cap_bounds_retained_state_and_keeps_the_direction(student, cap):
+    vocab = student.config.vocab_size
+    trajectories = _trajectories(vocab)
+    teacher = SeededTeacher(vocab)
+    reference = _reference(student, trajectories, teacher, "gjsd")
+    for order_seed in range(3):
+        spies = []
+        streamed, totals, _ = _streamed(student, trajectories, teacher, "gjsd", order_seed=order_seed, max_open=cap,
+                                        backward_spy=lambda b: spies.append(_OpenStateSpy(b)) or spies[-1])
+        assert float((streamed - reference).norm() / reference.norm()) <= 1e-5
+        assert totals.peak_open_trajectories == cap  # reached, never exceeded
+        assert max(spies[0].sizes) <= cap and totals.turns == sum(len(t) for t in trajectories)
+    _, uncapped, _ = _streamed(student, trajectories, teacher, "gjsd", order_seed=0)
+    assert uncapped.peak_open_trajectories > 2  # without the cap, more trajectories overlap on this order
 
 
 def test_sync_schedule_and_naive_backward_give_the_same_direction(student):

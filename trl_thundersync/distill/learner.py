@@ -4,6 +4,11 @@ Turns of one trajectory are processed in turn order (the boundary-cut backward e
 a turn that overtook its predecessor is parked until the predecessor arrives. A trajectory is closed — its deferred
 context adjoints replayed — once the engine reported it finished *and* all of its turns were processed. Nothing is
 normalized here: N_k is only known at the barrier (`batch_direction`).
+
+Admission: at most `max_open_trajectories` trajectories are open (their first turn processed, not yet closed) at
+once, which bounds the boundary-cut state they retain (key/value graphs and deferred adjoints). A trajectory whose
+first item arrives while every slot is taken waits, its scored turns parked, and is admitted in arrival order when
+an open one closes. The update is the same sum, in another order.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import BatchIncompleteError, NoScoredTokensError, StalePolicyError
+from ..errors import BatchIncompleteError, ConfigurationError, NoScoredTokensError, StalePolicyError
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed, TurnWork
 from .turn_backward import GradientSum, TurnBackward
 
@@ -27,8 +32,16 @@ class _Progress:
 
 
 class DistillBatchLearner:
-    def __init__(self, *, batch_size: int, policy_version: int, backward: TurnBackward, grads: GradientSum) -> None:
+    def __init__(self, *, batch_size: int, policy_version: int, backward: TurnBackward, grads: GradientSum,
+                 max_open_trajectories: int | None = None) -> None:
+        if max_open_trajectories is not None and max_open_trajectories < 1:
+            raise ConfigurationError(
+                f"max_open_trajectories={max_open_trajectories} must be ≥ 1 (or None for no cap)")
         self.batch_size = batch_size
+        self.max_open = max_open_trajectories or batch_size
+        self.open: set[int] = set()  # admitted, not yet closed: the trajectories that may hold backward state
+        self.waiting: list[int] = []  # not admitted yet, in the order their first item arrived
+        self.peak_open = 0
         self.policy_version = policy_version
         self.backward = backward
         self.grads = grads
@@ -44,10 +57,10 @@ class DistillBatchLearner:
             progress = self.progress[item.event.index]
             if item.event.turn < progress.next_turn or item.event.turn in progress.parked:
                 raise BatchIncompleteError(f"trajectory {item.event.index} turn {item.event.turn} was delivered twice")
+            if progress.replayed:
+                raise BatchIncompleteError(f"trajectory {item.event.index} turn {item.event.turn} arrived after the "
+                                           "trajectory was closed and replayed")
             progress.parked[item.event.turn] = item
-            while progress.next_turn in progress.parked:
-                self._serve(progress.parked.pop(progress.next_turn))
-                progress.next_turn += 1
         else:
             rollout = item.rollout
             self._check(rollout.index, rollout.policy_version, "the finished trajectory")
@@ -55,7 +68,29 @@ class DistillBatchLearner:
             if progress.closed is not None:
                 raise BatchIncompleteError(f"trajectory {rollout.index} was reported finished twice")
             progress.closed = item
-        self._maybe_close(item.event.index if isinstance(item, ScoredTurn) else item.rollout.index)
+        index = item.event.index if isinstance(item, ScoredTurn) else item.rollout.index
+        if index in self.open:
+            self._advance(index)
+        elif index not in self.waiting:
+            self.waiting.append(index)
+            self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        while self.waiting and len(self.open) < self.max_open:
+            index = self.waiting.pop(0)
+            self.open.add(index)
+            self.peak_open = max(self.peak_open, len(self.open))
+            self._advance(index)
+
+    def _advance(self, index: int) -> None:
+        """Process an open trajectory's parked turns in order, and close it when it is complete."""
+        progress = self.progress[index]
+        while progress.next_turn in progress.parked:
+            self._serve(progress.parked.pop(progress.next_turn))
+            progress.next_turn += 1
+        if self._maybe_close(index):
+            self.open.discard(index)
+            self._admit_waiting()
 
     def _check(self, index: int, version: int, what: str) -> None:
         if not 0 <= index < self.batch_size:
@@ -77,11 +112,11 @@ class DistillBatchLearner:
                                   time.perf_counter(), outcome.scored_tokens, scored.scoring_start - e.time,
                                   scored.scored_at - scored.scoring_start))
 
-    def _maybe_close(self, index: int) -> None:
+    def _maybe_close(self, index: int) -> bool:
         progress = self.progress[index]
         closed = progress.closed
         if closed is None or progress.replayed or progress.next_turn < closed.turns:
-            return
+            return False
         if progress.parked:
             raise BatchIncompleteError(f"trajectory {index} finished after {closed.turns} turns but turn(s) "
                                        f"{sorted(progress.parked)} were also delivered")
@@ -90,6 +125,7 @@ class DistillBatchLearner:
         progress.replayed = True
         self.work.append(TurnWork("context_replay", index, -1, self.policy_version, closed.closed_at, start,
                                   time.perf_counter(), replayed))
+        return True
 
     def finish(self) -> DistillTotals:
         """Every trajectory must have finished and been replayed; no turn may still be parked."""
@@ -102,7 +138,7 @@ class DistillBatchLearner:
                 "partial update"
             )
         return DistillTotals(tuple(self.grads.buffers), self.scored_tokens, self.loss_sum, self.turns,
-                             self.batch_size, tuple(self.work))
+                             self.batch_size, tuple(self.work), self.peak_open)
 
 
 def batch_direction(grads: tuple[torch.Tensor, ...], scored_tokens: int) -> list[torch.Tensor]:

@@ -63,3 +63,4 @@ class DistillTotals:
     turns: int  # turns processed
     trajectories: int
     work: tuple[TurnWork, ...]
+    peak_open_trajectories: int  # most trajectories open (holding backward state) at once; ≤ the admission cap

@@ -16,6 +16,7 @@ import torch
 from ..errors import TeacherScoringError, VocabularyMismatchError
 from .losses import action_logprobs
 from .records import TeacherScores
+from .vocab_map import VocabularyMap
 
 
 @runtime_checkable
@@ -29,18 +30,23 @@ class TeacherScorer(Protocol):
 
 class LocalTeacher:
     """A teacher model in this process: one no-grad forward over context + action per turn, logits at temperature 1
-    (as TRL's GKD loss uses them)."""
+    (as TRL's GKD loss uses them). With a `VocabularyMap` the teacher reads the mapped ids, scores the mapped action
+    ids over its own vocabulary, and its logits are gathered at the mapped ids (one column per student id)."""
 
     full_vocabulary = True
 
-    def __init__(self, model: Any, device: torch.device | str | None = None) -> None:
+    def __init__(self, model: Any, device: torch.device | str | None = None,
+                 vocab_map: VocabularyMap | None = None) -> None:
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.vocab_map = vocab_map
 
     @torch.no_grad()
     def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
         if not action_ids:
             return TeacherScores(torch.zeros(0), torch.zeros(0, 0))
+        if self.vocab_map is not None:
+            context_ids, action_ids = self.vocab_map.to_teacher(context_ids), self.vocab_map.to_teacher(action_ids)
         ids = torch.tensor([list(context_ids) + list(action_ids)], device=self.device)
         was_training = self.model.training
         self.model.eval()
@@ -49,7 +55,10 @@ class LocalTeacher:
         finally:
             self.model.train(was_training)
         actions = torch.tensor(list(action_ids), device=logits.device)
-        return TeacherScores(action_logprobs(logits, actions), logits)
+        logprobs = action_logprobs(logits, actions)
+        if self.vocab_map is not None:
+            logits = self.vocab_map.student_logits(logits)
+        return TeacherScores(logprobs, logits)
 
     def close(self) -> None:
         return None
@@ -84,7 +93,8 @@ def check_same_vocabulary(student_tokenizer: Any, teacher_tokenizer: Any | None,
         raise VocabularyMismatchError(
             f"the student's vocab_size is {student_vocab} but the teacher's is {teacher_vocab}; on-policy "
             "distillation scores the student's token ids with the teacher, so both must share one vocabulary. "
-            "Use a teacher from the same model family (same tokenizer)"
+            "Use a teacher from the same model family (same tokenizer), or give teacher_vocab_map (a JSON list: "
+            "the teacher id of every student id)"
         )
     if teacher_tokenizer is None or student_tokenizer is None:
         return
@@ -93,6 +103,7 @@ def check_same_vocabulary(student_tokenizer: Any, teacher_tokenizer: Any | None,
         differing = sorted(set(student.items()) ^ set(teacher.items()))[:3]
         raise VocabularyMismatchError(
             f"the teacher's tokenizer differs from the student's ({len(student)} vs {len(teacher)} entries; first "
-            f"differences: {differing}); the same token id would name different text. Use one tokenizer family"
+            f"differences: {differing}); the same token id would name different text. Use one tokenizer family, "
+            "or give teacher_vocab_map (a JSON list: the teacher id of every student id)"
         )
 

@@ -18,19 +18,24 @@ import torch
 
 from ..errors import TeacherScoringError
 from .records import TeacherScores
+from .vocab_map import VocabularyMap
 
 
 class ServerTeacher:
     full_vocabulary = False
 
-    def __init__(self, url: str, model: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
+                 vocab_map: VocabularyMap | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.model = model or self._first_model()
+        self.vocab_map = vocab_map  # student ids are sent (and looked up) as the teacher's ids
 
     def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
         if not action_ids:
             return TeacherScores(torch.zeros(0))
+        if self.vocab_map is not None:
+            context_ids, action_ids = self.vocab_map.to_teacher(context_ids), self.vocab_map.to_teacher(action_ids)
         prompt = [int(t) for t in context_ids] + [int(t) for t in action_ids]
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
         answer = self._request("/v1/completions", body)

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from .rollout_config import RolloutFields, TRLVLLMServerFields
 
 OBJECTIVES = ("gjsd", "opd")
 TURN_BACKWARDS = ("auto", "boundary_cut", "naive")
 SCHEDULES = ("thundersync", "sync")
-ROLLOUT_ENGINES = ("local_process", "local_thread")
+ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "embedded_server", "vllm_server")
 
 
 @dataclass
-class ThunderSyncGKDConfig(GKDConfig):
+class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     objective: str = field(
         default="gjsd",
         metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
@@ -35,11 +36,26 @@ class ThunderSyncGKDConfig(GKDConfig):
                   "every turn re-runs its whole context (quadratic; the reference, and what works with activation checkpointing); "
                   "'auto': boundary_cut, or naive when gradient_checkpointing is on."},
     )
+    max_open_trajectories: int | None = field(
+        default=None,
+        metadata={"help": "Admission cap: at most this many trajectories hold per-turn backward state at once (the "
+                  "boundary-cut key/value graphs and deferred context adjoints, which grow with each trajectory's "
+                  "length); turns of the others wait, scored, and are processed in arrival order when one closes. "
+                  "Same update. None: every trajectory of the batch may be open."},
+    )
     teacher_server_url: str | None = field(
         default=None,
         metadata={"help": "Base URL of a vLLM-compatible teacher server (e.g. http://host:8000) that returns prompt "
                   "log-probabilities from /v1/completions; replaces teacher_model, needs objective='opd' and lmbda=1. "
                   "The server must use the student's tokenizer."},
+    )
+    teacher_vocab_map: str | None = field(
+        default=None,
+        metadata={"help": "Path to a JSON list of V_s integers: the teacher token id of every student token id, for a "
+                  "teacher whose vocabulary is ordered differently or larger (validated: total over the student's "
+                  "vocab_size, in the teacher's range). The teacher reads and scores the mapped ids (OPD), and a "
+                  "local teacher's logits are gathered at the mapped ids (generalized JSD). None: teacher and student "
+                  "must share one vocabulary and tokenizer."},
     )
     teacher_server_model: str | None = field(
         default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}
@@ -47,12 +63,6 @@ class ThunderSyncGKDConfig(GKDConfig):
     teacher_server_timeout: float = field(
         default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
     )
-    rollout_engine: str = field(
-        default="local_process",
-        metadata={"help": "'local_process': embedded sampler in a worker process; 'local_thread': the same in a thread."},
-    )
-    rollout_max_in_flight: int = field(default=16, metadata={"help": "Trajectories the embedded engine decodes at once."})
-    rollout_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded rollout worker."})
     agent_max_turns: int = field(default=8, metadata={"help": "Agent loop (tools/environments): turns per trajectory."})
     agent_max_tokens_per_turn: int | None = field(
         default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_new_tokens."}
@@ -80,12 +90,14 @@ class ThunderSyncGKDConfig(GKDConfig):
         except ValueError as exc:  # TRL's own checks (lmbda, beta ranges): same text, typed
             raise ConfigurationError(str(exc)) from exc
         for name, value, allowed in (("objective", self.objective, OBJECTIVES), ("schedule", self.schedule, SCHEDULES),
-                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS),
-                                     ("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES)):
+                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS)):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
-        for name in ("rollout_max_in_flight", "rollout_num_threads", "agent_max_turns", "agent_max_context_tokens",
-                     "max_new_tokens"):
+        self.check_rollout_fields(ROLLOUT_ENGINES)
+        if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
+            raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "
+                                     "no cap)")
+        for name in ("agent_max_turns", "agent_max_context_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1")
         for name in ("agent_max_tokens_per_turn", "agent_max_completion_tokens"):
@@ -102,14 +114,23 @@ class ThunderSyncGKDConfig(GKDConfig):
         def refuse(name: str, value, why: str) -> None:
             raise UnsupportedOptionError(f"ThunderSyncGKDConfig: {name}={value!r} is not supported: {why}")
 
-        if self.gradient_accumulation_steps != 1:
+        if self.gradient_accumulation_steps > 1 and self.lmbda < 1.0:
+            # TRL draws on/off-policy per micro-step and scales each micro-batch's loss by a token count of the
+            # dataset labels, so an optimizer step is not one batch of sampled trajectories normalized once.
             refuse("gradient_accumulation_steps", self.gradient_accumulation_steps,
-                   "one logical batch (per_device_train_batch_size rows) feeds exactly one optimizer step; raise "
-                   "per_device_train_batch_size instead")
+                   f"with lmbda={self.lmbda} TRL's GKD draws on- or off-policy per micro-step, "
+                   "so one optimizer step would mix streamed and dataset micro-batches with TRL's per-micro-batch "
+                   "normalization; use gradient_accumulation_steps=1 (raise per_device_train_batch_size), or "
+                   "lmbda=1.0, where the per_device_train_batch_size × gradient_accumulation_steps "
+                   "rows of a step are streamed as one logical batch")
         if self.turn_backward == "boundary_cut" and self.gradient_checkpointing:
             refuse("gradient_checkpointing", self.gradient_checkpointing,
                    "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "
                    "set gradient_checkpointing=False, or turn_backward='naive'")
+        if self.teacher_vocab_map is not None and (self.lmbda != 1.0 or self.seq_kd):
+            refuse("lmbda" if self.lmbda != 1.0 else "seq_kd", self.lmbda if self.lmbda != 1.0 else self.seq_kd,
+                   "with teacher_vocab_map, off-policy steps would run TRL's generalized JSD (or teacher generation) "
+                   "on unmapped teacher logits; use lmbda=1.0 and seq_kd=False")
         if self.teacher_server_url is not None:
             if self.objective != "opd":
                 refuse("objective", self.objective, "a teacher server returns sampled-token log-probabilities only; "

@@ -1,32 +1,37 @@
-"""Rollout-side wiring of `ThunderSyncGKDTrainer`: requests from a collated GKD batch or prompt rows, and the engine
-(embedded sampler, wrapped in the agent loop when tools or environments are given). No training logic here."""
+"""Rollout-side wiring of `ThunderSyncGKDTrainer`: requests from a collated GKD batch or prompt rows, sampling
+parameters, and the agent loop around the turn generator (which `rollout_setup` builds, as for GRPO). No training
+logic here."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from ..types import RolloutRequest, SamplingParams
 from .grpo_trainer import trajectory_seed
+from .rollout_setup import capped_agent_limits
 
 
-def requests_from_collated(batch: Mapping[str, Any], run_seed: int, version: int) -> list[RolloutRequest]:
-    """One request per row of a `DataCollatorForChatML` batch: the left-padded `prompts` without their padding."""
+def requests_from_collated(batch: Mapping[str, Any], run_seed: int, version: int, *,
+                           first_index: int = 0) -> list[RolloutRequest]:
+    """One request per row of a `DataCollatorForChatML` batch: the left-padded `prompts` without their padding.
+    Rows are numbered from `first_index` (the micro-batch's offset in the logical batch); the index sets the seed."""
     prompts, mask = batch["prompts"], batch["prompt_attention_mask"]
     return [
-        RolloutRequest(index=i, group=i, prompt_ids=tuple(prompts[i][mask[i].bool()].tolist()),
-                       seed=trajectory_seed(run_seed, version, i))
+        RolloutRequest(index=first_index + i, group=first_index + i,
+                       prompt_ids=tuple(prompts[i][mask[i].bool()].tolist()),
+                       seed=trajectory_seed(run_seed, version, first_index + i))
         for i in range(prompts.shape[0])
     ]
 
 
-def requests_from_rows(rows: Sequence[Mapping[str, Any]], run_seed: int, version: int) -> list[RolloutRequest]:
-    """One request per prompt row (agentic datasets: `prompt` messages plus environment reset columns)."""
+def requests_from_rows(rows: Sequence[Mapping[str, Any]], run_seed: int, version: int, *,
+                       first_index: int = 0) -> list[RolloutRequest]:
+    """One request per prompt row (agentic datasets: `prompt` messages plus environment reset columns), numbered
+    from `first_index`."""
     return [
-        RolloutRequest(index=i, group=i, prompt_ids=(), seed=trajectory_seed(run_seed, version, i),
-                       prompt=row["prompt"], row=row)
+        RolloutRequest(index=first_index + i, group=first_index + i, prompt_ids=(),
+                       seed=trajectory_seed(run_seed, version, first_index + i), prompt=row["prompt"], row=row)
         for i, row in enumerate(rows)
     ]
 
@@ -37,23 +42,10 @@ def sampling_params(args, eos_token_ids: Sequence[int], pad_token_id: int | None
                           eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id)
 
 
-def build_engine(model: Any, args, sampling: SamplingParams, *, tokenizer, tools: Sequence[Callable] | None,
-                 environment_factory, on_turn: Callable | None, policy_version: int):
-    """The embedded engine; with tools or an environment factory, the multi-turn agent engine around it."""
-    from ..rollout.local import LocalProcessEngine
-
-    mode = "thread" if args.rollout_engine == "local_thread" else "process"
-    generator = LocalProcessEngine(model, sampling, max_in_flight=args.rollout_max_in_flight, mode=mode,
-                                   num_threads=args.rollout_num_threads, policy_version=policy_version)
-    if not tools and environment_factory is None:
-        return generator
-    return agent_engine(generator, args, tokenizer=tokenizer, tools=tools, environment_factory=environment_factory,
-                        on_turn=on_turn)
-
-
 def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] | None, environment_factory,
-                 on_turn: Callable | None):
-    """The multi-turn agent engine over any turn generator (`submit`/`publish`), emitting turn events to `on_turn`."""
+                 on_turn: Callable | None, policy: Any = None):
+    """The multi-turn agent engine over any turn generator (`submit`/`publish`), emitting turn events to `on_turn`;
+    its context budget is capped by the windows of `policy` and of the generator's servers."""
     from ..envs.agent_loop import ToolRunner
     from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
@@ -70,9 +62,11 @@ def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] |
     multi = isinstance(environment_factory, Mapping)
     factories = dict(environment_factory) if multi else ({None: environment_factory} if environment_factory else None)
     spec = EnvironmentSpec(factories=factories, standalone_tools=list(tools or []), multi_environment=multi)
-    return AgentRolloutEngine(generator, tokenizer=tokenizer, render_prompt=render_prompt, limits=args.agent_limits(),
+    return AgentRolloutEngine(generator, tokenizer=tokenizer, render_prompt=render_prompt,
+                              limits=capped_agent_limits(args.agent_limits(), policy, generator),
                               environments=spec, tool_runner=ToolRunner(), chat_template=template, on_turn=on_turn,
-                              max_concurrent=max(8, args.per_device_train_batch_size))
+                              max_concurrent=max(8, args.per_device_train_batch_size
+                                                 * args.gradient_accumulation_steps))
 
 
 def pass_through_collator(rows: list[dict]) -> list[dict]:

@@ -28,13 +28,17 @@ from ..distill.records import DistillTotals, TeacherScores
 from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from ..distill.vocab_map import VocabularyMap
 from ..envs.metrics import agent_metrics
 from ..errors import UnsupportedOptionError
+from ..rollout.vllm_client import VLLMServerEngine
+from ..rollout.vllm_replicas import server_metrics
 from ..trace.recorder import TraceWriter
 from .gkd_config import ThunderSyncGKDConfig
-from .gkd_rollout import (build_engine, pass_through_collator, requests_from_collated, requests_from_rows,
+from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
 from .grpo_trainer import _PublishCallback
+from .rollout_setup import RolloutTarget, build_turn_generator
 
 
 class ThunderSyncGKDTrainer(GKDTrainer):
@@ -59,12 +63,14 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                               compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                               preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
                               formatting_func=formatting_func)
-        if teacher_model is not None:
+        if teacher_model is not None and args.teacher_vocab_map is None:
             _check_vocabularies(model, teacher_model, processing_class)
             super().__init__(model=model, teacher_model=teacher_model, **trainer_kwargs)
             self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
-        else:
-            self._init_with_teacher_server(model, trainer_kwargs)
+        else:  # TRL's GKDTrainer refuses a teacher with another vocab_size, so a mapped teacher is attached here
+            self._init_without_trl_teacher(model, trainer_kwargs)
+            self._teacher = self._mapped_local_teacher(teacher_model) if teacher_model is not None else \
+                self._server_teacher()
         if self.accelerator.num_processes > 1:
             raise UnsupportedOptionError(
                 f"{self.accelerator.num_processes} processes: the streamed distillation barrier is single-process so "
@@ -81,17 +87,16 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
+        self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
         self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
         self.last_trace = None
         self.add_callback(_PublishCallback(self))
 
-    def _init_with_teacher_server(self, model, trainer_kwargs: dict) -> None:
-        """GKDTrainer's construction without a local teacher model: the same SFT setup (raw `messages` kept for the
-        ChatML collator), dropout off, and the fields `training_step` reads; the teacher is the server client."""
+    def _init_without_trl_teacher(self, model, trainer_kwargs: dict) -> None:
+        """GKDTrainer's construction without its teacher: the same SFT setup (raw `messages` kept for the ChatML
+        collator), dropout off, and the fields `training_step` reads (on-policy only: lmbda=1, no seq_kd)."""
         from trl.experimental.utils import DataCollatorForChatML
         from trl.trainer.utils import disable_dropout_in_model
-
-        from ..distill.teacher_server import ServerTeacher
 
         args = trainer_kwargs["args"]
         args.remove_unused_columns = False
@@ -105,12 +110,40 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self.teacher_model = None
         self.lmbda, self.beta, self.temperature, self.seq_kd = 1.0, args.beta, args.temperature, False
         self.generation_config = self.model.generation_config
-        self._teacher = ServerTeacher(args.teacher_server_url, args.teacher_server_model, args.teacher_server_timeout)
+
+    def _server_teacher(self):
+        from ..distill.teacher_server import ServerTeacher
+
+        a = self.args
+        return ServerTeacher(a.teacher_server_url, a.teacher_server_model, a.teacher_server_timeout,
+                             vocab_map=self._vocab_map(teacher_vocab=None))
+
+    def _mapped_local_teacher(self, teacher_model) -> LocalTeacher:
+        """A local teacher with another vocabulary, read through `teacher_vocab_map` (a model or a path, loaded with
+        `teacher_model_init_kwargs` as TRL would)."""
+        from transformers import AutoModelForCausalLM
+
+        if isinstance(teacher_model, str):
+            kwargs = {"trust_remote_code": self.args.trust_remote_code, **(self.args.teacher_model_init_kwargs or {})}
+            teacher_model = AutoModelForCausalLM.from_pretrained(teacher_model, **kwargs)
+        elif self.args.teacher_model_init_kwargs is not None:
+            raise UnsupportedOptionError("teacher_model_init_kwargs is set but teacher_model is already instantiated")
+        self.teacher_model = self.accelerator.prepare_model(teacher_model, evaluation_mode=True)
+        teacher_vocab = self.teacher_model.config.get_text_config().vocab_size
+        return LocalTeacher(self.teacher_model, self.accelerator.device, vocab_map=self._vocab_map(teacher_vocab))
+
+    def _vocab_map(self, teacher_vocab: int | None) -> VocabularyMap | None:
+        """`args.teacher_vocab_map`, validated against the student's vocab_size (and the teacher's, when known)."""
+        if self.args.teacher_vocab_map is None:
+            return None
+        student_vocab = self.accelerator.unwrap_model(self.model).config.get_text_config().vocab_size
+        return VocabularyMap.from_json(self.args.teacher_vocab_map, student_vocab=student_vocab,
+                                       teacher_vocab=teacher_vocab)
 
     # -- TRL hook ---------------------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         if random.random() <= self.lmbda:  # TRL's draw, at the same point of the RNG stream
-            return self._streamed_batch(model, inputs)
+            return self._on_policy_micro_step(model, inputs)
         if self.seq_kd:
             with unwrap_model_for_generation(self.teacher_model, self.accelerator,
                                              generation_kwargs=self.generation_kwargs) as teacher:
@@ -119,21 +152,32 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     # -- the streamed on-policy batch -------------------------------------------------------------------------------
-    def _streamed_batch(self, model, inputs) -> torch.Tensor:
+    def _on_policy_micro_step(self, model, inputs) -> torch.Tensor:
+        """Collect the micro-batches of one optimizer step (lmbda=1 whenever gradient_accumulation_steps > 1, so
+        every micro-step of the window lands here) and stream them as one logical batch at the window's last one;
+        the earlier micro-steps add nothing to param.grad and report a zero loss."""
+        self._window.append(inputs)
+        if len(self._window) < self.current_gradient_accumulation_steps:
+            return torch.zeros((), device=self.args.device)
+        micro_batches, self._window = self._window, []
+        return self._streamed_batch(model, micro_batches)
+
+    def _streamed_batch(self, model, micro_batches: list) -> torch.Tensor:
         version = self.state.global_step
         if version != self.policy_version:
             self._publish(version)
-        if self._agentic:
-            requests = requests_from_rows(inputs, self.args.seed, version)
-        else:
-            requests = requests_from_collated(inputs, self.args.seed, version)
+        to_requests = requests_from_rows if self._agentic else requests_from_collated
+        requests = []
+        for inputs in micro_batches:  # row r of the logical batch: the same index and seed however it was split
+            requests.extend(to_requests(inputs, self.args.seed, version, first_index=len(requests)))
         engine = self._rollout_engine()
         module = self.accelerator.unwrap_model(model)
         module.train()
         grads = GradientSum(self._trainable)
         backward_cls = BoundaryCutBackward if self.args.turn_backward == "boundary_cut" else NaiveTurnBackward
         backward = backward_cls(module, self._trainable, self._objective, grads, self.accelerator.device)
-        learner = DistillBatchLearner(batch_size=len(requests), policy_version=version, backward=backward, grads=grads)
+        learner = DistillBatchLearner(batch_size=len(requests), policy_version=version, backward=backward, grads=grads,
+                                      max_open_trajectories=self.args.max_open_trajectories)
         items: list = []
         vocab = module.config.get_text_config().vocab_size if self.args.objective == "gjsd" else None
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
@@ -154,17 +198,20 @@ class ThunderSyncGKDTrainer(GKDTrainer):
 
     def _rollout_engine(self):
         if self._engine is None:
-            if self.accelerator.device.type == "cpu" and self.args.rollout_engine == "local_process":
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) - self.args.rollout_num_threads))
             eos = self.generation_config.eos_token_id
             eos = [eos] if isinstance(eos, int) else list(eos or [])
             per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
             sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
-            self._engine = build_engine(self.accelerator.unwrap_model(self.model), self.args, sampling,
-                                        tokenizer=self.processing_class, tools=self.tools,
-                                        environment_factory=self.environment_factory,
-                                        on_turn=self._router if self._agentic else None,
-                                        policy_version=self.policy_version)
+            policy = self.accelerator.unwrap_model(self.model)
+            target = RolloutTarget(policy, self.processing_class, self.accelerator.device,
+                                   self.accelerator.num_processes, self.policy_version)
+            generator = build_turn_generator(target, self.args, sampling,
+                                             on_metric=lambda name, value: self._metrics["train"][name].append(value))
+            self._engine = generator
+            if self._agentic:
+                self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
+                                            environment_factory=self.environment_factory, on_turn=self._router,
+                                            policy=policy)
         return self._engine
 
     # -- publication, trace and metrics (called by _PublishCallback after each optimizer step) ----------------------
@@ -194,6 +241,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         m["thundersync/on_policy"].append(1.0)
         m["thundersync/scored_tokens"].append(float(totals.scored_tokens))
         m["thundersync/turns"].append(float(totals.turns))
+        m["thundersync/open_trajectories_peak"].append(float(totals.peak_open_trajectories))
         m["thundersync/teacher_queue_wait_seconds"].append(timing.teacher_wait / max(len(turns), 1))
         m["thundersync/teacher_scoring_seconds"].append(timing.teacher_seconds / max(len(turns), 1))
         m["thundersync/teacher_busy_seconds"].append(timing.teacher_seconds)
@@ -210,6 +258,10 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         m["completions/mean_length"].append(sum(lengths) / len(lengths))
         for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
             m[name].append(value)
+        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
+        if isinstance(server, VLLMServerEngine):
+            for name, value in server_metrics(server.stats()).items():
+                m[name].append(value)
 
     def close(self) -> None:
         """Stop the rollout engine (also done at interpreter exit)."""
@@ -239,6 +291,10 @@ def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> No
         raise UnsupportedOptionError(
             f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
             "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
+    if args.teacher_vocab_map is not None and eval_dataset is not None:
+        raise UnsupportedOptionError(
+            "eval_dataset with teacher_vocab_map: evaluation runs TRL's generalized-JSD loss on the teacher's own "
+            "vocabulary, which does not line up with the student's; evaluate separately")
     if args.teacher_server_url is not None and eval_dataset is not None:
         raise UnsupportedOptionError(
             "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "

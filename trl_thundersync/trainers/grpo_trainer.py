@@ -11,7 +11,6 @@ The trainer only wires parts together; the math lives in `trl_thundersync.stream
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -43,6 +42,7 @@ from ..streaming.source import TrajectoryBackward, write_flat_grads
 from ..trace.recorder import TraceWriter, build_step_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_config import ThunderSyncGRPOConfig
+from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
@@ -317,49 +317,12 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         sampling = self._sampling_params()
         if self._agentic():
             sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
-        kind = self.args.resolved_rollout_engine(False)
-        if kind in ("embedded_server", "vllm_server"):
-            generator = self._server_engine(sampling, kind)
-        else:
-            from ..rollout.local import LocalProcessEngine
-
-            mode = "thread" if kind == "local_thread" else "process"
-            self._set_learner_threads(mode)
-            generator = LocalProcessEngine(
-                self.accelerator.unwrap_model(self.model), sampling, max_in_flight=self.args.rollout_max_in_flight,
-                mode=mode, num_threads=self.args.rollout_num_threads, policy_version=self.policy_version,
-            )
+        target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer, self.accelerator.device,
+                               self.accelerator.num_processes, self.policy_version)
+        generator = build_turn_generator(target, self.args, sampling,
+                                         on_metric=lambda name, value: self._metrics["train"][name].append(value))
         self._engine = self._agent_engine(generator) if self._agentic() else generator
         return self._engine
-
-    def _server_engine(self, sampling: SamplingParams, kind: str):
-        """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run."""
-        from ..rollout.vllm_client import VLLMServerEngine
-        from ..serve.launcher import ServerOptions, start_embedded_engine
-
-        a, policy = self.args, self.accelerator.unwrap_model(self.model)
-        urls = a.server_urls()
-        replicas = len(urls) if urls else a.rollout_num_servers
-        common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
-                      request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
-                      restart_timeout=a.rollout_restart_timeout, policy_version=self.policy_version)
-        if urls is None:  # embedded servers started from the policy as it is now
-            self._set_learner_threads("process", rollout_threads=a.rollout_num_threads * replicas)
-            options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
-                                    startup_timeout=a.vllm_server_timeout)
-            return start_embedded_engine(policy, self._tokenizer, sampling, replicas=replicas, options=options,
-                                         startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
-        nccl = {"device": self.accelerator.device, "group_port": a.vllm_group_port,
-                "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
-        engine = VLLMServerEngine(urls, self._tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
-                                  nccl_options=nccl, **common)
-        try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
-            seconds = engine.publish(policy, self.policy_version)
-        except BaseException:
-            engine.close()
-            raise
-        self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
-        return engine
 
     def _agent_engine(self, generator):
         from ..envs.agent_loop import ToolRunner
@@ -375,36 +338,14 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
                                multi_environment=bool(getattr(self, "_multi_environment", False)))
         return AgentRolloutEngine(
-            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=self._agent_limits(generator),
+            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=capped_agent_limits(
+                self.args.agent_limits(), self.accelerator.unwrap_model(self.model), generator),
             environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
             chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
         )
 
-    def _agent_limits(self, generator):
-        """The configured agent limits, with the context budget capped by what the model (and the rollout servers)
-        can hold, so a long trajectory ends with `max_context_tokens` instead of a request the server refuses."""
-        limits = self.args.agent_limits()
-        windows = [getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None),
-                   getattr(generator, "max_model_len", None)]
-        windows = [w for w in windows if isinstance(w, int) and w > 0]
-        if windows and min(windows) < limits.max_context_tokens:
-            limits = replace(limits, max_context_tokens=min(windows))
-        return limits
-
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
-
-    def _set_learner_threads(self, engine_mode: str, rollout_threads: int | None = None) -> None:
-        """On CPU, leave the worker's cores to it: oversubscribed OpenMP threads slow the learner by ~2× here."""
-        if self.accelerator.device.type != "cpu":
-            return
-        threads = self.args.learner_num_threads
-        if threads is None and engine_mode == "process":
-            cores = max(1, (os.cpu_count() or 1) // self.accelerator.num_processes)
-            threads = max(1, cores - (rollout_threads or self.args.rollout_num_threads))
-        if threads is not None:
-            torch.set_num_threads(threads)
-            self._metrics["train"]["thundersync/learner_threads"].append(float(threads))
 
     def _sampling_params(self) -> SamplingParams:
         a = self.args

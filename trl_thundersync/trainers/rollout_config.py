@@ -1,0 +1,160 @@
+"""Rollout-engine fields shared by `ThunderSyncGRPOConfig` and `ThunderSyncGKDConfig`: which engine generates, the
+rollout servers and how θ_{k+1} reaches them. One definition, one validation, the same defaults for both trainers.
+
+`RolloutFields` is a dataclass mixin; a config calls `check_rollout_fields(allowed_engines)` from its
+`__post_init__`. `TRLVLLMServerFields` adds TRL's `use_vllm` / `vllm_*` server fields (taken from `trl.GRPOConfig`,
+defaults and help included) to a config whose TRL parent does not have them (GKD's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..errors import ConfigurationError, UnsupportedOptionError
+
+WEIGHT_PUBLISHERS = ("auto", "nccl", "lora", "http")
+SERVER_ENGINES = ("embedded_server", "vllm_server")
+
+
+@dataclass
+class RolloutFields:
+    rollout_engine: str = field(
+        default="auto",
+        metadata={
+            "help": "'local_process': the embedded engine in a worker process, no HTTP; 'local_thread': the same "
+            "engine in a thread (fights the learner for the GIL; for measurements); 'embedded_server': "
+            "`rollout_num_servers` embedded HTTP servers (python -m trl_thundersync.serve) started for the run, or "
+            "the ones at `vllm_server_base_urls`, driven by the vLLM client; 'vllm_server': vLLM servers "
+            "(use_vllm=True, vllm_mode='server'); 'trl' (GRPO only): TRL's own batch generation (used automatically "
+            "for rollout_func); 'auto' picks 'vllm_server' with use_vllm=True, else 'trl' for rollout_func, else "
+            "'embedded_server' (the default: the production client code over HTTP, servers started for the run)."
+        },
+    )
+    vllm_server_base_urls: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Base URLs of several rollout servers (data-parallel replicas), e.g. ['http://10.0.0.5:8000', "
+            "'http://10.0.0.6:8000']. Overrides vllm_server_base_url / host / port. Each trajectory stays on one "
+            "replica (prefix cache); new trajectories go to the least-loaded one."
+        },
+    )
+    vllm_weight_publisher: str = field(
+        default="auto",
+        metadata={
+            "help": "How θ_{k+1} reaches the servers after each optimizer step: 'nccl' (TRL's weight-transfer "
+            "client, full weights, GPU), 'lora' (the adapter hot-loaded as `policy-v{k}`; needs a PEFT policy and "
+            "servers started with --enable-lora), 'http' (a safetensors file, embedded servers); 'auto': 'http' for "
+            "embedded servers, 'nccl' for vLLM."
+        },
+    )
+    rollout_num_servers: int = field(
+        default=1, metadata={"help": "embedded_server without URLs: how many servers (replicas) to start."}
+    )
+    rollout_request_timeout: float = field(
+        default=600.0, metadata={"help": "Seconds one generation request (one turn) may take on a server."}
+    )
+    rollout_restart_timeout: float = field(
+        default=300.0,
+        metadata={"help": "Seconds a failed server may take to come back before the batch fails (its requests are "
+                  "then sent again with the same seeds)."},
+    )
+    rollout_retries: int = field(
+        default=3, metadata={"help": "Times one request is sent again after its server failed and came back."}
+    )
+    rollout_max_in_flight: int = field(
+        default=16, metadata={"help": "Trajectories the embedded engine (or each server) decodes concurrently."}
+    )
+    rollout_num_threads: int = field(
+        default=1, metadata={"help": "torch threads of the embedded rollout worker process (or of each server)."}
+    )
+    learner_num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch intra-op threads of the learner on CPU. None: when the embedded engine runs in a worker "
+            "process, the cores it leaves free (cpu_count − rollout_num_threads, at least 1), so learner and "
+            "rollout threads do not oversubscribe the CPU; otherwise torch's default."
+        },
+    )
+
+    def resolved_rollout_engine(self, uses_rollout_func: bool = False) -> str:
+        """The engine `rollout_engine='auto'` stands for."""
+        if self.rollout_engine != "auto":
+            return self.rollout_engine
+        if self.use_vllm:
+            return "vllm_server"
+        return "trl" if uses_rollout_func else "embedded_server"
+
+    def server_urls(self) -> list[str] | None:
+        """Rollout server URLs: `vllm_server_base_urls`, else (use_vllm) TRL's single-server fields; None: start
+        embedded servers."""
+        if self.vllm_server_base_urls:
+            return list(self.vllm_server_base_urls)
+        if not self.use_vllm:
+            return None
+        if self.vllm_server_base_url:
+            return [self.vllm_server_base_url]
+        return [f"http://{self.vllm_server_host}:{self.vllm_server_port}"]
+
+    def check_rollout_fields(self, engines: tuple[str, ...]) -> None:
+        """Validate the rollout fields; `engines` are the `rollout_engine` values this config accepts."""
+        if self.use_vllm and self.vllm_mode != "server":
+            raise UnsupportedOptionError(
+                f"{type(self).__name__}: vllm_mode={self.vllm_mode!r} is not supported: ThunderSync generates on "
+                "rollout servers in other processes while the learner runs; use vllm_mode='server' (or "
+                "use_vllm=False for the embedded engine)")
+        if self.rollout_engine not in engines:
+            raise ConfigurationError(f"rollout_engine={self.rollout_engine!r} is not one of {engines}")
+        if self.rollout_max_in_flight < 1 or self.rollout_num_threads < 1:
+            raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} and rollout_num_threads="
+                                     f"{self.rollout_num_threads} must be ≥ 1")
+        if self.learner_num_threads is not None and self.learner_num_threads < 1:
+            raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
+        if self.vllm_weight_publisher not in WEIGHT_PUBLISHERS:
+            raise ConfigurationError(
+                f"vllm_weight_publisher={self.vllm_weight_publisher!r} is not one of {WEIGHT_PUBLISHERS}"
+            )
+        if self.rollout_num_servers < 1 or self.rollout_retries < 0:
+            raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1 and "
+                                     f"rollout_retries={self.rollout_retries} ≥ 0")
+        if self.rollout_request_timeout <= 0 or self.rollout_restart_timeout <= 0:
+            raise ConfigurationError(f"rollout_request_timeout={self.rollout_request_timeout} and "
+                                     f"rollout_restart_timeout={self.rollout_restart_timeout} must be > 0")
+        self._check_server_choice()
+
+    def _check_server_choice(self) -> None:
+        urls = self.vllm_server_base_urls
+        if urls is not None and (not urls or len(set(urls)) != len(urls)):
+            raise ConfigurationError(f"vllm_server_base_urls={urls} must name at least one server, each once")
+        engine = self.rollout_engine
+        if self.use_vllm and engine not in ("auto", "vllm_server"):
+            raise ConfigurationError(f"use_vllm=True generates on vLLM servers, but rollout_engine={engine!r}; "
+                                     "leave rollout_engine='auto' (or set use_vllm=False)")
+        if engine == "vllm_server" and not self.use_vllm:
+            raise ConfigurationError("rollout_engine='vllm_server' needs use_vllm=True and vllm_mode='server' (TRL's "
+                                     "fields); for the embedded server use rollout_engine='embedded_server'")
+        if urls and engine not in ("auto", *SERVER_ENGINES):
+            raise ConfigurationError(f"vllm_server_base_urls is set but rollout_engine={engine!r} does not use "
+                                     "servers; set rollout_engine='embedded_server' or use_vllm=True")
+        if urls and engine == "auto" and not self.use_vllm:
+            raise ConfigurationError("vllm_server_base_urls is set: also set use_vllm=True, vllm_mode='server' for "
+                                     "vLLM servers, or rollout_engine='embedded_server' for embedded ones")
+
+
+def _grpo_field(name: str):
+    """`trl.GRPOConfig`'s field `name` (default and help), for a config whose TRL parent lacks it."""
+    (source,) = [f for f in dataclasses.fields(GRPOConfig) if f.name == name]
+    return field(default=source.default, metadata=dict(source.metadata))
+
+
+@dataclass
+class TRLVLLMServerFields:
+    use_vllm: bool = _grpo_field("use_vllm")
+    vllm_mode: str = _grpo_field("vllm_mode")
+    vllm_server_base_url: str | None = _grpo_field("vllm_server_base_url")
+    vllm_server_host: str = _grpo_field("vllm_server_host")
+    vllm_server_port: int = _grpo_field("vllm_server_port")
+    vllm_server_timeout: float = _grpo_field("vllm_server_timeout")
+    vllm_group_port: int = _grpo_field("vllm_group_port")

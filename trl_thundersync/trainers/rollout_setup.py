@@ -1,0 +1,103 @@
+"""The turn generator both ThunderSync trainers sample with, built from the `RolloutFields` of their config: the
+embedded engine in a worker process or thread, embedded HTTP servers started for the run, or servers at given URLs
+(vLLM or embedded), driven by `VLLMServerEngine` with publication and acknowledgement.
+
+    generator = build_turn_generator(RolloutTarget(policy, tokenizer, device, processes, version), args, sampling,
+                                     on_metric=lambda name, value: ...)
+
+Trainers wrap the generator in the agent loop themselves (they render prompts differently); `capped_agent_limits`
+gives that loop a context budget the model and the servers can hold.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..types import SamplingParams
+from .rollout_config import SERVER_ENGINES, RolloutFields
+
+MetricSink = Callable[[str, float], None]  # (metric name, value) appended to the trainer's train metrics
+
+
+@dataclass(frozen=True)
+class RolloutTarget:
+    """What the generator samples from and where the learner runs."""
+
+    policy: Any  # the unwrapped policy module at `policy_version` (LoRA: the PEFT model)
+    tokenizer: Any  # the policy's tokenizer (servers load it; the client decodes nothing with it)
+    device: torch.device  # the learner's device; on CPU the learner's thread count is set here
+    num_processes: int  # trainer processes on this machine's cores
+    policy_version: int  # the version `policy` holds now
+
+
+def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: SamplingParams, *,
+                         on_metric: MetricSink):
+    """The generator `args.resolved_rollout_engine()` names (never 'trl': that one is the GRPO trainer's own)."""
+    kind = args.resolved_rollout_engine(False)
+    if kind in SERVER_ENGINES:
+        return _server_engine(target, args, sampling, on_metric)
+    from ..rollout.local import LocalProcessEngine
+
+    mode = "thread" if kind == "local_thread" else "process"
+    set_learner_threads(target, args, mode, args.rollout_num_threads, on_metric)
+    return LocalProcessEngine(target.policy, sampling, max_in_flight=args.rollout_max_in_flight, mode=mode,
+                              num_threads=args.rollout_num_threads, policy_version=target.policy_version)
+
+
+def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingParams, on_metric: MetricSink):
+    """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run."""
+    from ..rollout.vllm_client import VLLMServerEngine
+    from ..serve.launcher import ServerOptions, start_embedded_engine
+
+    urls = a.server_urls()
+    replicas = len(urls) if urls else a.rollout_num_servers
+    common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
+                  request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
+                  restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version)
+    if urls is None:  # embedded servers started from the policy as it is now
+        set_learner_threads(target, a, "process", a.rollout_num_threads * replicas, on_metric)
+        options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
+                                startup_timeout=a.vllm_server_timeout)
+        return start_embedded_engine(target.policy, target.tokenizer, sampling, replicas=replicas, options=options,
+                                     startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
+    nccl = {"device": target.device, "group_port": a.vllm_group_port,
+            "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
+    engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
+                              nccl_options=nccl, **common)
+    try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
+        seconds = engine.publish(target.policy, target.policy_version)
+    except BaseException:
+        engine.close()
+        raise
+    on_metric("thundersync/publish_seconds", seconds)
+    return engine
+
+
+def set_learner_threads(target: RolloutTarget, args: RolloutFields, engine_mode: str, rollout_threads: int,
+                        on_metric: MetricSink) -> None:
+    """On CPU, leave the rollout worker's cores to it: oversubscribed OpenMP threads slow the learner by ~2× here."""
+    if target.device.type != "cpu":
+        return
+    threads = args.learner_num_threads
+    if threads is None and engine_mode == "process":
+        cores = max(1, (os.cpu_count() or 1) // target.num_processes)
+        threads = max(1, cores - rollout_threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        on_metric("thundersync/learner_threads", float(threads))
+
+
+def capped_agent_limits(limits, policy: Any, generator: Any):
+    """The agent limits with the context budget capped by what the model (and the rollout servers) can hold, so a
+    long trajectory ends with `max_context_tokens` instead of a request the server refuses."""
+    windows = [getattr(getattr(policy, "config", None), "max_position_embeddings", None),
+               getattr(generator, "max_model_len", None)]
+    windows = [w for w in windows if isinstance(w, int) and w > 0]
+    if windows and min(windows) < limits.max_context_tokens:
+        return replace(limits, max_context_tokens=min(windows))
+    return limits
