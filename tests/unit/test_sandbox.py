@@ -221,6 +221,19 @@ def test_timeout_kills_the_whole_tree(sandbox: BwrapSandbox) -> None:
     assert surviving(f"sleep 100.{tag}") == []
 
 
+def test_without_pidfd_the_polling_wait_gives_the_same_results(sandbox: BwrapSandbox, monkeypatch) -> None:
+    def no_pidfd(pid: int) -> int:
+        raise OSError("pidfd_open: function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    done = sandbox.run("echo hi; exit 3")
+    assert done.exit_code == 3 and done.stdout == "hi\n" and not done.timed_out
+    tag = marker()
+    hung = sandbox.run(f"sleep 100.{tag}", timeout_s=1)
+    assert hung.timed_out and hung.exit_code is None and hung.signal == 9
+    assert surviving(f"sleep 100.{tag}") == []
+
+
 def test_background_children_die_when_the_command_ends(sandbox: BwrapSandbox) -> None:
     tag = marker()
     start = time.monotonic()
