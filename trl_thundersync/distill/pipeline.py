@@ -22,12 +22,11 @@ from dataclasses import dataclass
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
+from ..streaming.pipeline import DONE, drain
 from ..types import RolloutRequest, TurnEvent
 from .learner import DistillBatchLearner
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed
 from .teacher import TeacherScorer, check_teacher_scores
-
-_DONE = object()
 
 
 class TurnRouter:
@@ -78,7 +77,7 @@ def _results(engine: RolloutEngine, single_turn: bool, out: queue.Queue, stop: t
     except BaseException as exc:  # re-raised in the learner's thread
         out.put(exc)
     finally:
-        out.put(_DONE)
+        out.put(DONE)
 
 
 def _teach(teacher: TeacherScorer, vocab_size: int | None, inbox: queue.Queue, out: queue.Queue) -> None:
@@ -96,7 +95,7 @@ def _teach(teacher: TeacherScorer, vocab_size: int | None, inbox: queue.Queue, o
         except BaseException as exc:
             out.put(exc)
             return
-        if item is _DONE or isinstance(item, BaseException):
+        if item is DONE or isinstance(item, BaseException):
             return
 
 
@@ -129,22 +128,15 @@ def run_distill_batch(
     ]
     for thread in threads:
         thread.start()
-    arrived: list[ScoredTurn | TrajectoryClosed] = []
+
+    def handle(item: ScoredTurn | TrajectoryClosed) -> None:
+        if on_item is not None:
+            on_item(item)
+        if schedule == "thundersync":
+            learner.submit(item)
+
     try:
-        while True:
-            item = inbox.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            arrived.append(item)
-            if on_item is not None:
-                on_item(item)
-            if schedule == "thundersync":
-                learner.submit(item)
-    except BaseException:
-        stop.set()
-        raise
+        arrived: list[ScoredTurn | TrajectoryClosed] = drain(inbox, stop, handle)
     finally:
         if router is not None:
             router.close()

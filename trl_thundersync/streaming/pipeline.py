@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
 from ..types import Rollout, RolloutRequest, ScoredRollout
 from .learner import BatchTotals, GRPOBatchLearner
 
-_DONE = object()
+DONE = object()  # the last thing a producer thread puts on its queue, after its items or its exception
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,25 @@ def _produce(engine: RolloutEngine, score: Callable[[Rollout], ScoredRollout], o
     except BaseException as exc:  # handed to the learner thread, which re-raises it
         out.put(exc)
     finally:
-        out.put(_DONE)
+        out.put(DONE)
+
+
+def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None]) -> list:
+    """Take items from a producer's queue until `DONE`, calling `on_item` on each as it arrives; returns them in
+    arrival order. A producer's exception is re-raised here; any failure sets `stop` so producers quit a void batch."""
+    arrived: list = []
+    try:
+        while True:
+            item = inbox.get()
+            if item is DONE:
+                return arrived
+            if isinstance(item, BaseException):
+                raise item
+            arrived.append(item)
+            on_item(item)
+    except BaseException:
+        stop.set()
+        raise
 
 
 def run_logical_batch(
@@ -67,24 +86,15 @@ def run_logical_batch(
     producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop), name="thundersync-rollouts",
                                 daemon=True)
     producer.start()
-    arrived: list[ScoredRollout] = []
-    rollout_end = start
+
+    def on_item(item: ScoredRollout) -> None:
+        if on_source is not None:
+            on_source(item)
+        if schedule == "thundersync":
+            learner.submit(item)
+
     try:
-        while True:
-            item = inbox.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            arrived.append(item)
-            rollout_end = time.perf_counter()
-            if on_source is not None:
-                on_source(item)
-            if schedule == "thundersync":
-                learner.submit(item)
-    except BaseException:
-        stop.set()
-        raise
+        arrived: list[ScoredRollout] = drain(inbox, stop, on_item)
     finally:
         producer.join(timeout=5.0)
     if len(arrived) != len(requests):
@@ -94,7 +104,7 @@ def run_logical_batch(
             learner.submit(item)
     totals = learner.finish()
     barrier = time.perf_counter()
-    rollout_end = max([s.scored_at for s in arrived], default=rollout_end)
+    rollout_end = max([s.scored_at for s in arrived], default=start)
     busy = sum(w.end - w.start for w in totals.work)
     order = tuple(s.rollout.index for s in arrived)
     return totals, BatchTiming(start, rollout_end, busy, barrier, order)
