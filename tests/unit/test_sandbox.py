@@ -360,3 +360,11 @@ def test_factory_and_bad_configuration(workspace: Path) -> None:
         BwrapSandbox(workspace, SandboxLimits(max_processes=0))
     with pytest.raises(ConfigurationError, match="timeout_s"):
         box.run("true", timeout_s=0)
+
+
+def test_stdin_bytes_reach_the_command_then_eof(sandbox: BwrapSandbox) -> None:
+    assert sandbox.run("cat; echo end", stdin=b"fed\n").stdout == "fed\nend\n"
+    big = os.urandom(1 << 20)  # larger than a pipe buffer: written by a thread, no deadlock against the output
+    assert sandbox.run("wc -c", stdin=big).stdout.strip() == str(len(big))
+    assert sandbox.run("head -c 1 >/dev/null; exit 3", stdin=big).exit_code == 3  # unread input is not an error
+    assert sandbox.run("cat").stdout == ""  # no stdin: /dev/null

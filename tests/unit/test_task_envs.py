@@ -199,7 +199,7 @@ class _FailingSandbox:
     def __init__(self, workspace: Path, limits: SandboxLimits) -> None:
         self.workspace, self.workdir = workspace, "/workspace"
 
-    def run(self, command: str, *, timeout_s=None, env=None) -> CommandResult:
+    def run(self, command: str, *, timeout_s=None, env=None, stdin=None) -> CommandResult:
         raise SandboxError("backend vanished")
 
     def close(self) -> None:
@@ -433,3 +433,11 @@ def test_local_fallback_sandbox_follows_the_protocol(tmp_path: Path) -> None:
     assert result.ok and result.stdout == "hi\n"
     slow = box.run("sleep 5")
     assert slow.timed_out and slow.exit_code is None
+
+
+def test_local_sandbox_feeds_stdin(tmp_path: Path) -> None:
+    from trl_thundersync.envs.tasks._local_sandbox import LocalSubprocessSandbox
+
+    box = LocalSubprocessSandbox(tmp_path)
+    assert box.run("cat", stdin=b"fed").stdout == "fed"
+    assert box.run("cat").stdout == ""

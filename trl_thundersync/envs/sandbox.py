@@ -117,6 +117,13 @@ class _BoundedCapture:
         return f"{head}\n[... {self.elided} bytes elided ...]\n{tail}"
 
 
+def _feed(stream: BinaryIO, data: bytes) -> None:
+    """Write a command's stdin, then close it; a command that exits without reading it is not an error."""
+    with contextlib.suppress(BrokenPipeError, OSError):
+        with stream:
+            stream.write(data)
+
+
 def _drain(stream: BinaryIO, capture: _BoundedCapture) -> None:
     try:
         while chunk := os.read(stream.fileno(), _READ_CHUNK):
@@ -333,7 +340,10 @@ class BwrapSandbox:
         numbers = (limits.cpu_time_s, limits.memory_bytes, limits.max_processes + _REAPER_TASKS, limits.max_file_bytes)
         return [*argv, "--", sys.executable, "-I", "-S", "-c", _LAUNCHER, str(ready_fd), *map(str, numbers), command]
 
-    def run(self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         timeout = self.limits.timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ConfigurationError(f"timeout_s={timeout_s!r} must be positive")
@@ -349,18 +359,20 @@ class BwrapSandbox:
             cleanup.callback(os.close, ready_read)
             start = time.monotonic()
             try:
-                proc = self._start([*prefix, *self._argv(command, ready_write, env)], ready_write)
+                proc = self._start([*prefix, *self._argv(command, ready_write, env)], ready_write, stdin is not None)
             finally:
                 os.close(ready_write)  # bwrap holds its copy; ours must go so the handshake pipe can reach EOF
+            if stdin is not None:
+                threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
             return self._collect(proc, command, timeout, ready_read, start)
 
-    def _start(self, argv: list[str], ready_write: int) -> subprocess.Popen[bytes]:
+    def _start(self, argv: list[str], ready_write: int, with_stdin: bool) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox is closed")
             try:
                 proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     env={"PATH": "/usr/bin:/bin"}, cwd="/", pass_fds=(ready_write,), start_new_session=True,
                 )  # fmt: skip
             except OSError as error:

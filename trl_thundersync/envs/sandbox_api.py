@@ -58,8 +58,14 @@ class Sandbox(Protocol):
     workspace: Path  # host path of the writable workspace (mounted at `workdir` inside)
     workdir: str  # path of the workspace as commands see it (e.g. "/workspace")
 
-    def run(self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
-        """Run `command` with /bin/sh -c in the workspace; never raises for the command's own failures."""
+    def run(
+        self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        """Run `command` with /bin/sh in the workspace; never raises for the command's own failures.
+
+        `stdin`: bytes fed to the command's standard input, then end of file (None: an empty stdin, /dev/null).
+        """
         ...
 
     def close(self) -> None:

@@ -39,18 +39,23 @@ class LocalSubprocessSandbox:
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist")
 
-    def run(self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} is gone")
         timeout = self.limits.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with tempfile.TemporaryFile() as inp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            inp.write(stdin or b"")
+            inp.seek(0)
             limits = self.limits
             argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(limits.cpu_time_s), str(limits.memory_bytes),
                     str(limits.max_file_bytes), command]
-            proc = subprocess.Popen(argv, cwd=self.workspace, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            proc = subprocess.Popen(argv, cwd=self.workspace, stdin=inp, stdout=out, stderr=err,
                                     env=self._env(env), start_new_session=True)
             timed_out = False
             try:
