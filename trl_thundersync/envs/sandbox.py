@@ -69,7 +69,8 @@ Does not protect against:
 - without root: no aggregate memory cap (RLIMIT_AS is per process, N processes may use N × memory_bytes, plus
   `tmp_bytes` in each of /tmp and /dev/shm) and no workspace quota (a plain directory: RLIMIT_FSIZE caps each file,
   not their number or sum); untested here: the non-root paths (RLIMIT_NPROC checked once by hand with setpriv) and
-  cgroup v2 discovery (this host has cgroup v1);
+  real cgroup v2 (its discovery is tested on synthetic mount tables, tests/unit/test_sandbox_cgroup.py; memory.max,
+  memory.swap.max and memory.events were not exercised: this host has cgroup v1);
 - disk use of a directory that is not a `create_workspace` workspace (e.g. a grader's host copy of one);
 - with `network=True`: the host's whole network, including its abstract unix sockets.
 """

@@ -33,13 +33,18 @@ _RELEASE_S = 2.0  # how long a finished command's cgroup may take to become remo
 @functools.cache
 def cgroup_parents() -> dict[str, Path]:
     """controller -> a writable cgroup directory of this process whose children get that controller."""
+    return find_parents(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+
+
+def find_parents(proc_cgroup: str, mountinfo: str) -> dict[str, Path]:
+    """`cgroup_parents` from the text of /proc/self/cgroup and /proc/self/mountinfo."""
     own = {}  # hierarchy key (a v1 controller name, or "" for cgroup v2) -> this process's cgroup path in it
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in proc_cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
         for name in controllers.split(",") if controllers else [""]:
             own[name] = path
     found: dict[str, Path] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in mountinfo.splitlines():
         fields, _, tail = line.partition(" - ")
         mount_root, mount_point = fields.split()[3:5]
         fstype, _, options = (tail.split() + ["", ""])[:3]
