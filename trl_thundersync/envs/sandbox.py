@@ -105,7 +105,8 @@ _EXIT_GRACE_S = 5.0  # once bwrap has exited the namespace is torn down; its pip
 _TOO_LONG_EXIT = 126  # exit code of a command refused for its length (the shell's "cannot execute")
 
 # Runs inside the sandbox as `python -I -S -c _LAUNCHER READY_FD COMMAND_FD CPU MEM NPROC FSIZE`. Writing to READY_FD
-# proves bwrap's setup succeeded, so a bwrap failure is never mistaken for the command exiting 1. The command comes
+# proves bwrap's setup succeeded, so a bwrap failure is never mistaken for the command exiting 1 (what follows, reading
+# the command included, is the command's own: an OOM kill there is its result). The command comes
 # in a memfd (COMMAND_FD), not in argv, so its length is not an argv limit: one that fits one argument (128 KiB,
 # MAX_ARG_STRLEN) and has no NUL runs as `/bin/sh -c COMMAND`; a longer one is read by the shell from the memfd,
 # moved to fd 3 and closed before the command runs (its errors then read "eval: ..."). Standard input stays free.
@@ -116,11 +117,11 @@ for kind, soft, hard in ((r.RLIMIT_CPU, cpu, cpu + 1), (r.RLIMIT_AS, mem, mem), 
                          (r.RLIMIT_FSIZE, fsize, fsize), (r.RLIMIT_CORE, 0, 0)):
     ceiling = r.getrlimit(kind)[1]
     r.setrlimit(kind, tuple(v if ceiling == r.RLIM_INFINITY else min(v, ceiling) for v in (soft, hard)))
+os.write(ready, b"1")
+os.close(ready)
 size, command = os.fstat(source).st_size, b""
 while len(command) < size:
     command += os.pread(source, size - len(command), len(command))
-os.write(ready, b"1")
-os.close(ready)
 os.set_inheritable(source, False)
 if b"\\0" not in command:
     try:
