@@ -213,14 +213,19 @@ def _cgroup_parents(limits: SandboxLimits) -> dict[str, Path] | None:
 
 def _command_memfd(data: bytes) -> int:
     """A memfd holding the command, read by the launcher inside (see `_LAUNCHER`)."""
-    fd = os.memfd_create("sandbox-command")
+    try:
+        fd = os.memfd_create("sandbox-command")
+    except OSError as error:
+        raise SandboxError(f"cannot create the memfd that passes the command: {error}") from error
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
         os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
+    except BaseException as error:
         os.close(fd)
+        if isinstance(error, OSError):
+            raise SandboxError(f"cannot write the command into its memfd: {error}") from error
         raise
     return fd
 
