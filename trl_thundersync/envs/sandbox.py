@@ -3,133 +3,139 @@
 `BwrapSandbox` implements `sandbox_api.Sandbox` with bubblewrap (Debian package `bubblewrap`, >= 0.8);
 `make_sandbox()` picks a backend by name. Every `run()` builds a fresh sandbox:
 
-    [as root: /bin/sh joins a per-command pids cgroup] → bwrap (namespaces, mounts)
-        → launcher (`sys.executable -I -S`: rlimits, "started" handshake) → /bin/sh -c COMMAND
+    [as root: /bin/sh joins the command's pids and memory cgroups] → bwrap (namespaces, mounts)
+        → launcher (`sys.executable -I -S`: rlimits, reads the command from a memfd, "started" handshake)
+        → /bin/sh -c COMMAND   (a command over 128 KiB or with a NUL byte: evaluated by /bin/sh from the memfd)
 
 Commands run as uid/gid 1000 without capabilities in new user, pid, ipc, uts, cgroup and (unless `limits.network`)
 network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin, /etc and the
 interpreter's prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the
 project's packages) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most `tmp_bytes`; the
-workspace is bound read-write at `workdir`, the working directory. The environment is cleared, then HOME=/tmp,
-TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir first) and the caller's `env` are set.
+workspace is bound read-write at `workdir`, the working directory. /proc is the sandbox's own, but its host-global
+entries are covered (`sandbox_mounts.proc_cover_args`): as root the sandbox uid is host uid 0 to permission checks,
+so each one holding anything writable (/proc/sys, sysrq-trigger, irq, bus, pressure, mtrr, ...) is bound read-only
+and each one other users may not read (kmsg, kcore, timer_list, slabinfo, ...) is masked. Task answers are covered
+by empty read-only mounts wherever they lie under a bound path: this package's bundled suites (a wheel puts their
+reference solutions and hidden verifiers under site-packages) and the caller's `hidden_paths`. The environment is
+cleared, then HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir first) and the caller's `env` are set.
 
 The launcher sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC and RLIMIT_CORE=0. The kernel does not enforce
 RLIMIT_NPROC for host uid 0, and for a root caller bubblewrap maps the sandbox uid to host uid 0; so as root each
-command also runs in its own pids cgroup (v1 `pids` hierarchy, or v2 with `pids` in `cgroup.subtree_control`) capped
-at `max_processes` tasks, and construction fails if none is writable. The timeout SIGKILLs bwrap's process group;
-`--die-with-parent` then kills the sandbox's pid 1, and the kernel kills the rest of its pid namespace. A signal
-inside shows as exit code 128+N (bwrap's reaper reports it so); `CommandResult.signal` is set only when the sandbox
-itself was killed (timeout or `close()`).
+command also runs in its own cgroups (`sandbox_cgroup`): pids capped at `max_processes` tasks, and memory capped at
+`tree_memory_bytes` for the whole tree (processes, page cache, /tmp and /dev/shm pages; no swap). Construction fails
+as root if no writable pids cgroup, or (with a tree cap) no memory cgroup, is found. An OOM kill comes back in the
+`CommandResult` (exit code 137 or the shell's report, `oom_kills`, a note in stderr). The timeout SIGKILLs bwrap's
+process group; `--die-with-parent` then kills the sandbox's pid 1, and the kernel kills the rest of its pid
+namespace. A signal inside shows as exit code 128+N (bwrap's reaper reports it so); `CommandResult.signal` is set
+only when the sandbox itself was killed (timeout or `close()`). A command longer than `max_command_bytes` is not run:
+exit code 126 and a stderr line the model sees. The workspace disk quota is the workspace's own (a capped tmpfs,
+`tasks/workspace.py`, created so by `ShellTaskEnv` as root), not this class's.
 
 What the sandbox protects against and what it does not
 ------------------------------------------------------
-Protects against (each checked by tests/unit/test_sandbox.py, as root, Linux 6.18, bubblewrap 0.8):
-- network egress: loopback only (1.1.1.1:80 fails, 127.0.0.1 works); writes anywhere but the workspace;
-- reading host files: all but the paths above are absent (/work, /root, /home, the host /tmp, ...); /etc entries
-  other users may not read (/etc/shadow, ...) are masked, since as root the sandbox uid owns host root's files;
-- fork bombs (pids cgroup as root, else RLIMIT_NPROC), runaway CPU, memory, file size, output and wall time;
-  nothing a command starts outlives `run()`.
+Protects against (tests in tests/unit/: S = test_sandbox.py, H = test_sandbox_hardening.py; as root, Linux 6.18,
+bubblewrap 0.8, cgroup v1):
+- network egress: loopback only (S test_outbound_network_fails, test_loopback_works_inside,
+  test_network_flag_shares_the_host_namespace);
+- writes anywhere but the workspace (S test_writes_outside_the_workspace_fail);
+- reading host files: all but the paths above are absent, /work, /root, /home, the host /tmp, ... (S
+  test_only_system_paths_and_interpreter_prefixes_are_visible, test_host_tmp_and_root_are_not_visible); /etc entries
+  other users may not read are masked (S test_etc_secrets_are_masked);
+- changing host kernel settings: nothing host-global under /proc is writable, not even with the value it holds, and
+  its root-only entries are unreadable (H test_proc_sys_writes_fail_even_with_the_same_value,
+  test_nothing_host_global_under_proc_is_writable, test_root_only_proc_entries_are_masked_and_net_sysctls_are_the_sandboxes);
+- reading task answers: the bundled suites' solutions and verifiers and any `hidden_paths`, wherever installed under
+  a bound path (H test_task_data_under_a_bound_prefix_is_hidden, test_the_installed_task_data_is_unreadable_inside,
+  test_hidden_paths_argument_covers_files_and_directories);
+- fork bombs: pids cgroup as root, else RLIMIT_NPROC (S test_process_limit_is_enforced, test_fork_bomb_is_contained);
+- runaway CPU (S test_cpu_time_limit), memory per process (S test_memory_limit), memory of the whole tree, as root
+  (H test_memory_of_the_whole_tree_is_capped), file size (S test_file_size_limit), output
+  (S test_huge_output_is_bounded_keeping_head_and_tail, test_both_streams_are_drained_concurrently) and wall time
+  (S test_timeout_kills_the_whole_tree);
+- disk use of a task workspace, as root: bytes and file count (H test_workspace_quota_bounds_bytes_and_files,
+  test_task_env_workspaces_are_quota_mounts_released_with_the_episode);
+- a command's size or bytes turning into an infrastructure error: 1 MiB runs, longer than `max_command_bytes` is a
+  failed command, NUL bytes and lone surrogates run (H test_a_one_mebibyte_command_runs_with_stdin_free,
+  test_long_and_odd_commands_keep_the_shell_semantics, test_a_command_over_max_command_bytes_is_refused_as_a_result);
+- anything a command starts outliving `run()` (S test_background_children_die_when_the_command_ends,
+  test_timeout_kills_the_whole_tree, test_close_kills_running_commands_and_is_idempotent).
 Does not protect against:
 - kernel, bubblewrap or CPU bugs (shared kernel, no seccomp filter); side channels (timing, load, host-wide /proc
-  files such as meminfo);
-- as root: root-owned, not world-readable files under /usr or the interpreter prefixes (only /etc is scanned);
-- untested here: the non-root RLIMIT_NPROC path (checked once by hand with setpriv) and cgroup v2 discovery;
-- memory in aggregate: RLIMIT_AS is per process (N processes may use N × memory_bytes), plus `tmp_bytes` in each
-  of /tmp and /dev/shm; no memory cgroup is used. Disk use in the workspace: RLIMIT_FSIZE caps files, not their count;
+  files that stay readable: meminfo, loadavg, interrupts, /proc/sys values, ...);
+- as root: root-owned, not world-readable files under /usr or the interpreter prefixes (only /etc and the top level
+  of /proc are scanned), e.g. root-only entries deeper in /proc/sys (readable, not writable);
+- task answers kept anywhere else under a bound path unless passed as `hidden_paths` (only this package's bundled
+  suites are hidden by default); the package's code itself stays readable;
+- without root: no aggregate memory cap (RLIMIT_AS is per process, N processes may use N × memory_bytes, plus
+  `tmp_bytes` in each of /tmp and /dev/shm) and no workspace quota (a plain directory: RLIMIT_FSIZE caps each file,
+  not their number or sum); untested here: the non-root paths (RLIMIT_NPROC checked once by hand with setpriv) and
+  real cgroup v2 (its discovery is tested on synthetic mount tables, tests/unit/test_sandbox_cgroup.py; memory.max,
+  memory.swap.max and memory.events were not exercised: this host has cgroup v1);
+- disk use of a directory that is not a `create_workspace` workspace (e.g. a grader's host copy of one);
 - with `network=True`: the host's whole network, including its abstract unix sockets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
-import select
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from ..errors import ConfigurationError
 from .sandbox_api import CommandResult, Sandbox, SandboxError, SandboxLimits
+from .sandbox_cgroup import CommandCgroup, cgroup_parents
+from .sandbox_io import BoundedCapture, drain, feed, kill_group, wait_for_exit, was_started
+from .sandbox_mounts import (
+    SYSTEM_PATHS, hidden_mount_args, interpreter_paths, proc_cover_args, system_mount_args, task_data_dirs,
+)
 
 SANDBOX_UID = 1000  # uid and gid commands run as; bubblewrap maps it to the caller's host uid
-_SYSTEM_PATHS = ("/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/etc")
-_MASKED_ROOT = "/etc"  # scanned for entries other users may not read
 _BWRAP_TASKS = 2  # bwrap outside and its reaper (pid 1) inside: counted by the pids cgroup
 _REAPER_TASKS = 1  # the reaper runs as the sandbox uid: counted by RLIMIT_NPROC
-_READ_CHUNK = 1 << 16
 _EXIT_GRACE_S = 5.0  # once bwrap has exited the namespace is torn down; its pipes must close this fast
-_CGROUP_RELEASE_S = 2.0  # how long a finished command's cgroup may take to become removable
+_TOO_LONG_EXIT = 126  # exit code of a command refused for its length (the shell's "cannot execute")
 
-# Runs inside the sandbox as `python -I -S -c _LAUNCHER READY_FD CPU MEM NPROC FSIZE COMMAND`. Writing to READY_FD
-# proves bwrap's setup succeeded, so a bwrap failure is never mistaken for the command exiting 1.
+# Runs inside the sandbox as `python -I -S -c _LAUNCHER READY_FD COMMAND_FD CPU MEM NPROC FSIZE`. Writing to READY_FD
+# proves bwrap's setup succeeded, so a bwrap failure is never mistaken for the command exiting 1 (what follows, reading
+# the command included, is the command's own: an OOM kill there is its result). The command comes
+# in a memfd (COMMAND_FD), not in argv, so its length is not an argv limit: one that fits one argument (128 KiB,
+# MAX_ARG_STRLEN) and has no NUL runs as `/bin/sh -c COMMAND`; a longer one is read by the shell from the memfd,
+# moved to fd 3 and closed before the command runs (its errors then read "eval: ..."). Standard input stays free.
 _LAUNCHER = """\
-import os, resource as r, sys
-fd, cpu, mem, nproc, fsize, command = sys.argv[1:]
-for kind, soft, hard in ((r.RLIMIT_CPU, int(cpu), int(cpu) + 1), (r.RLIMIT_AS, int(mem), int(mem)),
-                         (r.RLIMIT_NPROC, int(nproc), int(nproc)), (r.RLIMIT_FSIZE, int(fsize), int(fsize)),
-                         (r.RLIMIT_CORE, 0, 0)):
+import errno, os, resource as r, sys
+ready, source, cpu, mem, nproc, fsize = map(int, sys.argv[1:])
+for kind, soft, hard in ((r.RLIMIT_CPU, cpu, cpu + 1), (r.RLIMIT_AS, mem, mem), (r.RLIMIT_NPROC, nproc, nproc),
+                         (r.RLIMIT_FSIZE, fsize, fsize), (r.RLIMIT_CORE, 0, 0)):
     ceiling = r.getrlimit(kind)[1]
     r.setrlimit(kind, tuple(v if ceiling == r.RLIM_INFINITY else min(v, ceiling) for v in (soft, hard)))
-os.write(int(fd), b"1")
-os.close(int(fd))
-os.execv("/bin/sh", ["/bin/sh", "-c", command])
-"""
-
-
-class _BoundedCapture:
-    """Keeps the first and the last `limit // 2` bytes of a stream and counts the bytes that fall between."""
-
-    def __init__(self, limit: int) -> None:
-        self._head_cap = limit // 2
-        self._tail_cap = limit - self._head_cap
-        self._head = bytearray()
-        self._tail = bytearray()
-        self.total = 0
-        self.error: OSError | None = None  # a read failure, re-raised by run() rather than lost in the thread
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self._head_cap - len(self._head)
-        if room > 0:
-            self._head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk and self._tail_cap:
-            self._tail += chunk[-self._tail_cap :]
-            del self._tail[: max(0, len(self._tail) - self._tail_cap)]
-
-    @property
-    def elided(self) -> int:
-        return self.total - len(self._head) - len(self._tail)
-
-    def text(self) -> str:
-        if not self.elided:
-            return (self._head + self._tail).decode("utf-8", errors="replace")
-        head, tail = (part.decode("utf-8", errors="replace") for part in (self._head, self._tail))
-        return f"{head}\n[... {self.elided} bytes elided ...]\n{tail}"
-
-
-def _feed(stream: BinaryIO, data: bytes) -> None:
-    """Write a command's stdin, then close it; a command that exits without reading it is not an error."""
-    with contextlib.suppress(BrokenPipeError, OSError):
-        with stream:
-            stream.write(data)
-
-
-def _drain(stream: BinaryIO, capture: _BoundedCapture) -> None:
+os.write(ready, b"1")
+os.close(ready)
+size, command = os.fstat(source).st_size, b""
+while len(command) < size:
+    command += os.pread(source, size - len(command), len(command))
+os.set_inheritable(source, False)
+if b"\\0" not in command:
     try:
-        while chunk := os.read(stream.fileno(), _READ_CHUNK):
-            capture.feed(chunk)
+        os.execv("/bin/sh", [b"/bin/sh", b"-c", command])
     except OSError as error:
-        capture.error = error
+        if error.errno != errno.E2BIG:
+            raise
+if source == 3:
+    os.set_inheritable(3, True)
+else:
+    os.dup2(source, 3)
+    os.close(source)
+os.execv("/bin/sh", ["/bin/sh", "-c", 'c=$(cat <&3); exec 3<&-; eval "unset c; $c"'])
+"""
 
 
 # ---------------------------------------------------------------- host discovery (cached per process)
@@ -142,36 +148,6 @@ def _find_bwrap() -> str:
     return bwrap
 
 
-@functools.cache
-def _masked_entries(root: str) -> tuple[tuple[str, bool], ...]:
-    """(path, is_dir) under `root` that other users may not read; hidden because as root the sandbox uid owns them."""
-    found: list[tuple[str, bool]] = []
-    for directory, subdirs, files in os.walk(root):
-        for name in list(subdirs):
-            mode = os.lstat(os.path.join(directory, name)).st_mode
-            if stat.S_ISDIR(mode) and mode & 0o005 != 0o005:
-                found.append((os.path.join(directory, name), True))
-                subdirs.remove(name)
-        for name in files:
-            mode = os.lstat(os.path.join(directory, name)).st_mode
-            if stat.S_ISREG(mode) and not mode & stat.S_IROTH:
-                found.append((os.path.join(directory, name), False))
-    return tuple(found)
-
-
-@functools.cache
-def _system_mount_args() -> tuple[str, ...]:
-    args: list[str] = []
-    for path in _SYSTEM_PATHS:
-        if os.path.islink(path):  # merged-/usr systems: /bin -> usr/bin
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    for path, is_dir in _masked_entries(_MASKED_ROOT):
-        args += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", "/dev/null", path]
-    return tuple(args)
-
-
 def _namespace_args(network: bool) -> list[str]:
     uid = str(SANDBOX_UID)
     args = ["--unshare-user", "--uid", uid, "--gid", uid, "--disable-userns", "--unshare-ipc", "--unshare-pid"]
@@ -179,93 +155,79 @@ def _namespace_args(network: bool) -> list[str]:
     return args + ["--cap-drop", "ALL"] + ([] if network else ["--unshare-net"])
 
 
-def _interpreter_paths() -> tuple[str, ...]:
-    """The interpreter's prefixes not already under a system path, outermost only, bound at their host paths."""
-    candidates = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
-    kept: list[str] = []
-    for prefix in sorted({os.path.abspath(p) for p in candidates}):
-        if not any(prefix == p or prefix.startswith(p.rstrip("/") + "/") for p in (*_SYSTEM_PATHS, *kept)):
-            kept.append(prefix)
-    return tuple(kept)
-
-
 @functools.cache
 def _bwrap_probe_error(bwrap: str) -> str | None:
     """Why bwrap cannot build our sandbox here (None when it can): one trial run per process."""
-    argv = [bwrap, *_namespace_args(network=False), *_system_mount_args(), "--proc", "/proc", "--dev", "/dev"]
+    argv = [bwrap, *_namespace_args(network=False), *system_mount_args(), "--proc", "/proc", *proc_cover_args()]
     try:
         done = subprocess.run(
-            [*argv, "--remount-ro", "/", "/bin/sh", "-c", "true"], capture_output=True, timeout=30, env={}, cwd="/"
+            [*argv, "--dev", "/dev", "--remount-ro", "/", "/bin/sh", "-c", "true"], capture_output=True, timeout=30,
+            env={}, cwd="/",
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"{type(error).__name__}: {error}"
     return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
 
 
-@functools.cache
-def _pids_cgroup_parent() -> Path | None:
-    """A writable cgroup directory of this process whose children may set `pids.max`, or None."""
-    own = {}  # hierarchy key ("pids" or "" for cgroup v2) -> this process's cgroup path in it
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for name in controllers.split(",") if controllers else [""]:
-            own[name] = path
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields, _, tail = line.partition(" - ")
-        mount_root, mount_point = fields.split()[3:5]
-        fstype, _, options = (tail.split() + ["", ""])[:3]
-        key = "pids" if fstype == "cgroup" and "pids" in options.split(",") else "" if fstype == "cgroup2" else None
-        if key is None or key not in own:
-            continue
-        relative = os.path.relpath(own[key], mount_root)
-        if relative.startswith(".."):
-            continue
-        directory = Path(mount_point, relative)
-        if not directory.is_dir():
-            continue
-        delegated = key == "pids" or "pids" in (directory / "cgroup.subtree_control").read_text().split()
-        if delegated and os.access(directory, os.W_OK):
-            return directory
-    return None
-
-
-class _PidsCgroup:
-    """A per-command pids cgroup capping the number of tasks; used as root, where RLIMIT_NPROC is not enforced."""
-
-    def __init__(self, parent: Path, max_tasks: int) -> None:
-        self.path = parent / f"trl_thundersync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        try:
-            self.path.mkdir()
-            (self.path / "pids.max").write_text(str(max_tasks))
-        except OSError as error:
-            self.remove()
-            raise SandboxError(f"cannot create the pids cgroup {self.path}: {error}") from error
-
-    def join_prefix(self) -> list[str]:
-        """A host shell that moves itself into the cgroup, then execs the rest of the argv (bwrap)."""
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs")]
-
-    def remove(self) -> None:
-        deadline = time.monotonic() + _CGROUP_RELEASE_S
-        while self.path.exists():
-            try:
-                self.path.rmdir()
-            except OSError as error:  # EBUSY: tasks still being released, or (never seen) left running
-                if time.monotonic() > deadline:
-                    raise SandboxError(f"cgroup {self.path} still holds tasks after the command ended") from error
-                for pid in (self.path / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):  # already gone
-                        os.kill(int(pid), signal.SIGKILL)
-                time.sleep(0.01)
+# Below this a tree cap would break the sandbox, not bound the command (measured: `true` runs in 4 MiB with bwrap,
+# its reaper and the launcher; `python3 -c pass` needs 8 MiB).
+_MIN_TREE_MEMORY = 16 << 20
 
 
 def _check_limits(limits: SandboxLimits) -> None:
-    lowest = {"cpu_time_s": 1, "memory_bytes": 1, "max_processes": 1, "max_file_bytes": 0, "output_bytes": 0}
+    lowest = {"cpu_time_s": 1, "memory_bytes": 1, "max_processes": 1, "max_file_bytes": 0, "output_bytes": 0,
+              "max_command_bytes": 1}
     for field, low in lowest.items():
         if getattr(limits, field) < low:
             raise ConfigurationError(f"SandboxLimits.{field}={getattr(limits, field)!r} is too small: use >= {low}")
     if not limits.timeout_s > 0:
         raise ConfigurationError(f"SandboxLimits.timeout_s={limits.timeout_s!r} must be positive")
+    if limits.tree_memory_bytes is not None and limits.tree_memory_bytes < _MIN_TREE_MEMORY:
+        raise ConfigurationError(
+            f"SandboxLimits.tree_memory_bytes={limits.tree_memory_bytes!r} is too small: use >= {_MIN_TREE_MEMORY} "
+            "(the sandbox and an interpreter need about 8 MiB), or None for no aggregate cap"
+        )
+
+
+def _cgroup_parents(limits: SandboxLimits) -> dict[str, Path] | None:
+    """As root: where each command's cgroups go (pids, and memory unless `tree_memory_bytes` is None); else None."""
+    if os.geteuid() != 0:
+        return None  # the sandbox uid maps to our non-root uid, for which RLIMIT_NPROC is enforced
+    parents = cgroup_parents()
+    if "pids" not in parents:
+        raise SandboxError(
+            "running as root: the kernel does not enforce RLIMIT_NPROC for uid 0, so fork bombs need a pids "
+            "cgroup, and no writable one was found (cgroup v1 'pids' hierarchy, or cgroup v2 with pids in "
+            "cgroup.subtree_control). Run as a non-root user or delegate a pids cgroup to this process."
+        )
+    if limits.tree_memory_bytes is not None and "memory" not in parents:
+        raise SandboxError(
+            "running as root: SandboxLimits.tree_memory_bytes needs a memory cgroup, and no writable one was found "
+            "(cgroup v1 'memory' hierarchy, or cgroup v2 with memory in cgroup.subtree_control). Delegate one to "
+            "this process, or set SandboxLimits(tree_memory_bytes=None) to keep only the per-process RLIMIT_AS."
+        )
+    # Fail now, not at the first command, if the cgroups are not writable.
+    CommandCgroup(parents, 1, None if limits.tree_memory_bytes is None else _MIN_TREE_MEMORY).remove()
+    return parents
+
+
+def _command_memfd(data: bytes) -> int:
+    """A memfd holding the command, read by the launcher inside (see `_LAUNCHER`)."""
+    try:
+        fd = os.memfd_create("sandbox-command")
+    except OSError as error:
+        raise SandboxError(f"cannot create the memfd that passes the command: {error}") from error
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException as error:
+        os.close(fd)
+        if isinstance(error, OSError):
+            raise SandboxError(f"cannot write the command into its memfd: {error}") from error
+        raise
+    return fd
 
 
 # ---------------------------------------------------------------- the sandbox
@@ -281,6 +243,7 @@ class BwrapSandbox:
         *,
         workdir: str = "/workspace",
         extra_ro_binds: Sequence[str | Path] = (),
+        hidden_paths: Sequence[str | Path] = (),  # unreadable inside even when under a bound path
         tmp_bytes: int = 256 << 20,  # size cap of each of /tmp and /dev/shm inside
     ) -> None:
         _check_limits(limits)
@@ -293,7 +256,6 @@ class BwrapSandbox:
             raise SandboxError(f"workspace {self.workspace} does not exist or is not a directory")
         self.workdir = os.path.normpath(workdir)
         self.limits = limits
-        self._tmp_bytes = tmp_bytes
         self._bwrap = _find_bwrap()
         if (error := _bwrap_probe_error(self._bwrap)) is not None:
             raise SandboxError(
@@ -304,41 +266,30 @@ class BwrapSandbox:
         missing = [str(p) for p in extra_ro_binds if not Path(p).exists()]
         if missing:
             raise SandboxError(f"extra_ro_binds paths do not exist: {missing}")
-        self._ro_binds = _interpreter_paths() + tuple(str(Path(p).absolute()) for p in extra_ro_binds)
-        self._cgroup_parent = self._process_cap_cgroup()
+        ro_binds = interpreter_paths() + tuple(str(Path(p).absolute()) for p in extra_ro_binds)
+        bound = tuple(p for p in SYSTEM_PATHS if os.path.isdir(p) and not os.path.islink(p)) + ro_binds
+        hidden = (*task_data_dirs(bound), *(str(Path(p).absolute()) for p in hidden_paths))
+        self._mount_args = (
+            *_namespace_args(limits.network), *system_mount_args(),
+            "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", *proc_cover_args(), "--dev", "/dev",
+            "--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            *(arg for path in ro_binds for arg in ("--ro-bind", path, path)), *hidden_mount_args(hidden, bound),
+            "--bind", str(self.workspace), self.workdir, "--remount-ro", "/", "--chdir", self.workdir, "--clearenv",
+        )  # fmt: skip
+        self._cgroup_parents = _cgroup_parents(limits)
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._closed = False
 
-    @staticmethod
-    def _process_cap_cgroup() -> Path | None:
-        if os.geteuid() != 0:
-            return None  # the sandbox uid maps to our non-root uid, for which RLIMIT_NPROC is enforced
-        parent = _pids_cgroup_parent()
-        if parent is None:
-            raise SandboxError(
-                "running as root: the kernel does not enforce RLIMIT_NPROC for uid 0, so fork bombs need a pids "
-                "cgroup, and no writable one was found (cgroup v1 'pids' hierarchy, or cgroup v2 with pids in "
-                "cgroup.subtree_control). Run as a non-root user or delegate a pids cgroup to this process."
-            )
-        _PidsCgroup(parent, 1).remove()  # fail now, not at the first command, if cgroups are not writable
-        return parent
-
-    def _argv(self, command: str, ready_fd: int, env: dict[str, str] | None) -> list[str]:
-        size = str(self._tmp_bytes)
-        argv = [self._bwrap, *_namespace_args(self.limits.network), *_system_mount_args()]
-        argv += ["--size", size, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-        argv += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        for path in self._ro_binds:
-            argv += ["--ro-bind", path, path]
-        argv += ["--bind", str(self.workspace), self.workdir, "--remount-ro", "/", "--chdir", self.workdir]
-        argv.append("--clearenv")
+    def _argv(self, ready_fd: int, command_fd: int, env: dict[str, str] | None) -> list[str]:
+        argv = [self._bwrap, *self._mount_args]
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
         for key, value in {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}.items():
             argv += ["--setenv", key, value]
         limits = self.limits
-        numbers = (limits.cpu_time_s, limits.memory_bytes, limits.max_processes + _REAPER_TASKS, limits.max_file_bytes)
-        return [*argv, "--", sys.executable, "-I", "-S", "-c", _LAUNCHER, str(ready_fd), *map(str, numbers), command]
+        numbers = (ready_fd, command_fd, limits.cpu_time_s, limits.memory_bytes, limits.max_processes + _REAPER_TASKS,
+                   limits.max_file_bytes)  # fmt: skip
+        return [*argv, "--", sys.executable, "-I", "-S", "-c", _LAUNCHER, *map(str, numbers)]
 
     def run(
         self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None,
@@ -349,31 +300,60 @@ class BwrapSandbox:
             raise ConfigurationError(f"timeout_s={timeout_s!r} must be positive")
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} no longer exists")
+        data = command.encode("utf-8", "surrogatepass")  # a lone surrogate (JSON "\\ud800") is the command's own
+        if len(data) > self.limits.max_command_bytes:
+            return self._refuse_long(command, len(data))
         with contextlib.ExitStack() as cleanup:
             prefix: list[str] = []
-            if self._cgroup_parent is not None:
-                cgroup = _PidsCgroup(self._cgroup_parent, self.limits.max_processes + _BWRAP_TASKS)
+            cgroup = None
+            if self._cgroup_parents is not None:
+                cgroup = CommandCgroup(self._cgroup_parents, self.limits.max_processes + _BWRAP_TASKS,
+                                       self.limits.tree_memory_bytes)  # fmt: skip
                 cleanup.callback(cgroup.remove)
                 prefix = cgroup.join_prefix()
+            command_fd = _command_memfd(data)
+            cleanup.callback(os.close, command_fd)
             ready_read, ready_write = os.pipe()
             cleanup.callback(os.close, ready_read)
             start = time.monotonic()
             try:
-                proc = self._start([*prefix, *self._argv(command, ready_write, env)], ready_write, stdin is not None)
+                argv = [*prefix, *self._argv(ready_write, command_fd, env)]
+                proc = self._start(argv, (ready_write, command_fd), stdin is not None)
             finally:
                 os.close(ready_write)  # bwrap holds its copy; ours must go so the handshake pipe can reach EOF
             if stdin is not None:
-                threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-            return self._collect(proc, command, timeout, ready_read, start)
+                threading.Thread(target=feed, args=(proc.stdin, stdin), daemon=True).start()
+            result = self._collect(proc, command, timeout, ready_read, start)
+            return result if cgroup is None else self._note_oom(result, cgroup.oom_kills())
 
-    def _start(self, argv: list[str], ready_write: int, with_stdin: bool) -> subprocess.Popen[bytes]:
+    def _refuse_long(self, command: str, size: int) -> CommandResult:
+        """A command over `max_command_bytes` is the agent's failure: an answer it sees, nothing run."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+        limit = self.limits.max_command_bytes
+        message = (f"sandbox: the command is {size} bytes, more than the {limit} bytes allowed "
+                   "(SandboxLimits.max_command_bytes); it was not run. Write long content to a file in smaller "
+                   "pieces.\n")  # fmt: skip
+        return CommandResult(command=command, exit_code=_TOO_LONG_EXIT, stdout="", stderr=message, duration_s=0.0)
+
+    def _note_oom(self, result: CommandResult, kills: int) -> CommandResult:
+        if not kills:
+            return result
+        note = (f"\n[sandbox: the command used more than {self.limits.tree_memory_bytes} bytes of memory in total "
+                "(its processes, /tmp, /dev/shm and files written to memory-backed storage; "
+                f"SandboxLimits.tree_memory_bytes): the kernel killed {kills} process(es) with SIGKILL]\n")
+        return dataclasses.replace(result, stderr=result.stderr + note, oom_kills=kills)
+
+    def _start(self, argv: list[str], fds: tuple[int, ...], with_stdin: bool) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox is closed")
             try:
                 proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    env={"PATH": "/usr/bin:/bin"}, cwd="/", pass_fds=(ready_write,), start_new_session=True,
+                    argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, cwd="/", pass_fds=fds,
+                    start_new_session=True,
                 )  # fmt: skip
             except OSError as error:
                 raise SandboxError(f"cannot start bubblewrap: {error}") from error
@@ -383,17 +363,17 @@ class BwrapSandbox:
     def _collect(
         self, proc: subprocess.Popen[bytes], command: str, timeout: float, ready_read: int, start: float
     ) -> CommandResult:
-        captures = (_BoundedCapture(self.limits.output_bytes), _BoundedCapture(self.limits.output_bytes))
+        captures = (BoundedCapture(self.limits.output_bytes), BoundedCapture(self.limits.output_bytes))
         streams = (proc.stdout, proc.stderr)
-        readers = [threading.Thread(target=_drain, args=pair, daemon=True) for pair in zip(streams, captures)]
+        readers = [threading.Thread(target=drain, args=pair, daemon=True) for pair in zip(streams, captures)]
         for reader in readers:
             reader.start()
         timed_out = False
         try:
-            timed_out = not _wait_for_exit(proc, timeout)
+            timed_out = not wait_for_exit(proc, timeout)
         finally:
             if proc.returncode is None:  # timed out, or interrupted (KeyboardInterrupt): kill the whole tree
-                _kill_group(proc)
+                kill_group(proc)
                 proc.wait()
             with self._lock:
                 self._running.discard(proc)
@@ -407,7 +387,7 @@ class BwrapSandbox:
         for capture in captures:
             if capture.error is not None:
                 raise SandboxError(f"reading the command's output failed: {capture.error}") from capture.error
-        if not _was_started(ready_read):
+        if not was_started(ready_read):
             raise SandboxError(f"bubblewrap failed before running the command: {captures[1].text().strip()}")
         code = proc.returncode
         return CommandResult(
@@ -430,7 +410,7 @@ class BwrapSandbox:
             self._closed = True
             running = list(self._running)
         for proc in running:
-            _kill_group(proc)
+            kill_group(proc)
             proc.wait()
 
     def __enter__(self) -> BwrapSandbox:
@@ -438,21 +418,6 @@ class BwrapSandbox:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL bwrap's process group; `--die-with-parent` then takes down the sandbox's pid namespace."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):  # exited between poll() and killpg()
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _was_started(ready_read: int) -> bool:
-    os.set_blocking(ready_read, False)
-    try:
-        return os.read(ready_read, 1) == b"1"
-    except BlockingIOError:
-        return False
 
 
 def make_sandbox(
@@ -464,24 +429,3 @@ def make_sandbox(
     if backend == "docker":
         raise SandboxError("Docker backend not available here: only backend='bwrap' is implemented")
     raise ConfigurationError(f"backend={backend!r} is not a sandbox backend: use 'bwrap'")
-
-
-def _wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait until `proc` exits (True) or `timeout` seconds pass (False). Blocks on a pidfd, so a short command returns
-    as soon as it ends; `Popen.wait(timeout)` polls with sleeps of up to 50 ms, which dominated short tool calls."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # no pidfd (kernel < 5.3): the polling wait, same result
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
-    if not ready:
-        return False
-    proc.wait()
-    return True

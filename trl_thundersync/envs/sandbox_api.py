@@ -3,7 +3,7 @@
 A `Sandbox` runs commands inside one task workspace (a host directory that is the only writable place). Backends
 (bubblewrap here; Docker for production images) implement the same protocol, so environments never know which one
 runs their commands. A command never raises for what the *command* did (non-zero exit, timeout, killed for memory,
-too much output): that is all in the `CommandResult` the model will see. `SandboxError` is for infrastructure
+too much output, too long a command): that is all in the `CommandResult` the model will see. `SandboxError` is for infrastructure
 failures only (the backend is missing, the workspace is gone), which must never be mistaken for a failed attempt.
 """
 
@@ -31,6 +31,14 @@ class SandboxLimits:
     max_file_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file a command may write
     output_bytes: int = 16 << 10  # captured stdout+stderr kept per stream: head and tail halves, middle elided
     network: bool = False  # False: a private network namespace with loopback only
+    # Memory of the whole command tree (all processes, their page cache, /tmp and /dev/shm), capped by a per-command
+    # memory cgroup with no swap (as root); the kernel OOM-kills inside the tree beyond it. None: not enforced.
+    tree_memory_bytes: int | None = 2 << 30
+    max_command_bytes: int = 4 << 20  # longest command (UTF-8) run; a longer one is answered with exit code 126
+    # Size and file count of the task workspace: ShellTaskEnv mounts it as a tmpfs with these caps (as root; RAM/swap
+    # backed), so the agent's writes fail with ENOSPC beyond them. None: no cap (a plain host directory).
+    workspace_bytes: int | None = 1 << 30
+    workspace_inodes: int | None = 100_000
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class CommandResult:
     timed_out: bool = False
     truncated_bytes: int = 0  # bytes of output elided in the middle (stdout + stderr)
     signal: int | None = None  # terminating signal, if any
+    oom_kills: int = 0  # processes the kernel killed because the tree exceeded `SandboxLimits.tree_memory_bytes`
 
     @property
     def ok(self) -> bool:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..sandbox_api import CommandResult, Sandbox, SandboxError, SandboxLimits
 from .errors import TaskSetupError, UnknownTaskError
-from .grading import GradeReport, remove_path
+from .grading import GradeReport
+from .workspace import create_workspace, release_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,11 @@ class ShellTaskEnv:
             )
         self.task = tasks[task_id]
         self._reset_episode_state()
-        self.workspace = Path(tempfile.mkdtemp(prefix=f"ts-{self.kind}-{task_id}-"))
+        try:
+            # As root a tmpfs capped at limits.workspace_bytes / workspace_inodes (see envs/tasks/workspace.py).
+            self.workspace = create_workspace(f"ts-{self.kind}-{task_id}-", self.limits)
+        except (OSError, SandboxError) as exc:
+            raise TaskSetupError(f"task {task_id}: could not create the workspace: {exc}") from exc
         try:
             self._prepare_workspace(self.workspace)
             self._sandbox = self._new_sandbox(self.workspace)
@@ -177,7 +181,7 @@ class ShellTaskEnv:
                 sandbox.close()
         finally:
             if workspace is not None:
-                remove_path(workspace)
+                release_workspace(workspace)
 
     # --------------------------------------------------------------------------------------------------- helpers
 
