@@ -79,8 +79,9 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     agent_tool_timeout: float = field(default=60.0, metadata={"help": "Agent loop: seconds per tool call."})
     trace: bool = field(
         default=True,
-        metadata={"help": "Append a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
-                  "publication) to <output_dir>/thundersync_trace/steps.jsonl."},
+        metadata={"help": "Record a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
+                  "publication) in <output_dir>/thundersync_trace/steps.jsonl. A new run replaces the file, a resumed "
+                  "one appends; a second run writing it at the same time is refused (TraceInUseError)."},
     )
 
     def __post_init__(self) -> None:

@@ -55,7 +55,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
     trace: bool = field(
         default=True,
         metadata={"help": "Record a per-step trace (rollouts, tool calls, learner items, barrier, publication) as JSON "
-                  "lines in <output_dir>/thundersync_trace/steps.jsonl."},
+                  "lines in <output_dir>/thundersync_trace/steps.jsonl. A new run replaces the file, a resumed one "
+                  "appends; a second run writing it at the same time is refused (TraceInUseError)."},
     )
     peak_flops_per_s: float | None = field(
         default=None,
