@@ -36,10 +36,8 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def control_vocabulary(tokenizer) -> ControlVocabulary:
     """Added and special tokens of `tokenizer` (cached per tokenizer object; recomputed when tokens are added)."""
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else -1
-    try:
-        cached = _CACHE.get(tokenizer)
-    except TypeError:  # not weak-referenceable: compute every time
-        cached = None
+    cacheable = _weakly_referenceable(tokenizer)
+    cached = _CACHE.get(tokenizer) if cacheable else None
     if cached is not None and cached[0] == size:
         return cached[1]
     added = {i: str(getattr(t, "content", t)) for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
@@ -49,11 +47,17 @@ def control_vocabulary(tokenizer) -> ControlVocabulary:
     pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
     forbidden = frozenset(splittable) | frozenset(getattr(tokenizer, "all_special_ids", None) or ())
     vocab = ControlVocabulary(pattern, forbidden)
-    try:
+    if cacheable:
         _CACHE[tokenizer] = (size, vocab)
-    except TypeError:
-        pass
     return vocab
+
+
+def _weakly_referenceable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
 
 
 def contains_control_text(tokenizer, text: str) -> bool:

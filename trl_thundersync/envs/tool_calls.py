@@ -69,6 +69,17 @@ def parse_turn(tokenizer, action_ids: Sequence[int], context_ids: Sequence[int],
     return ParsedTurn(message, name, arguments, len(calls) - 1, False)
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """How the chat template frames one tool's result after the assistant turn's EOS."""
+
+    prefix: str  # the dummy conversation up to and including that EOS (the same with or without the result)
+    before: str  # template text between the EOS and the result (end of line, tool-turn header, opening tag)
+    after: str  # template text after the result (closing tag, end of turn, next assistant header)
+    before_ids: list[int]  # `before` tokenized as template text: its markers are real control tokens
+    after_ids: list[int]
+
+
 class ToolResponseRenderer:
     """Token ids that frame a tool result after an assistant turn ending in EOS (TRL's dummy-conversation trick).
 
@@ -89,17 +100,18 @@ class ToolResponseRenderer:
         self.kwargs = dict(chat_template_kwargs or {})
         if chat_template is not None:
             self.kwargs["chat_template"] = chat_template
-        self._frames: dict[str, tuple[str, str, str, list[int], list[int]]] = {}
+        self._frames: dict[str, _Frame] = {}
 
     def __call__(self, tool_name: str, content: str) -> list[int]:
-        prefix, before, after, before_ids, after_ids = self._frame(tool_name)
-        rendered = self._text(tool_name, content)[len(prefix):]
+        frame = self._frame(tool_name)
+        rendered = self._text(tool_name, content)[len(frame.prefix):]
         # what the template made of the content (verbatim for most templates; trimmed or escaped for some)
-        fits = rendered.startswith(before) and rendered.endswith(after) and len(rendered) >= len(before) + len(after)
-        body = rendered[len(before):len(rendered) - len(after)] if fits else content
-        return before_ids + encode_data(self.tokenizer, body) + after_ids
+        fits = (rendered.startswith(frame.before) and rendered.endswith(frame.after)
+                and len(rendered) >= len(frame.before) + len(frame.after))
+        body = rendered[len(frame.before):len(rendered) - len(frame.after)] if fits else content
+        return frame.before_ids + encode_data(self.tokenizer, body) + frame.after_ids
 
-    def _frame(self, tool_name: str) -> tuple[str, str, str, list[int], list[int]]:
+    def _frame(self, tool_name: str) -> _Frame:
         frame = self._frames.get(tool_name)
         if frame is None:
             prefix = self._render(self._dummy(tool_name), add_generation_prompt=False)
@@ -115,7 +127,7 @@ class ToolResponseRenderer:
                 raise ConfigurationError("chat template does not render a tool message's content once; cannot tell "
                                          "its framing from the observation")
             before, after = suffix.split(self._SENTINEL)
-            frame = (prefix, before, after, self._encode(before), self._encode(after))
+            frame = _Frame(prefix, before, after, self._encode(before), self._encode(after))
             self._frames[tool_name] = frame
         return frame
 
