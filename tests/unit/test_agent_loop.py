@@ -275,7 +275,8 @@ def test_unparsable_calls_become_the_parser_observation(tokenizer, action):
 
 @pytest.mark.parametrize("action", HOSTILE_CALLS.values(), ids=HOSTILE_CALLS.keys())
 def test_unparsable_calls_do_not_end_the_episode(tokenizer, runner, action):
-    roomy = AgentLimits(max_turns=4, max_tokens_per_turn=20_000, max_completion_tokens=40_000, max_context_tokens=50_000)
+    roomy = AgentLimits(max_turns=4, max_tokens_per_turn=20_000, max_completion_tokens=40_000,
+                        max_context_tokens=50_000)
     traj, _, _ = run(tokenizer, runner, [action, "done"], limits=roomy)
     assert traj.stats.parse_errors == 1 and traj.stats.turns == 2 and traj.stats.stop_reason == "answered"
     assert traj.messages[1] == {"role": "tool", "name": "parser", "content": PARSER_ERROR_OBSERVATION}

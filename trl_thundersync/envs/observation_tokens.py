@@ -40,7 +40,8 @@ def control_vocabulary(tokenizer) -> ControlVocabulary:
     cached = _CACHE.get(tokenizer) if cacheable else None
     if cached is not None and cached[0] == size:
         return cached[1]
-    added = {i: str(getattr(t, "content", t)) for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    added = {i: str(getattr(t, "content", t)) for i, t in decoder.items()}
     splittable = {i: s for i, s in added.items() if len(s) > 1}
     # longest first, so that at one position the longest marker is the one found (the cut is the same either way)
     strings = sorted(set(splittable.values()), key=len, reverse=True)

@@ -7,8 +7,8 @@ own thread and tools run on a separate pool. Finished trajectories are handed ou
 1/0 model/environment mask, and each turn emits a `TurnEvent` as soon as its action tokens are complete.
 
 Environments follow TRL's `environment_factory` contract: `reset(**row) -> str | None` (appended to the last user
-message, tokenized as data: its text never becomes a control token), public methods are tools, optional `get_reward()`, and optionally a `done` attribute that a finishing tool
-sets. Instances are pooled per environment name and reset for every trajectory.
+message, tokenized as data: its text never becomes a control token), public methods are tools, optional
+`get_reward()`, and optionally a `done` attribute that a finishing tool sets. Instances are pooled per environment name and reset for every trajectory.
 """
 
 from __future__ import annotations
