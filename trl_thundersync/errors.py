@@ -53,3 +53,7 @@ class NoScoredTokensError(ThunderSyncError):
 
 class TurnOrderError(ThunderSyncError):
     """A turn's context does not extend its trajectory's previous turn (the token history was rewritten)."""
+
+
+class TraceInUseError(ConfigurationError):
+    """Another live run writes the step trace in this output_dir (two trainers sharing one output_dir at once)."""

@@ -6,6 +6,8 @@
              no call → stop ("answered");  unparsable → fixed parser-error observation (the turn is consumed)
              run the tool (timeout; exceptions become the observation the model sees)
              observation → truncated to equal head/tail tokens → framed by the chat template → mask 0
+                           (its text is data: tokenized so that it never yields a control token, see
+                           observation_tokens)
              the tool set `done` (a finishing tool) → stop ("finished")
     until a limit: max_turns, max_completion_tokens (model tokens), max_context_tokens, or a turn cut at its
     per-turn budget ("turn_token_limit"). Limit stops mark the trajectory truncated.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import AgentStats, TurnEvent
+from .observation_tokens import valid_text
 from .tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, format_tool_result, parse_turn,
                          truncate_observation)
 
@@ -150,10 +153,11 @@ def run_agent_trajectory(
             failures += int(failed)
             if parsed.extra_calls:
                 observation += f"\n[only one tool call per turn is executed; {parsed.extra_calls} more ignored]"
-        observation, elided = truncate_observation(tokenizer, observation, limits.max_observation_tokens)
+        observation, elided = truncate_observation(tokenizer, valid_text(observation), limits.max_observation_tokens)
         truncations += int(elided > 0)
         traj.messages.append({"role": "tool", "name": name, "content": observation})
-        framing = render_tool(name, observation)
+        # A name the model made up is not rendered: it could carry control text into the template's framing.
+        framing = render_tool(name if name in tools else "parser", observation)
         if len(context) + len(action) + len(framing) > limits.max_context_tokens:
             stop = "max_context_tokens"
             break
@@ -177,8 +181,8 @@ def _execute(tools: dict[str, Callable], name: str, arguments: dict, run_tool: T
         return f"Error: unknown tool {name!r}. Available tools: {sorted(tools)}", True
     try:
         result = run_tool(tool, arguments, timeout)
+        return format_tool_result(result), False
     except TimeoutError as exc:
         return f"Error: {name} timed out: {exc}", True
-    except Exception as exc:  # the model sees what went wrong, as in TRL
+    except Exception as exc:  # the model sees what went wrong, as in TRL (also unexpected or missing arguments)
         return f"Error: {name} raised {type(exc).__name__}: {exc}", True
-    return format_tool_result(result), False

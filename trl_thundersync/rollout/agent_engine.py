@@ -7,8 +7,8 @@ own thread and tools run on a separate pool. Finished trajectories are handed ou
 1/0 model/environment mask, and each turn emits a `TurnEvent` as soon as its action tokens are complete.
 
 Environments follow TRL's `environment_factory` contract: `reset(**row) -> str | None` (appended to the last user
-message), public methods are tools, optional `get_reward()`, and optionally a `done` attribute that a finishing tool
-sets. Instances are pooled per environment name and reset for every trajectory.
+message, tokenized as data: its text never becomes a control token), public methods are tools, optional
+`get_reward()`, and optionally a `done` attribute that a finishing tool sets. Instances are pooled per environment name and reset for every trajectory.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..envs.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+from ..envs.observation_tokens import contains_control_text, encode_data, valid_text
 from ..envs.tool_calls import ToolResponseRenderer
 from ..errors import RolloutError
 from ..types import Rollout, RolloutRequest, TurnEvent
@@ -117,10 +118,13 @@ class AgentRolloutEngine:
             except Exception as exc:
                 raise RolloutError(f"trajectory {request.index}: {type(environment).__name__}.reset raised "
                                    f"{type(exc).__name__}: {exc}") from exc
-            if observation is not None:
-                prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
             tools += environment_tools(environment)
-        prompt_ids = self.render_prompt(prompt, tools)
+            if observation is not None:
+                prompt_ids = self._prompt_with_observation(request.index, prompt, tools, valid_text(observation))
+            else:
+                prompt_ids = self.render_prompt(prompt, tools)
+        else:
+            prompt_ids = self.render_prompt(prompt, tools)
 
         def generate(context, max_new_tokens, turn):
             sub = RolloutRequest(index=request.index, group=request.group, prompt_ids=tuple(context),
@@ -140,6 +144,37 @@ class AgentRolloutEngine:
             env_mask=tuple(traj.env_mask), sampling_logprobs=tuple(traj.logprobs), completion=traj.messages,
             started_at=started, finished_at=time.perf_counter(), truncated=traj.truncated, agent=traj.stats,
         )
+
+    def _prompt_with_observation(self, index: int, prompt: list[dict], tools: list[Callable],
+                                 observation: str) -> list[int]:
+        """Prompt ids with `reset()`'s text appended to the last user message, that text tokenized as data.
+
+        Text without control-token strings renders as TRL renders it. Otherwise the prompt is rendered with a
+        placeholder special token where the text goes (special tokens split the tokenization, so the ids on both
+        sides are what the template gives), and the placeholder is replaced by `encode_data(text)`.
+        """
+        def render(text: str) -> list[int]:
+            return self.render_prompt(prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + text}], tools)
+
+        if not contains_control_text(self.tokenizer, observation):
+            return render(observation)
+        base = render("")
+        for placeholder in self._placeholders():
+            placeholder_id = self.tokenizer.convert_tokens_to_ids(placeholder)
+            if placeholder_id in base:
+                continue
+            ids = render(placeholder)
+            if ids.count(placeholder_id) == 1:
+                at = ids.index(placeholder_id)
+                return ids[:at] + encode_data(self.tokenizer, observation) + ids[at + 1:]
+        raise RolloutError(f"trajectory {index}: no special token of {type(self.tokenizer).__name__} can stand in for "
+                           "the reset() text, so it cannot be tokenized apart from the template")
+
+    def _placeholders(self) -> list[str]:
+        """Special tokens that render as one id, the padding token first (templates rarely write it)."""
+        tok = self.tokenizer
+        names = [tok.pad_token] + [t for t in tok.all_special_tokens if t != tok.pad_token]
+        return [t for t in names if t and tok.encode(t, add_special_tokens=False) == [tok.convert_tokens_to_ids(t)]]
 
     def _draw_environments(self, requests: Sequence[RolloutRequest]) -> list[Any]:
         out: list[Any] = [None] * (max((r.index for r in requests), default=-1) + 1)

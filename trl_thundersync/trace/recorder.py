@@ -1,16 +1,19 @@
 """Turn one batch's learner work, rollouts and landmarks into a `StepTrace`, and append it to a JSON-lines file.
 
 On by default (`ThunderSyncGRPOConfig.trace`): one line per optimizer step in `<output_dir>/thundersync_trace/
-steps.jsonl`. Cheap: the records already exist; writing is one `json.dumps` per step.
+steps.jsonl`, held by one run at a time (see `TraceWriter`). Cheap: the records already exist; writing is one
+`json.dumps` per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..errors import TraceInUseError
 from ..streaming.learner import WorkItem
 from ..types import ScoredRollout
 from .records import StepTrace, TraceEvent
@@ -61,13 +64,55 @@ def build_step_trace(*, step: int, schedule: str, start: float, rollout_end: flo
                      stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s)
 
 
-class TraceWriter:
-    """Appends `StepTrace`s as JSON lines (dataclasses as plain dicts)."""
+TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"  # inside a run's output_dir
 
-    def __init__(self, path: str | Path) -> None:
+
+class TraceWriter:
+    """Appends `StepTrace`s as JSON lines to one file, which it holds exclusively from construction to `close()`.
+
+    Two live runs writing one trace would interleave their steps into a file no reader can tell apart, so opening
+    takes an exclusive, non-blocking `flock` on the file and a second writer (in this process or another) fails
+    with `TraceInUseError` naming the folder. The lock ends with `close()` or the process, so a later run on the
+    same output_dir works: `fresh=True` (what a trainer passes unless it resumes from a checkpoint) then replaces
+    the earlier run's steps, otherwise lines are appended after them.
+    """
+
+    def __init__(self, path: str | Path, *, fresh: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise TraceInUseError(f"{self.path} is being written by another live run") from None
+        if fresh:
+            self._file.truncate(0)  # only now, under the lock: never cut a file another run is writing
 
     def append(self, trace: StepTrace) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(dataclasses.asdict(trace)) + "\n")
+        if self._file.closed:
+            raise ValueError(f"TraceWriter({self.path}) is closed")
+        self._file.write(json.dumps(dataclasses.asdict(trace)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Release the file (and its lock); idempotent."""
+        self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_run_trace(args, is_main_process: bool, resume_from_checkpoint=None) -> TraceWriter | None:
+    """The trace writer of one `train()` call: `<output_dir>/thundersync_trace/steps.jsonl` on the main process
+    when `args.trace` is on, fresh unless the run resumes from a checkpoint (None otherwise)."""
+    if not (args.trace and is_main_process):
+        return None
+    try:
+        return TraceWriter(Path(args.output_dir) / TRACE_FILE, fresh=not resume_from_checkpoint)
+    except TraceInUseError as exc:
+        raise TraceInUseError(f"{exc}: two trainers cannot share output_dir={args.output_dir!r} at once; give each "
+                              "run its own output_dir (or set trace=False)") from None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from .config_checks import require_counts
 from .rollout_config import RolloutFields, TRLVLLMServerFields
 
 OBJECTIVES = ("gjsd", "opd")
@@ -78,11 +79,14 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     agent_tool_timeout: float = field(default=60.0, metadata={"help": "Agent loop: seconds per tool call."})
     trace: bool = field(
         default=True,
-        metadata={"help": "Append a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
-                  "publication) to <output_dir>/thundersync_trace/steps.jsonl."},
+        metadata={"help": "Record a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
+                  "publication) in <output_dir>/thundersync_trace/steps.jsonl. A new run replaces the file, a resumed "
+                  "one appends; a second run writing it at the same time is refused (TraceInUseError)."},
     )
 
     def __post_init__(self) -> None:
+        require_counts(self, ("per_device_train_batch_size", "gradient_accumulation_steps", "max_new_tokens"))
+        require_counts(self, ("max_length",), optional=True)  # SFT's truncation length; None: no truncation
         try:
             super().__post_init__()
         except ConfigurationError:
@@ -97,12 +101,8 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
         if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
             raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "
                                      "no cap)")
-        for name in ("agent_max_turns", "agent_max_context_tokens", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1")
-        for name in ("agent_max_tokens_per_turn", "agent_max_completion_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigurationError(f"{name}={getattr(self, name)} must be ≥ 1 (or None for the default)")
+        require_counts(self, ("agent_max_turns", "agent_max_context_tokens"))
+        require_counts(self, ("agent_max_tokens_per_turn", "agent_max_completion_tokens"), optional=True)
         if self.agent_max_observation_tokens < 2 or self.agent_tool_timeout <= 0:
             raise ConfigurationError(
                 f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 and agent_tool_timeout="

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from pathlib import Path
 
 import torch
 from trl.experimental.gkd import GKDTrainer
@@ -33,7 +32,7 @@ from ..envs.metrics import agent_metrics
 from ..errors import UnsupportedOptionError
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
-from ..trace.recorder import TraceWriter
+from ..trace.recorder import open_run_trace
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
@@ -230,8 +229,8 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                                    rollout_end=timing.rollout_end, totals=totals, items=items,
                                    optimizer_end=optimizer_end, publish_end=publish_end)
         self._metrics["train"]["thundersync/step_wall_with_publish_seconds"].append(trace.wall)
-        if self.args.trace and self.accelerator.is_main_process:
-            TraceWriter(Path(self.args.output_dir) / "thundersync_trace" / "steps.jsonl").append(trace)
+        if getattr(self, "_trace_writer", None) is not None:
+            self._trace_writer.append(trace)
         self.last_trace = trace
 
     def _log_batch(self, totals: DistillTotals, timing: DistillTiming, items: list) -> None:
@@ -264,15 +263,20 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                 m[name].append(value)
 
     def close(self) -> None:
-        """Stop the rollout engine (also done at interpreter exit)."""
+        """Stop the rollout engine and release the trace (also done at interpreter exit)."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if getattr(self, "_trace_writer", None) is not None:
+            self._trace_writer.close()
+            self._trace_writer = None
         self._teacher.close()
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
         try:
-            return super().train(*args, **kwargs)
+            # the run's trace, held exclusively until close(): a second live run on this output_dir is refused here
+            self._trace_writer = open_run_trace(self.args, self.accelerator.is_main_process, resume_from_checkpoint)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.close()
 

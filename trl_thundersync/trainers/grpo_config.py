@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
+from .config_checks import require_counts
 from .rollout_config import RolloutFields
 
 SCHEDULES = ("thundersync", "sync")
@@ -54,7 +55,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
     trace: bool = field(
         default=True,
         metadata={"help": "Record a per-step trace (rollouts, tool calls, learner items, barrier, publication) as JSON "
-                  "lines in <output_dir>/thundersync_trace/steps.jsonl."},
+                  "lines in <output_dir>/thundersync_trace/steps.jsonl. A new run replaces the file, a resumed one "
+                  "appends; a second run writing it at the same time is refused (TraceInUseError)."},
     )
     peak_flops_per_s: float | None = field(
         default=None,
@@ -70,6 +72,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
     )
 
     def __post_init__(self) -> None:
+        # before TRL's checks, which divide by these (num_generations=0 would be a ZeroDivisionError there)
+        require_counts(self, ("per_device_train_batch_size", "gradient_accumulation_steps"))
+        require_counts(self, ("num_generations",), minimum=2)
         try:
             super().__post_init__()
         except ConfigurationError:
@@ -80,6 +85,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
                 "processes rows is one logical batch of whole GRPO groups)"
             ) from exc
         self._refuse_unstreamable()
+        self._check_lengths()
         if self.schedule not in SCHEDULES:
             raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if self.max_open_groups is not None and self.max_open_groups < 1:
@@ -95,6 +101,21 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
                 "(observations keep at least one head and one tail token)"
             )
         self.check_rollout_fields(ROLLOUT_ENGINES)
+
+    def _check_lengths(self) -> None:
+        """Token budgets: positive, or None where TRL's generation decides the length itself."""
+        if self.max_completion_length is None:
+            if self.rollout_engine != "trl" or self.loss_type == "dr_grpo":
+                raise ConfigurationError(
+                    f"max_completion_length=None with rollout_engine={self.rollout_engine!r}, loss_type="
+                    f"{self.loss_type!r}: ThunderSync's rollout engines, the agent loop and dr_grpo's normalizer "
+                    "need a token budget per completion; set an integer ≥ 1 (None works only with "
+                    "rollout_engine='trl', where TRL's generation decides, and a loss_type other than dr_grpo)")
+        else:
+            require_counts(self, ("max_completion_length",))
+        require_counts(self, ("vllm_max_model_length",), optional=True)
+        # TRL's meaning: 0 = no tool call is executed (one turn), None = the default turn budget
+        require_counts(self, ("max_tool_calling_iterations",), minimum=0, optional=True)
 
     def agent_limits(self):
         """The agent loop's budgets, with the TRL fields as defaults."""

@@ -14,7 +14,6 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import transformers
@@ -39,7 +38,7 @@ from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, run_logical_batch
 from ..streaming.rewards import RewardContext, RewardScorer
 from ..streaming.source import TrajectoryBackward, write_flat_grads
-from ..trace.recorder import TraceWriter, build_step_trace
+from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_config import ThunderSyncGRPOConfig
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
@@ -376,8 +375,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             m["thundersync/trainer_active_mfu"].append(learner_flops / trace.wall / self.args.peak_flops_per_s
                                                        if trace.wall else 0.0)
             m["thundersync/trainer_processes"].append(float(processes))
-        if self.args.trace and self.accelerator.is_main_process:
-            TraceWriter(Path(self.args.output_dir) / "thundersync_trace" / "steps.jsonl").append(trace)
+        if getattr(self, "_trace_writer", None) is not None:
+            self._trace_writer.append(trace)
         self.last_trace = trace
 
     def _flops_of(self):
@@ -480,14 +479,19 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._logs["advantages"].extend(advantages)
 
     def close(self) -> None:
-        """Stop the rollout engine's worker (also done at interpreter exit)."""
+        """Stop the rollout engine's worker and release the trace (also done at interpreter exit)."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if getattr(self, "_trace_writer", None) is not None:
+            self._trace_writer.close()
+            self._trace_writer = None
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
         try:
-            return super().train(*args, **kwargs)
+            # the run's trace, held exclusively until close(): a second live run on this output_dir is refused here
+            self._trace_writer = open_run_trace(self.args, self.accelerator.is_main_process, resume_from_checkpoint)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.close()
 
