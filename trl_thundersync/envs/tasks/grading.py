@@ -1,30 +1,53 @@
-"""Grading helpers shared by the task environments: safe host-side file copies, pytest report parsing, rewards.
+"""Grading helpers shared by the task environments: bounded and safe host-side file copies, rewards.
 
 Grading always happens in a fresh host copy of the agent's workspace, so nothing the agent left running can
-touch it. Host-side writes into that copy never follow a symlink the agent planted (`restore_file`).
+touch it. The copy of the agent's files is bounded (`GradingLimits`, inside the grading time budget): a workspace
+too large or too slow to copy is the attempt's failure (`UngradableWorkspace`), never a hang. Host-side writes into
+that copy never follow a symlink the agent planted (`restore_file`), and the host reads nothing the agent could have
+written but the workspace itself, without following links: test outcomes come over the runner's channel
+(`pytest_channel`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ...errors import ThunderSyncError
 
 # pytest's documented exit codes: 0 all passed, 1 some tests failed; 2 interrupted (e.g. collection errors),
 # 3 internal error, 4 usage error (e.g. a node id not found), 5 no tests collected.
 PYTEST_TESTS_RAN = (0, 1)
 
 # Report flags appended to every grading pytest run: one summary line per test (failed, error, passed, skipped,
-# xfail, xpass) and no tracebacks, so the summary stays short.
-PYTEST_REPORT_FLAGS = "-rfEpsxX --tb=no"
+# xfail, xpass) and no tracebacks, so the log kept for humans stays short. Never parsed for outcomes.
+PYTEST_REPORT_FLAGS = ("-rfEpsxX", "--tb=no")
 
 PASSING_OUTCOMES = frozenset({"PASSED", "XFAIL"})  # SWE-bench counts an expected failure as a pass
 FAILING_OUTCOMES = frozenset({"FAILED", "ERROR", "XPASS"})
 
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (.+)$")
+
+class UngradableWorkspace(ThunderSyncError):
+    """The attempt's workspace is over the grading limits (entries, bytes, path length, copy time): a failed
+    attempt (reward 0.0), since only the agent's own commands could have made it so."""
+
+
+@dataclass(frozen=True)
+class GradingLimits:
+    """Bounds on the grading copy of an agent's workspace; the copy also counts inside `grade_timeout_s`."""
+
+    max_entries: int = 50_000  # files, directories and links; an SWE-bench checkout has a few thousand
+    max_bytes: int = 1 << 30  # sum of regular file sizes (each hard link counts in full: each is copied)
+    max_path_chars: int = 1024  # longest workspace-relative path (far below PATH_MAX for every later walk)
+
+    def __post_init__(self) -> None:
+        for name in ("max_entries", "max_bytes", "max_path_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GradingLimits.{name}={getattr(self, name)!r} must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -54,27 +77,6 @@ def swe_reward(outcomes: dict[str, str], fail_to_pass: tuple[str, ...], pass_to_
     return 1.0 if fixed and kept else 0.0
 
 
-def parse_summary(log: str, node_ids: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Outcomes from pytest's short test summary (`-rfEpsxX`).
-
-    With `node_ids`, a line is matched against the requested ids (which may contain spaces, as parametrized ids
-    can); without, the id is the text up to " - " (the failure message separator).
-    """
-    outcomes: dict[str, str] = {}
-    for line in log.splitlines():
-        match = _SUMMARY_LINE.match(line.rstrip())
-        if not match:
-            continue
-        status, rest = match.groups()
-        if node_ids is None:
-            outcomes[rest.split(" - ", 1)[0]] = status
-            continue
-        for node in node_ids:
-            if rest == node or rest.startswith(node + " - "):
-                outcomes[node] = status
-    return outcomes
-
-
 def _skip_special(directory: str, names: list[str]) -> list[str]:
     """copytree ignore hook: skip FIFOs, sockets and devices (reading a FIFO would block the grader)."""
     skipped = []
@@ -88,6 +90,61 @@ def _skip_special(directory: str, names: list[str]) -> list[str]:
 def copy_tree(src: Path, dst: Path) -> None:
     """Copy a directory tree into `dst` (created or merged), keeping symlinks as links and modes as they are."""
     shutil.copytree(src, dst, symlinks=True, ignore=_skip_special, dirs_exist_ok=True)
+
+
+def copy_workspace(src: Path, dst: Path, limits: GradingLimits, deadline: float) -> None:
+    """Copy an agent's workspace into the existing directory `dst`, within `limits` and before `deadline`
+    (time.monotonic()); raises `UngradableWorkspace` as soon as a bound is passed.
+
+    Like `copy_tree`: links are copied as links (never followed), modes and times are kept, FIFOs, sockets and
+    devices are skipped. Iterative, so no depth of nesting can exhaust the stack.
+    """
+    entries = size = 0
+    directories: list[tuple[str, os.stat_result]] = []  # modes and times applied last: a read-only dir stays fillable
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        for entry in _listing(src, rel_dir):
+            rel = os.path.join(rel_dir, entry.name)
+            entries += 1
+            if entries > limits.max_entries:
+                raise UngradableWorkspace(f"the workspace holds more than {limits.max_entries} files and directories")
+            if len(rel) > limits.max_path_chars:
+                raise UngradableWorkspace(f"a workspace path is longer than {limits.max_path_chars} characters")
+            if time.monotonic() > deadline:
+                raise UngradableWorkspace("copying the workspace took the whole grading time budget")
+            info = entry.stat(follow_symlinks=False)
+            target = os.path.join(dst, rel)
+            if stat.S_ISDIR(info.st_mode):
+                os.mkdir(target, 0o700)
+                directories.append((rel, info))
+                pending.append(rel)
+            elif stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(entry.path), target)
+            elif stat.S_ISREG(info.st_mode):
+                size += info.st_size
+                if size > limits.max_bytes:
+                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_bytes} bytes of files")
+                _copy_file(entry.path, target)
+    for rel, info in reversed(directories):  # deepest first: setting a parent's times last keeps them
+        target = os.path.join(dst, rel)
+        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+        os.chmod(target, stat.S_IMODE(info.st_mode))
+
+
+def _listing(root: Path, rel_dir: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(os.path.join(root, rel_dir)) as listing:
+            return list(listing)
+    except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
+        raise UngradableWorkspace(f"the workspace directory {rel_dir or '.'!r} cannot be read: {exc}") from exc
+
+
+def _copy_file(source: str, target: str) -> None:
+    try:
+        shutil.copy2(source, target, follow_symlinks=False)
+    except PermissionError as exc:
+        raise UngradableWorkspace(f"a workspace file cannot be read: {exc}") from exc
 
 
 def check_relative(rel: str, where: str) -> str:
@@ -128,16 +185,6 @@ def restore_file(root: Path, source_root: Path, rel: str) -> None:
         shutil.copytree(source, dest, symlinks=True)
     elif source.is_file():
         shutil.copy2(source, dest)
-
-
-def read_log(path: Path) -> str:
-    """Read a grading log without following a symlink; a missing log reads as empty."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return ""
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read().decode("utf-8", errors="replace")
 
 
 def tail(text: str, chars: int = 2000) -> str:
