@@ -113,6 +113,9 @@ def _not_dumpable():
 
 
 def _write_files(files):
+    """Write `files` into a fresh private directory of /tmp; (directory, paths). No files: no directory."""
+    if not files:
+        return None, []
     import tempfile
 
     directory = tempfile.mkdtemp(prefix="grade-")
@@ -135,7 +138,7 @@ def main(payload):
         directory, paths = _write_files(spec["files"])
         if spec["hide_files"]:
             reporter.hidden = paths
-        args = [arg.replace("{files}", directory) for arg in spec["args"]]
+        args = [arg.replace("{files}", directory) if directory else arg for arg in spec["args"]]
         import pytest
     except Exception as error:  # the runner could not start pytest: the harness is broken, say so on the channel
         reporter.emit("fatal", f"{type(error).__name__}: {error}")

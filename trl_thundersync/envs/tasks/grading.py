@@ -97,54 +97,62 @@ def copy_workspace(src: Path, dst: Path, limits: GradingLimits, deadline: float)
     (time.monotonic()); raises `UngradableWorkspace` as soon as a bound is passed.
 
     Like `copy_tree`: links are copied as links (never followed), modes and times are kept, FIFOs, sockets and
-    devices are skipped. Iterative, so no depth of nesting can exhaust the stack.
+    devices are skipped. The tree is measured first (names and lstat only), so an over-size workspace is refused
+    before anything is copied; iterative, so no depth of nesting can exhaust the stack.
     """
-    entries = size = 0
-    directories: list[tuple[str, os.stat_result]] = []  # modes and times applied last: a read-only dir stays fillable
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        for entry in _listing(src, rel_dir):
-            rel = os.path.join(rel_dir, entry.name)
-            entries += 1
-            if entries > limits.max_entries:
-                raise UngradableWorkspace(f"the workspace holds more than {limits.max_entries} files and directories")
-            if len(rel) > limits.max_path_chars:
-                raise UngradableWorkspace(f"a workspace path is longer than {limits.max_path_chars} characters")
-            if time.monotonic() > deadline:
-                raise UngradableWorkspace("copying the workspace took the whole grading time budget")
-            info = entry.stat(follow_symlinks=False)
-            target = os.path.join(dst, rel)
-            if stat.S_ISDIR(info.st_mode):
-                os.mkdir(target, 0o700)
-                directories.append((rel, info))
-                pending.append(rel)
-            elif stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(entry.path), target)
-            elif stat.S_ISREG(info.st_mode):
-                size += info.st_size
-                if size > limits.max_bytes:
-                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_bytes} bytes of files")
-                _copy_file(entry.path, target)
-    for rel, info in reversed(directories):  # deepest first: setting a parent's times last keeps them
-        target = os.path.join(dst, rel)
+    entries = _inventory(src, limits, deadline)
+    directories = []  # modes and times applied last, deepest first: a read-only directory stays fillable till then
+    for rel, info in entries:
+        if time.monotonic() > deadline:
+            raise UngradableWorkspace("copying the workspace took the whole grading time budget")
+        source, target = os.path.join(src, rel), os.path.join(dst, rel)
+        if stat.S_ISDIR(info.st_mode):
+            os.mkdir(target, 0o700)
+            directories.append((target, info))
+        elif stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(source), target)
+        else:
+            try:
+                shutil.copy2(source, target, follow_symlinks=False)
+            except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
+                raise UngradableWorkspace(f"a workspace file cannot be read: {exc}") from exc
+    for target, info in reversed(directories):
         os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
         os.chmod(target, stat.S_IMODE(info.st_mode))
 
 
-def _listing(root: Path, rel_dir: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(os.path.join(root, rel_dir)) as listing:
-            return list(listing)
-    except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
-        raise UngradableWorkspace(f"the workspace directory {rel_dir or '.'!r} cannot be read: {exc}") from exc
-
-
-def _copy_file(source: str, target: str) -> None:
-    try:
-        shutil.copy2(source, target, follow_symlinks=False)
-    except PermissionError as exc:
-        raise UngradableWorkspace(f"a workspace file cannot be read: {exc}") from exc
+def _inventory(src: Path, limits: GradingLimits, deadline: float) -> list[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every directory, link and regular file under `src`, parents before children."""
+    found: list[tuple[str, os.stat_result]] = []
+    size = 0
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            listing = os.scandir(os.path.join(src, rel_dir))
+        except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
+            raise UngradableWorkspace(f"the workspace directory {rel_dir or '.'!r} cannot be read: {exc}") from exc
+        with listing:
+            for entry in listing:
+                rel = os.path.join(rel_dir, entry.name)
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(rel)
+                elif stat.S_ISREG(info.st_mode):
+                    size += info.st_size
+                elif not stat.S_ISLNK(info.st_mode):
+                    continue  # FIFO, socket, device: not copied (reading a FIFO would block the grader)
+                found.append((rel, info))
+                if len(found) > limits.max_entries:
+                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_entries} files and "
+                                              "directories")
+                if size > limits.max_bytes:
+                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_bytes} bytes of files")
+                if len(rel) > limits.max_path_chars:
+                    raise UngradableWorkspace(f"a workspace path is longer than {limits.max_path_chars} characters")
+                if time.monotonic() > deadline:
+                    raise UngradableWorkspace("copying the workspace took the whole grading time budget")
+    return found
 
 
 def check_relative(rel: str, where: str) -> str:
