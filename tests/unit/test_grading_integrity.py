@@ -228,6 +228,8 @@ ENDINGS = {
     "SIGKILL of pytest's own process": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "os._exit while the tests run": "import os\n_real = slugify\ndef slugify(*a, **k):\n    os._exit(0)",
     "kill the parent shell and pytest": "import os, signal\nos.killpg(0, signal.SIGKILL)",
+    "grade log replaced by a link": "import os\nfor name in ('.thundersync-grade.log', 'log'):\n"
+                                    "    os.path.lexists(name) and os.remove(name)\n    os.symlink('/etc/hostname', name)",
     "flood every descriptor": "import os\nfor _ in range(100):\n    for fd in range(1, 16):\n        try:\n"
                               "            os.write(fd, b'PASSED x\\n' * 10000)\n        except OSError:\n"
                               "            pass",
@@ -240,6 +242,15 @@ def test_swe_attempt_that_ends_the_test_run_fails_not_infra(slug_env: SWERepairE
     append_to_module(slug_env, ENDINGS[ending])
     assert slug_env.get_reward() == 0.0
     assert slug_env.infra_error is None, slug_env.infra_error
+
+
+@needs_bwrap
+def test_swe_attempt_that_hangs_fails_not_infra() -> None:
+    with SWERepairEnv(limits=LIMITS, grade_timeout_s=2.0) as env:
+        env.reset(task_id=SLUG)
+        append_to_module(env, "import time\ntime.sleep(60)")
+        assert env.get_reward() == 0.0 and env.infra_error is None
+        assert "timed out" in env.last_grade.detail and "reference solution passes" in env.last_grade.detail
 
 
 @needs_bwrap

@@ -241,7 +241,7 @@ def test_terminal_reward_is_seta(tmp_path: Path) -> None:
         env.reset(task_id="custom")
         shell_ok(env, "echo bye > farewell.txt")
         shell_ok(env, "mkdir -p .verifier && echo 'def test_x(): pass' > .verifier/test_outputs.py")
-        assert env.get_reward() == 1.5  # the agent's .verifier/ was replaced by the real verifier
+        assert env.get_reward() == 1.5  # the agent's .verifier/ plays no part: the verifier never enters the workspace
         env.reset(task_id="custom")
         shell_ok(env, "rm greeting.txt")
         assert env.get_reward() == 0.0 and env.infra_error is None

@@ -131,7 +131,7 @@ def _write_files(files):
 def main(payload):
     spec = json.loads(payload)
     channel = _private_channel()
-    reporter = ChannelReporter(channel, spec["nonce"], [])
+    reporter = ChannelReporter(channel, spec.pop("nonce"), [])
     try:
         _not_dumpable()
         sys.dont_write_bytecode = True  # no __pycache__ next to a hidden verifier or in the graded copy
@@ -156,4 +156,4 @@ def main(payload):
 
 
 if __name__ == "__thundersync_grade__":
-    main(PAYLOAD)  # noqa: F821 -- PAYLOAD is put in this module's namespace by the bootstrap
+    main(globals().pop("PAYLOAD"))  # put in this namespace by the bootstrap; not left there

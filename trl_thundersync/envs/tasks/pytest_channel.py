@@ -32,10 +32,15 @@ from .grading import PYTEST_TESTS_RAN
 OUTCOMES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})  # what the runner reports
 
 # Reads the runner and its payload from stdin (separated by a NUL byte, which Python source cannot contain) and
-# runs it; the nonce is in the payload, so it is never in argv, the environment or a file.
+# runs it; the nonce is in the payload, so it is never in argv, the environment or a file, and (read inside a
+# function) it is not left in a global of `__main__` either.
 _BOOTSTRAP = (
-    'import sys;s,_,p=sys.stdin.buffer.read().partition(b"\\0");'
-    'exec(compile(s,"<thundersync-grade-runner>","exec"),{"__name__":"__thundersync_grade__","PAYLOAD":p})'
+    "import sys\n"
+    "def _run():\n"
+    "    source, _, payload = sys.stdin.buffer.read().partition(b'\\0')\n"
+    "    code = compile(source, '<thundersync-grade-runner>', 'exec')\n"
+    "    exec(code, {'__name__': '__thundersync_grade__', 'PAYLOAD': payload})\n"
+    "_run()\n"
 )
 _PYTHONS = frozenset({"python", "python3"})
 _SHELL_OPERATORS = frozenset({";", "&&", "||", "|", "&", ">", ">>", "<", "2>", "2>&1", "(", ")"})
