@@ -26,6 +26,7 @@ from trl_thundersync.envs.tasks.grading import GradingLimits, UngradableWorkspac
 from trl_thundersync.envs.tasks.pytest_channel import pytest_invocation, read_records, run_pytest
 from trl_thundersync.envs.terminal import TerminalTaskEnv
 from trl_thundersync.envs.validate import overlay_command
+from trl_thundersync.errors import ConfigurationError
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),
@@ -149,6 +150,11 @@ def _tree(root: Path) -> dict[str, object]:
     return out
 
 
+def test_grading_limits_must_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="max_entries=0"):
+        GradingLimits(max_entries=0)
+
+
 def test_copy_workspace_copies_like_copy_tree(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     (src / "pkg" / "ro").mkdir(parents=True)
@@ -195,7 +201,8 @@ def slug_env():
         yield env
 
 
-_FORGE_LINES = "\n".join(f"PASSED {n}" for n in load_swe_suite()[SLUG].fail_to_pass + load_swe_suite()[SLUG].pass_to_pass)
+_SLUG_IDS = load_swe_suite()[SLUG].fail_to_pass + load_swe_suite()[SLUG].pass_to_pass
+_FORGE_LINES = "\n".join(f"PASSED {n}" for n in _SLUG_IDS)
 _ATEXIT_FORGERY = f'''
 import atexit, os, sys
 _LINES = {_FORGE_LINES!r}
@@ -229,7 +236,8 @@ ENDINGS = {
     "os._exit while the tests run": "import os\n_real = slugify\ndef slugify(*a, **k):\n    os._exit(0)",
     "kill the parent shell and pytest": "import os, signal\nos.killpg(0, signal.SIGKILL)",
     "grade log replaced by a link": "import os\nfor name in ('.thundersync-grade.log', 'log'):\n"
-                                    "    os.path.lexists(name) and os.remove(name)\n    os.symlink('/etc/hostname', name)",
+                                    "    os.path.lexists(name) and os.remove(name)\n"
+                                    "    os.symlink('/etc/hostname', name)",
     "flood every descriptor": "import os\nfor _ in range(100):\n    for fd in range(1, 16):\n        try:\n"
                               "            os.write(fd, b'PASSED x\\n' * 10000)\n        except OSError:\n"
                               "            pass",

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import ThunderSyncError
+from ...errors import ConfigurationError, ThunderSyncError
 
 # pytest's documented exit codes: 0 all passed, 1 some tests failed; 2 interrupted (e.g. collection errors),
 # 3 internal error, 4 usage error (e.g. a node id not found), 5 no tests collected.
@@ -47,7 +47,7 @@ class GradingLimits:
     def __post_init__(self) -> None:
         for name in ("max_entries", "max_bytes", "max_path_chars"):
             if getattr(self, name) < 1:
-                raise ValueError(f"GradingLimits.{name}={getattr(self, name)!r} must be at least 1")
+                raise ConfigurationError(f"GradingLimits.{name}={getattr(self, name)!r} must be at least 1")
 
 
 @dataclass(frozen=True)
