@@ -110,7 +110,10 @@ class SWERepairEnv(PytestGradedEnv):
                 return None
         if not self.task.has_reference:
             return "the task has no reference solution to check the harness with"
-        run = self._run_tests(lambda copy: materialize_reference(self.task, copy, source), self._deadline())
+        try:
+            run = self._run_tests(lambda copy: materialize_reference(self.task, copy, source), self._deadline())
+        except UngradableWorkspace as exc:  # the trusted reference tree over the grading bounds: the task is broken
+            return f"reference run: {exc}"
         problem = _run_problem(run, self.task.fail_to_pass + self.task.pass_to_pass)
         if problem is None and swe_reward(run.outcomes, self.task.fail_to_pass, self.task.pass_to_pass) == 1.0:
             with _REFERENCE_LOCK:

@@ -125,6 +125,8 @@ class TerminalTaskEnv(PytestGradedEnv):
             finally:
                 sandbox.close()
             run = self._verify(lambda copy: copy_tree(workspace, copy), self._deadline())
+        except UngradableWorkspace as exc:  # the reference tree took the whole budget to copy: the task is broken
+            return f"reference run: {exc}"
         finally:
             remove_path(workspace)
         problem = _run_problem(run)
