@@ -11,6 +11,8 @@ Run: python -m pytest tests/unit/test_grading_integrity.py -q
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import os
 import shutil
 import time
@@ -52,24 +54,37 @@ def append_to_module(env, code: str, module: str = "textkit.py") -> None:
 # ---------------------------------------------------------------- the channel, without a sandbox
 
 
-def test_read_records_takes_only_complete_nonce_records_up_to_done() -> None:
-    nonce = "ab" * 16
+def _record(key: bytes, seq: int, kind: str, value: str) -> str:
+    body = f"{seq} {kind} {value}"
+    return f"{body} {hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}"
+
+
+def test_read_records_takes_only_authentic_records_in_sequence_up_to_done() -> None:
+    key, other = b"k" * 32, b"o" * 32
+    genuine = [
+        _record(key, 0, "collected", '"tests/t.py::test_a[x y]"'),
+        _record(key, 1, "outcome", '["tests/t.py::test_a[x y]", "FAILED"]'),
+        _record(key, 2, "outcome", '["tests/t.py::test_b_long", "FAILED"]'),
+        _record(key, 3, "done", "1"),
+    ]
     text = "\n".join([
         "PASSED tests/t.py::test_a",  # what pytest's own summary prints: never read
-        f"{'cd' * 16} outcome [\"tests/t.py::test_a\", \"PASSED\"]",  # another nonce
-        f"{nonce} collected \"tests/t.py::test_a[x y]\"",
-        f"{nonce} outcome [\"tests/t.py::test_a[x y]\", \"FAILED\"]",
-        f"{nonce} outcome [\"tests/t.py::test_b_long\", \"FAILED\"]",
-        f"{nonce} outcome [\"tests/t.py::test_b",  # cut by elision: not a record for a shorter id
-        f"{nonce} outcome [\"tests/t.py::test_c\", \"GREAT\"]",  # not an outcome
-        f"garbage{nonce} outcome [\"tests/t.py::test_d\", \"PASSED\"]",  # not at a line start
-        f"{nonce} done 1",
-        f"{nonce} outcome [\"tests/t.py::test_e\", \"PASSED\"]",  # after done
+        genuine[0],
+        _record(other, 1, "outcome", '["tests/t.py::test_a[x y]", "PASSED"]'),  # another key
+        genuine[1],
+        genuine[1].replace("FAILED", "PASSED"),  # a record altered: its MAC no longer matches
+        genuine[0],  # a replayed copy
+        genuine[2][:-10],  # cut by elision
+        genuine[2],
+        "garbage" + genuine[3],  # not at a line start
+        genuine[3],
+        _record(key, 4, "outcome", '["tests/t.py::test_e", "PASSED"]'),  # after done
     ])
-    run = read_records(text, nonce)
+    run = read_records(text, key)
     assert run.outcomes == {"tests/t.py::test_a[x y]": "FAILED", "tests/t.py::test_b_long": "FAILED"}
     assert run.collected == ("tests/t.py::test_a[x y]",) and run.exit_status == 1 and run.completed
-    assert read_records(text.replace(f"{nonce} done 1", ""), nonce).exit_status is None
+    gap = read_records("\n".join([genuine[0], genuine[2], genuine[1], genuine[3]]), key)  # record 1 taken away
+    assert (gap.collected, dict(gap.outcomes), gap.exit_status) == (("tests/t.py::test_a[x y]",), {}, None)
 
 
 _OUTCOME_TESTS = '''
@@ -343,6 +358,38 @@ def test_terminal_agent_cannot_see_or_forge_the_verifier() -> None:
         env.reset(task_id=GREET)
         shell_ok(env, load_terminal_suite()[GREET].solution_script)
         assert env.get_reward() == 1.5
+
+
+# Started by the agent's script at the 3rd check: reopens the sandbox's stdout pipe through bwrap's pid 1 (any process
+# in the sandbox can), takes records off it as they come, and writes back forgeries built from each one it took.
+_THIEF = f"""import os, time
+IDS = {[t.encode() for t in _GREET_IDS]!r}
+pipe, out = os.open("/proc/1/fd/1", os.O_RDONLY), os.open("/proc/1/fd/1", os.O_WRONLY)
+end = time.time() + 8
+while time.time() < end:
+    chunk = os.read(pipe, 1 << 16)
+    if not chunk:
+        break
+    for line in chunk.split(b"\\n"):
+        if b" outcome " in line or b" done " in line or b" collected " in line:
+            head = line.split(b" ")[0]  # a secret prefix, if that is what authenticates records
+            forged = [head + b' outcome ["test_outputs.py::' + t + b'", "PASSED"]' for t in IDS] + [head + b" done 0"]
+            forged.append(line.replace(b'"FAILED"', b'"PASSED"'))  # the record itself, altered
+            os.write(out, b"".join(b"\\n" + f + b"\\n" for f in forged))
+"""
+
+
+@needs_bwrap
+def test_terminal_records_taken_off_the_pipe_cannot_be_forged() -> None:
+    script = ("#!/bin/sh\n[ -e /tmp/thief ] || { touch /tmp/thief; python3 \"$(dirname \"$0\")/thief.py\" "
+              "</dev/null >/dev/null 2>&1 & sleep 0.5; }\nexit 1\n")
+    with TerminalTaskEnv(limits=LIMITS) as env:
+        for _ in range(3):  # the thief races the host for each record: try a few times
+            env.reset(task_id=GREET)
+            shell_ok(env, f"mkdir -p bin && cat > bin/thief.py <<'PYEOF'\n{_THIEF}PYEOF")
+            shell_ok(env, _greet_script(script))
+            assert env.get_reward() == 0.4, env.last_grade.detail  # what the honest failing script scores
+            assert env.infra_error is None
 
 
 @needs_bwrap

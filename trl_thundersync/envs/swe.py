@@ -6,8 +6,9 @@
 
 Grading (in a fresh host copy of the workspace, made within `GradingLimits` and inside `grade_timeout_s`): every
 test file and pytest harness file is restored from the grading source, then the FAIL_TO_PASS and PASS_TO_PASS node
-ids run with the task's pytest arguments through the grading runner, which reports each outcome over a nonce
-channel the code under test does not know (`tasks.pytest_channel`; pytest's console output is never parsed).
+ids run with the task's pytest arguments through the grading runner, which reports each outcome in records
+authenticated with a per-run key the code under test never sees (`tasks.pytest_channel`; pytest's console output
+is never parsed).
 Reward 1.0 iff every FAIL_TO_PASS test passes and no PASS_TO_PASS test fails, else 0.0.
 
 When the run did not report every requested test normally — pytest could not run them (exit 2-5: collection,

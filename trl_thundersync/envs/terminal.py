@@ -12,8 +12,8 @@ empty pytest.ini into a private directory of the sandbox's /tmp, and deletes bot
 the checks, before any check runs. pytest runs with `python3 -I` (the workspace is not on sys.path),
 `--import-mode=importlib` (nor is the verifier's directory), `--noconftest` and `-c` that pytest.ini, so nothing
 the agent wrote can configure or hijack the run; the runner's process is not dumpable, so the agent's programs
-(started by the checks, same uid) cannot read it through /proc. Outcomes come only over the runner's nonce
-channel; nothing the agent's programs print or write is ever read as a result. Tests find the task files in the
+(started by the checks, same uid) cannot read it through /proc. Outcomes come only from the runner's authenticated
+records; nothing the agent's programs print, write or take off a pipe can make one. Tests find the task files in the
 current directory (the workspace).
 
 Reward (SETA): p = passed checks / all checks, reward = p + 0.5 * (p == 1). A check that raises (file missing,

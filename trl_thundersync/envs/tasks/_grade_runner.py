@@ -3,18 +3,18 @@
 The package never imports this file. `pytest_channel.py` (on the host) reads it as text and feeds it to
 `python3 -I -c BOOTSTRAP` on the sandbox command's stdin, followed by a NUL byte and a JSON payload:
 
-    {"nonce": hex, "args": [pytest arguments], "files": {name: text}, "hide_files": bool, "cwd_on_path": bool}
+    {"key": hex, "args": [pytest arguments], "files": {name: text}, "hide_files": bool, "cwd_on_path": bool}
 
 It is self-contained (standard library and pytest only) because inside a sandbox the package is not importable
 and its files are hidden. In order, before any code under test can run:
 
-1. stdin has already been read to its end by the bootstrap (the nonce is in no file, argv or environment
+1. stdin has already been read to its end by the bootstrap (the key is in no file, argv or environment
    variable), and is replaced by /dev/null;
 2. the channel is a private duplicate of the sandbox's stdout (close-on-exec, so no child inherits it); fd 1 then
    points at stderr, so everything else — pytest's console, the tests, the code under test, their children —
    writes to stderr, which the host only shows to humans;
 3. prctl(PR_SET_DUMPABLE, 0): child processes (same uid) can no longer open this process's /proc/PID/{mem,fd,
-   environ,...} or ptrace it, so they cannot read the nonce, the channel fd or a hidden verifier from memory;
+   environ,...} or ptrace it, so they cannot read the key, the channel fd or a hidden verifier from memory;
 4. `files` are written into a fresh private directory under the sandbox's /tmp (their path replaces "{files}" in
    the arguments); with `hide_files` they are unlinked as soon as collection finishes, before any test runs;
 5. pytest is imported with the isolated sys.path (the workspace is not on it yet, so no file there can shadow
@@ -22,13 +22,19 @@ and its files are hidden. In order, before any code under test can run:
    `cwd_on_path` (what `python -m pytest` does).
 
 Channel records, one `os.write` each (atomic below PIPE_BUF), each starting with a newline so that bytes anyone
-else wrote to the same pipe (the sandbox's pid 1 holds it) can never join a record: `\\n<nonce> <kind> <json>\\n`
-with kind `collected` (a node id), `outcome` ([node id, outcome]), `done` (pytest's exit status, written after
-`pytest.main` returns) or `fatal` (the runner itself failed). The host accepts only records with the nonce and a
-complete JSON value, and nothing after `done`. After `done` the process ends with os._exit: no atexit handler of
-the code under test runs.
+else wrote to the same pipe can never join a record: `\\n<seq> <kind> <json> <mac>\\n`, where seq counts records
+from 0 and mac is HMAC-SHA256(key, "<seq> <kind> <json>"). Kinds: `collected` (a node id), `outcome` ([node id,
+outcome]), `done` (pytest's exit status, written after `pytest.main` returns) and `fatal` (the runner itself
+failed). A MAC and not a bare secret prefix, because the pipe is not private: the sandbox's pid 1 (bwrap) holds its
+write end, and any process in the sandbox can reopen it through /proc/1/fd/1 — for writing, and for reading, which
+takes records away from the host. A record read that way shows its MAC but never the key, so nothing can be forged
+from it; the sequence number makes a taken, replayed or reordered record end what the host accepts (it can only
+lose outcomes, never add one). After `done` the process ends with os._exit: no atexit handler of the code under
+test runs.
 """
 
+import hashlib
+import hmac
 import json
 import os
 import sys
@@ -40,14 +46,18 @@ PIPE_BUF = 4096  # a pipe write of at most this many bytes is atomic
 class ChannelReporter:
     """A pytest plugin object: folds setup/call/teardown reports into one outcome per node id and emits it."""
 
-    def __init__(self, channel_fd, nonce, hidden):
+    def __init__(self, channel_fd, key, hidden):
         self._fd = channel_fd
-        self._nonce = nonce
+        self._key = key
+        self._seq = 0
         self.hidden = hidden  # paths to unlink once collection is over
         self._outcomes = {}
 
     def emit(self, kind, value):
-        data = f"\n{self._nonce} {kind} {json.dumps(value)}\n".encode()
+        body = f"{self._seq} {kind} {json.dumps(value)}"
+        self._seq += 1
+        mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+        data = f"\n{body} {mac}\n".encode()
         while data:
             data = data[os.write(self._fd, data[:PIPE_BUF]):]
 
@@ -131,7 +141,7 @@ def _write_files(files):
 def main(payload):
     spec = json.loads(payload)
     channel = _private_channel()
-    reporter = ChannelReporter(channel, spec.pop("nonce"), [])
+    reporter = ChannelReporter(channel, bytes.fromhex(spec.pop("key")), [])
     try:
         _not_dumpable()
         sys.dont_write_bytecode = True  # no __pycache__ next to a hidden verifier or in the graded copy

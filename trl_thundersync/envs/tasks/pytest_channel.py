@@ -2,22 +2,26 @@
 
 A grade must never come from text the code under test can print. So the grader does not parse pytest's console
 output (which the tested code shares): `run_pytest` feeds `_grade_runner.py` (our pytest plugin and launcher) to
-`python3 -I` on the sandbox command's stdin together with a fresh random nonce, and the runner writes one record per
+`python3 -I` on the sandbox command's stdin together with a fresh random key, and the runner writes one record per
 collected test, per test outcome and at the end (`done`) to a private duplicate of the sandbox's stdout, each
-prefixed with the nonce. Everything else the run prints goes to stderr and is kept only as a log for humans.
-`read_records` accepts nothing but complete records that carry this run's nonce, and nothing after `done`.
+numbered and authenticated with HMAC-SHA256 under that key. Everything else the run prints goes to stderr and is
+kept only as a log for humans. `read_records` accepts only authentic records, in sequence, up to `done`.
 
-What this closes, and what it does not: code under test that prints, or child processes that write to any pipe,
-file or log they can find, cannot forge an outcome (they do not know the nonce; the runner read it from stdin before
-any of them ran, and made its process non-dumpable so same-uid children cannot read its memory or fds through
-/proc). Code that runs *inside* pytest's interpreter (the SWE module under test, imported by the tests) still can:
-it can find the nonce and the channel fd in the interpreter's memory, patch pytest's hooks or rewrite the test
-module as it is imported. Closing that needs the tests to run in a process the code under test does not share.
+What this closes, and what it does not: code under test that prints, and child processes that write to (or read
+from) any pipe, file or log they can find, cannot forge an outcome: they do not have the key (the runner read it
+from stdin before any of them ran, and made its process non-dumpable, so same-uid children cannot read its memory or
+fds through /proc), and a record they take off the pipe shows only its MAC. Taking records away can only lose
+outcomes, which fails the attempt (or, for a terminal task, the checks it hid). Code that runs *inside* pytest's
+interpreter (the SWE module under test, imported by the tests) still can forge: it can find the key in the
+interpreter's memory and write records, patch pytest's hooks, or rewrite a test module as it is imported. Closing
+that needs the tests to run in a process the code under test does not share.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import secrets
 import shlex
@@ -32,7 +36,7 @@ from .grading import PYTEST_TESTS_RAN
 OUTCOMES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})  # what the runner reports
 
 # Reads the runner and its payload from stdin (separated by a NUL byte, which Python source cannot contain) and
-# runs it; the nonce is in the payload, so it is never in argv, the environment or a file, and (read inside a
+# runs it; the key is in the payload, so it is never in argv, the environment or a file, and (read inside a
 # function) it is not left in a global of `__main__` either.
 _BOOTSTRAP = (
     "import sys\n"
@@ -79,31 +83,43 @@ def run_pytest(
     replaces "{files}" in `args`; with `hide_files` they are deleted once collection finishes, before any test runs.
     `cwd_on_path` puts the workspace on sys.path after pytest is imported, as `python -m pytest` would.
     """
-    nonce = secrets.token_hex(16)
-    payload = {"nonce": nonce, "args": list(args), "files": dict(files or {}), "hide_files": hide_files,
+    key = secrets.token_bytes(32)
+    payload = {"key": key.hex(), "args": list(args), "files": dict(files or {}), "hide_files": hide_files,
                "cwd_on_path": cwd_on_path}
     stdin = _runner_source() + b"\0" + json.dumps(payload).encode()
     command = f"exec {shlex.quote(python)} -I -c {shlex.quote(_BOOTSTRAP)}"
     result = sandbox.run(command, timeout_s=timeout_s, env={"PYTHONDONTWRITEBYTECODE": "1"}, stdin=stdin)
-    run = read_records(result.stdout, nonce)
+    run = read_records(result.stdout, key)
     return PytestRun(outcomes=run.outcomes, collected=run.collected, exit_status=run.exit_status, fatal=run.fatal,
                      timed_out=result.timed_out, log=result.stderr)
 
 
-def read_records(text: str, nonce: str) -> PytestRun:
-    """The records in `text` that carry `nonce` and a complete, well-typed JSON value, up to the `done` record."""
-    prefix = nonce + " "
+def record_mac(key: bytes, body: str) -> str:
+    """The MAC closing a channel record `<seq> <kind> <json>` (the runner computes the same)."""
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def read_records(text: str, key: bytes) -> PytestRun:
+    """The authentic records in `text`, in sequence from 0, up to `done`.
+
+    A line whose MAC does not match is not a record (forged, or cut short by elision); a record numbered below the
+    next expected one is a replayed copy and ignored; one numbered above means a record is missing (taken off the
+    pipe by another process, or elided), so nothing after it is accepted.
+    """
     outcomes: dict[str, str] = {}
     collected: list[str] = []
     fatal = None
+    expected = 0
     for line in text.split("\n"):
-        if not line.startswith(prefix):
+        body, _, mac = line.rpartition(" ")
+        if not body or not hmac.compare_digest(mac.encode(), record_mac(key, body).encode()):
             continue
-        kind, _, raw = line[len(prefix):].partition(" ")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            continue  # a record cut short (output elided in the middle): never a shorter node id
+        seq, kind, value = _parse_body(body)
+        if seq < expected:
+            continue
+        if seq > expected:
+            break
+        expected += 1
         if kind == "collected" and isinstance(value, str):
             collected.append(value)
         elif kind == "outcome" and _is_outcome(value):
@@ -113,6 +129,12 @@ def read_records(text: str, nonce: str) -> PytestRun:
         elif kind == "done" and isinstance(value, int) and not isinstance(value, bool):
             return PytestRun(outcomes=outcomes, collected=tuple(collected), exit_status=value, fatal=fatal)
     return PytestRun(outcomes=outcomes, collected=tuple(collected), fatal=fatal)
+
+
+def _parse_body(body: str) -> tuple[int, str, object]:
+    """(seq, kind, value) of an authentic record body; the runner wrote it, so it is well formed."""
+    seq, kind, raw = body.split(" ", 2)
+    return int(seq), kind, json.loads(raw)
 
 
 def _is_outcome(value: object) -> bool:

@@ -2,7 +2,7 @@
 
 Each grading run happens in a fresh private host directory (the "grading copy"), populated by the caller (the
 agent's workspace, copied within `GradingLimits`, or a trusted reference tree), inside a fresh sandbox over that
-copy, through the grading runner (`pytest_channel.run_pytest`): outcomes come only over the runner's nonce channel.
+copy, through the grading runner (`pytest_channel.run_pytest`): outcomes come only from its authenticated records.
 The whole run — copying included — fits in one time budget (`grade_timeout_s`); the deadline is passed down.
 """
 
