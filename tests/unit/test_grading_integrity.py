@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -204,6 +205,39 @@ def test_copy_workspace_refuses_an_oversized_workspace(tmp_path: Path, limits: G
     (tmp_path / "late").mkdir()
     with pytest.raises(UngradableWorkspace, match="time budget"):
         copy_workspace(src, tmp_path / "late", GradingLimits(), time.monotonic() - 1)
+
+
+_AS_NOBODY = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="needs root (to act as another user, as a non-root grader would) and setpriv")
+
+
+@_AS_NOBODY
+def test_remove_path_opens_up_directories_the_agent_locked() -> None:
+    import subprocess
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ts-locked-"))  # under /tmp: traversable by another user
+    try:
+        tree = base / "workspace"
+        (tree / "locked" / "deeper").mkdir(parents=True)
+        (tree / "locked" / "deeper" / "f").touch()
+        (tree / "read_only").mkdir()
+        (tree / "read_only" / "g").touch()
+        (tree / "locked").chmod(0)  # what `chmod 000 locked` by the agent (same uid) leaves
+        (tree / "read_only").chmod(0o500)
+        subprocess.run(["chown", "-R", "65534:65534", str(base)], check=True)
+        code = ("import shutil, sys\nfrom pathlib import Path\n"
+                "from trl_thundersync.envs.tasks.grading import remove_path\n"
+                "try:\n    shutil.rmtree(sys.argv[1])\nexcept PermissionError:\n    pass\n"
+                "else:\n    sys.exit('shutil.rmtree alone removed it: the test locked nothing')\n"
+                "remove_path(Path(sys.argv[1]))\n")
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                               code, str(tree)], env={"PYTHONPATH": str(Path(__file__).parents[2])},
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not tree.exists()
+    finally:
+        shutil.rmtree(base)
 
 
 # ---------------------------------------------------------------- SWE: forged outcomes, runs cut short
