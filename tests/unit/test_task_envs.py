@@ -25,7 +25,6 @@ from trl_thundersync.envs.tasks import (
     load_terminal_suite, seta_reward, swe_dataset, swe_reward, terminal_dataset,
 )
 from trl_thundersync.envs.tasks._local_sandbox import LocalSubprocessSandbox
-from trl_thundersync.envs.tasks.grading import parse_summary
 from trl_thundersync.envs.terminal import TerminalTaskEnv
 from trl_thundersync.envs.validate import overlay_command
 
@@ -242,7 +241,7 @@ def test_terminal_reward_is_seta(tmp_path: Path) -> None:
         env.reset(task_id="custom")
         shell_ok(env, "echo bye > farewell.txt")
         shell_ok(env, "mkdir -p .verifier && echo 'def test_x(): pass' > .verifier/test_outputs.py")
-        assert env.get_reward() == 1.5  # the agent's .verifier/ was replaced by the real verifier
+        assert env.get_reward() == 1.5  # the agent's .verifier/ plays no part: the verifier never enters the workspace
         env.reset(task_id="custom")
         shell_ok(env, "rm greeting.txt")
         assert env.get_reward() == 0.0 and env.infra_error is None
@@ -412,18 +411,6 @@ def test_reward_formulas() -> None:
     assert swe_reward({**outcomes, "p1": "FAILED"}, ("f",), ("p1",)) == 0.0
     assert swe_reward({**outcomes, "f": "ERROR"}, ("f",), ()) == 0.0
     assert swe_reward({}, ("f",), ()) == 0.0
-
-
-def test_parse_summary_matches_ids_with_spaces() -> None:
-    log = "\n".join([
-        "FAILED tests/t.py::test_a[x y] - AssertionError: no",
-        "PASSED tests/t.py::test_b",
-        "ERROR tests/t.py::test_c - RuntimeError",
-        "1 failed, 1 passed, 1 error in 0.1s",
-    ])
-    ids = ("tests/t.py::test_a[x y]", "tests/t.py::test_b", "tests/t.py::test_c", "tests/t.py::test_d")
-    assert parse_summary(log, ids) == {ids[0]: "FAILED", ids[1]: "PASSED", ids[2]: "ERROR"}
-    assert parse_summary(log)["tests/t.py::test_b"] == "PASSED"
 
 
 def test_local_fallback_sandbox_follows_the_protocol(tmp_path: Path) -> None:

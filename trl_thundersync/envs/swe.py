@@ -4,33 +4,34 @@
     from trl_thundersync.envs.tasks import swe_dataset
     trainer = GRPOTrainer(..., train_dataset=swe_dataset(), environment_factory=SWERepairEnv)
 
-Grading (in a fresh host copy of the workspace): every test file and pytest harness file is restored from the
-grading source, then the FAIL_TO_PASS and PASS_TO_PASS node ids run with the task's pytest command. Reward 1.0 iff
-every FAIL_TO_PASS test passes and no PASS_TO_PASS test fails, else 0.0. When pytest does not get to run the tests
-(exit code 2-5: collection, internal or usage error) the reference solution is run the same way: if it passes,
-the attempt broke the tests (0.0); if it fails too, the grading harness is broken (None + `infra_error`). A grading
-run that times out is a failed attempt (0.0, the attempt's code hung); a sandbox or host failure is infrastructure.
+Grading (in a fresh host copy of the workspace, made within `GradingLimits` and inside `grade_timeout_s`): every
+test file and pytest harness file is restored from the grading source, then the FAIL_TO_PASS and PASS_TO_PASS node
+ids run with the task's pytest arguments through the grading runner, which reports each outcome in records
+authenticated with a per-run key the code under test never sees (`tasks.pytest_channel`; pytest's console output
+is never parsed).
+Reward 1.0 iff every FAIL_TO_PASS test passes and no PASS_TO_PASS test fails, else 0.0.
+
+When the run did not report every requested test normally — pytest could not run them (exit 2-5: collection,
+internal or usage error), the run was cut short (the code under test exited or killed pytest, or it timed out), or
+an outcome is missing — the reference solution is run the same way: if it passes, the attempt caused the failure
+(0.0); if it fails too, the grading harness is broken (None + `infra_error`). A workspace over the grading limits
+is a failed attempt (0.0); a sandbox or host failure is infrastructure (None).
 """
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .sandbox_api import Sandbox
-from .tasks.grading import (
-    PYTEST_REPORT_FLAGS, PYTEST_TESTS_RAN, GradeReport, copy_tree, parse_summary, read_log, remove_path, swe_reward,
-    tail,
-)
+from .tasks.grading import PYTEST_REPORT_FLAGS, GradeReport, UngradableWorkspace, remove_path, swe_reward, tail
+from .tasks.pytest_channel import PytestRun, pytest_invocation
+from .tasks.pytest_graded import PytestGradedEnv
 from .tasks.records import SWETask
-from .tasks.shell_env import ShellTaskEnv
 from .tasks.suites import load_swe_suite
 from .tasks.swe_files import build_grading_source, materialize_reference, materialize_start, restore_harness
-
-_LOG_NAME = ".thundersync-grade.log"  # grading log, written inside the grading copy
 
 # Task ids whose reference solution was seen to pass, shared by all instances (the outcome does not depend on the
 # agent). Only successes are cached, so a transient failure is retried next time.
@@ -38,12 +39,13 @@ _REFERENCE_OK: set[tuple[str, str]] = set()
 _REFERENCE_LOCK = threading.Lock()
 
 
-class SWERepairEnv(ShellTaskEnv):
+class SWERepairEnv(PytestGradedEnv):
     """SWE-style repair environment over a mapping of `SWETask`s (default: the bundled suite).
 
     Keyword arguments (all optional): `tasks` (mapping or iterable of SWETask), `limits` (SandboxLimits for agent
     commands), `backend` (make_sandbox backend, default "bwrap"), `sandbox_factory` ((workspace, limits) ->
-    Sandbox, overrides backend), `grade_timeout_s` (wall clock of one grading run).
+    Sandbox, overrides backend), `grade_timeout_s` (wall clock of one grading run, copying included),
+    `grading_limits` (GradingLimits of the workspace copy made for grading).
     """
 
     kind = "swe"
@@ -56,6 +58,7 @@ class SWERepairEnv(ShellTaskEnv):
         return load_swe_suite()
 
     def _prepare_workspace(self, workspace: Path) -> None:
+        pytest_invocation(self.task.test_command, f"task {self.task.task_id}")  # refuse an ungradable task now
         materialize_start(self.task, workspace)
 
     def _setup_in_sandbox(self, sandbox: Sandbox) -> None:
@@ -71,51 +74,34 @@ class SWERepairEnv(ShellTaskEnv):
     def _grade(self) -> GradeReport:
         task = self.task
         source = self._grading_source()
-        exit_code, log = self._run_tests(lambda copy: self._populate_attempt(copy, source))
-        node_ids = task.fail_to_pass + task.pass_to_pass
-        if exit_code in PYTEST_TESTS_RAN:
-            outcomes = parse_summary(log, node_ids)
-            missing = [n for n in node_ids if n not in outcomes]
-            if missing:
-                return _infra(f"pytest ran but reported no outcome for {missing[:5]}", exit_code, log)
-            reward = swe_reward(outcomes, task.fail_to_pass, task.pass_to_pass)
-            detail = "all required tests pass" if reward == 1.0 else _failure_detail(outcomes, task)
-            return GradeReport(reward=reward, detail=detail, outcomes=outcomes, exit_code=exit_code,
-                               log_tail=tail(log))
-        if exit_code is None:  # the attempt's code hung or was killed: a failed attempt
-            return GradeReport(reward=0.0, detail="the tests timed out or were killed", log_tail=tail(log))
+        deadline = self._deadline()
+        try:
+            run = self._run_tests(lambda copy: self._populate_attempt(copy, source, deadline), deadline)
+        except UngradableWorkspace as exc:
+            return GradeReport(reward=0.0, detail=f"the workspace cannot be graded: {exc}")
+        problem = _run_problem(run, task.fail_to_pass + task.pass_to_pass)
+        if problem is None:
+            reward = swe_reward(run.outcomes, task.fail_to_pass, task.pass_to_pass)
+            detail = "all required tests pass" if reward == 1.0 else _failure_detail(run.outcomes, task)
+            return _report(reward, detail, run)
         reference_problem = self._reference_problem(source)
         if reference_problem is None:
-            return GradeReport(reward=0.0, detail=f"pytest could not run the tests (exit {exit_code}) after the "
-                               "attempt's changes, while the reference solution passes", exit_code=exit_code,
-                               log_tail=tail(log))
-        return _infra(f"grading harness broken: pytest exit {exit_code} for the attempt, and the reference solution "
-                      f"fails too ({reference_problem})", exit_code, log)
+            return _report(0.0, f"{problem} after the attempt's changes, while the reference solution passes", run)
+        return GradeReport(reward=None, detail="infrastructure error", exit_code=run.exit_status,
+                           log_tail=tail(run.log), infra_error=f"grading harness broken: {problem} for the attempt, "
+                           f"and the reference solution fails too ({reference_problem})")
 
-    def _populate_attempt(self, copy: Path, source: Path) -> None:
+    def _populate_attempt(self, copy: Path, source: Path, deadline: float) -> None:
         """The agent's files, with every test and harness file put back as the grading source has them."""
-        copy_tree(self.workspace, copy)
+        self._copy_attempt(copy, deadline)
         restore_harness(copy, source, self.task.test_files)
 
-    def _run_tests(self, populate) -> tuple[int | None, str]:
-        """Populate a fresh copy, run the task's tests in a fresh sandbox over it; (exit code, log)."""
-        copy = Path(tempfile.mkdtemp(prefix=f"ts-swe-grade-{self.task.task_id}-"))
-        sandbox = None
-        try:
-            populate(copy)
-            remove_path(copy / _LOG_NAME)  # whatever the attempt left under that name
-            sandbox = self._new_sandbox(copy)
-            ids = " ".join(shlex.quote(n) for n in self.task.fail_to_pass + self.task.pass_to_pass)
-            command = f"{self.task.test_command} {PYTEST_REPORT_FLAGS} {ids} > {_LOG_NAME} 2>&1"
-            result = sandbox.run(command, timeout_s=self.grade_timeout_s, env={"PYTHONDONTWRITEBYTECODE": "1"})
-            exit_code = None if result.timed_out else result.exit_code
-            return exit_code, read_log(copy / _LOG_NAME)
-        finally:
-            try:
-                if sandbox is not None:
-                    sandbox.close()
-            finally:
-                remove_path(copy)
+    def _run_tests(self, populate, deadline: float) -> PytestRun:
+        """Populate a fresh copy and run the task's tests over it, in a fresh sandbox, through the grading runner."""
+        python, args = pytest_invocation(self.task.test_command, f"task {self.task.task_id}")
+        ids = self.task.fail_to_pass + self.task.pass_to_pass
+        return self._run_in_copy(populate, (*args, *PYTEST_REPORT_FLAGS, *ids), deadline=deadline,
+                                 cwd_on_path=True, python=python)
 
     def _reference_problem(self, source: Path) -> str | None:
         """None when the reference solution passes the grading run, else what went wrong."""
@@ -125,17 +111,16 @@ class SWERepairEnv(ShellTaskEnv):
                 return None
         if not self.task.has_reference:
             return "the task has no reference solution to check the harness with"
-        exit_code, log = self._run_tests(lambda copy: materialize_reference(self.task, copy, source))
-        node_ids = self.task.fail_to_pass + self.task.pass_to_pass
-        if exit_code in PYTEST_TESTS_RAN:
-            outcomes = parse_summary(log, node_ids)
-            if swe_reward(outcomes, self.task.fail_to_pass, self.task.pass_to_pass) == 1.0 and all(
-                n in outcomes for n in node_ids
-            ):
-                with _REFERENCE_LOCK:
-                    _REFERENCE_OK.add(key)
-                return None
-        return f"reference run exit {exit_code}: {tail(log, 300)!r}"
+        try:
+            run = self._run_tests(lambda copy: materialize_reference(self.task, copy, source), self._deadline())
+        except UngradableWorkspace as exc:  # the trusted reference tree over the grading bounds: the task is broken
+            return f"reference run: {exc}"
+        problem = _run_problem(run, self.task.fail_to_pass + self.task.pass_to_pass)
+        if problem is None and swe_reward(run.outcomes, self.task.fail_to_pass, self.task.pass_to_pass) == 1.0:
+            with _REFERENCE_LOCK:
+                _REFERENCE_OK.add(key)
+            return None
+        return f"reference run: {problem or _failure_detail(run.outcomes, self.task)}; log: {tail(run.log, 300)!r}"
 
     def _drop_caches(self) -> None:
         scratch, self._scratch = self._scratch, None
@@ -143,9 +128,25 @@ class SWERepairEnv(ShellTaskEnv):
             remove_path(scratch)
 
 
-def _infra(message: str, exit_code: int | None, log: str) -> GradeReport:
-    return GradeReport(reward=None, detail="infrastructure error", exit_code=exit_code, log_tail=tail(log),
-                       infra_error=message)
+def _run_problem(run: PytestRun, node_ids: tuple[str, ...]) -> str | None:
+    """Why a grading run did not report every requested test normally (None: it did)."""
+    if run.fatal is not None:
+        return f"the grading runner failed ({run.fatal})"
+    if run.timed_out and run.exit_status is None:
+        return "the tests timed out"
+    if run.exit_status is None:
+        return "the test run ended before pytest finished (its process exited or was killed)"
+    if not run.completed:
+        return f"pytest could not run the tests (exit {run.exit_status})"
+    missing = [n for n in node_ids if n not in run.outcomes]
+    if missing:
+        return f"pytest reported no outcome for {missing[:5]}"
+    return None
+
+
+def _report(reward: float, detail: str, run: PytestRun) -> GradeReport:
+    return GradeReport(reward=reward, detail=detail, outcomes=dict(run.outcomes), exit_code=run.exit_status,
+                       log_tail=tail(run.log))
 
 
 def _failure_detail(outcomes: dict[str, str], task: SWETask) -> str:

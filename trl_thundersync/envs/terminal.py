@@ -5,47 +5,61 @@
     trainer = GRPOTrainer(..., train_dataset=terminal_dataset(), environment_factory=TerminalTaskEnv)
 
 Verifier design: each task ships `test_outputs.py`, a pytest file whose test functions are the named checks. The
-agent never sees it: at grading, a fresh host copy of the workspace gets a `.verifier/` directory holding the file
-and an empty pytest.ini, and pytest runs with `python3 -P` (the workspace is not on sys.path), `--noconftest` and
-`-c .verifier/pytest.ini`, so nothing the agent wrote can configure or hijack the run. Tests find the task files
-in the current directory (the workspace).
+agent never sees it, not even while the checks run its programs: the verifier never enters the workspace. At
+grading, a fresh host copy of the workspace (within `GradingLimits`, inside `grade_timeout_s`) is the sandbox's
+/workspace; the grading runner (`tasks.pytest_channel`) receives the verifier source on stdin, writes it and an
+empty pytest.ini into a private directory of the sandbox's /tmp, and deletes both as soon as pytest has collected
+the checks, before any check runs. pytest runs with `python3 -I` (the workspace is not on sys.path),
+`--import-mode=importlib` (nor is the verifier's directory), `--noconftest` and `-c` that pytest.ini, so nothing
+the agent wrote can configure or hijack the run; the runner's process is not dumpable, so the agent's programs
+(started by the checks, same uid) cannot read it through /proc. Outcomes come only from the runner's authenticated
+records; nothing the agent's programs print, write or take off a pipe can make one. Tests find the task files in the
+current directory (the workspace).
 
 Reward (SETA): p = passed checks / all checks, reward = p + 0.5 * (p == 1). A check that raises (file missing,
 wrong content, the agent's script timing out inside `subprocess.run(..., timeout=...)`) is a failed check. When
-pytest does not run the checks normally (exit code 2-5, an ERROR in a check's setup, a timeout of the whole
-verifier, no checks found) the verifier itself is broken: get_reward returns None and sets `infra_error`.
+the run does not report every check normally (pytest exit 2-5, an ERROR in a check's setup or teardown, the run
+cut short or timed out, no checks), the reference solution (setup, then `solution.sh`) is graded the same way in a
+fresh workspace: if it earns the full reward, the attempt caused the failure and is scored on the reference's
+checks, each one without a PASSED outcome failed; if it does not, the verifier is broken: get_reward returns None
+and sets `infra_error`. A workspace over the grading limits is a failed attempt (0.0).
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from .sandbox_api import Sandbox
 from .tasks.errors import TaskSetupError
 from .tasks.grading import (
-    PYTEST_REPORT_FLAGS, PYTEST_TESTS_RAN, GradeReport, copy_tree, parse_summary, read_log, remove_path, seta_reward,
-    tail,
+    PYTEST_REPORT_FLAGS, GradeReport, UngradableWorkspace, copy_tree, remove_path, seta_reward, tail,
 )
+from .tasks.pytest_channel import PytestRun
+from .tasks.pytest_graded import PytestGradedEnv
 from .tasks.records import TerminalTask
-from .tasks.shell_env import ShellTaskEnv
 from .tasks.suites import load_terminal_suite
 
-VERIFIER_DIR = ".verifier"  # created in the grading copy only
-_VERIFY_COMMAND = (
-    f"python3 -P -m pytest -q -p no:cacheprovider --noconftest -c {VERIFIER_DIR}/pytest.ini "
-    f"--rootdir {VERIFIER_DIR} {PYTEST_REPORT_FLAGS} {VERIFIER_DIR}/test_outputs.py > {VERIFIER_DIR}/log 2>&1"
-)
+_VERIFY_ARGS = (
+    "-q", "-p", "no:cacheprovider", "--noconftest", "--import-mode=importlib", "-c", "{files}/pytest.ini",
+    "--rootdir", "{files}", *PYTEST_REPORT_FLAGS, "{files}/test_outputs.py",
+)  # "{files}": the runner's private directory holding the verifier
+
+# Check ids of each task's verifier, seen when its reference solution earned the full reward; shared by all
+# instances. Only successes are cached, so a transient failure is retried next time.
+_REFERENCE_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {}
+_REFERENCE_LOCK = threading.Lock()
 
 
-class TerminalTaskEnv(ShellTaskEnv):
+class TerminalTaskEnv(PytestGradedEnv):
     """Terminal task environment over a mapping of `TerminalTask`s (default: the bundled suite).
 
     Keyword arguments (all optional): `tasks` (mapping or iterable of TerminalTask), `limits` (SandboxLimits for
     agent and setup commands), `backend` (make_sandbox backend, default "bwrap"), `sandbox_factory` ((workspace,
-    limits) -> Sandbox, overrides backend), `grade_timeout_s` (wall clock of the verifier run).
+    limits) -> Sandbox, overrides backend), `grade_timeout_s` (wall clock of the verifier run, copying included),
+    `grading_limits` (GradingLimits of the workspace copy made for grading).
     """
 
     kind = "terminal"
@@ -70,47 +84,86 @@ class TerminalTaskEnv(ShellTaskEnv):
                 )
 
     def _grade(self) -> GradeReport:
-        copy = Path(tempfile.mkdtemp(prefix=f"ts-terminal-grade-{self.task.task_id}-"))
-        sandbox = None
+        deadline = self._deadline()
         try:
-            copy_tree(self.workspace, copy)
-            verifier_dir = copy / VERIFIER_DIR
-            remove_path(verifier_dir)  # anything the agent put there
-            verifier_dir.mkdir()
-            shutil.copy2(self.task.verifier_file, verifier_dir / "test_outputs.py")
-            (verifier_dir / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-            sandbox = self._new_sandbox(copy)
-            result = sandbox.run(_VERIFY_COMMAND, timeout_s=self.grade_timeout_s,
-                                 env={"PYTHONDONTWRITEBYTECODE": "1"})
-            log = read_log(verifier_dir / "log")
-        finally:
+            run = self._verify(lambda copy: self._copy_attempt(copy, deadline), deadline)
+        except UngradableWorkspace as exc:
+            return GradeReport(reward=0.0, detail=f"the workspace cannot be graded: {exc}")
+        problem = _run_problem(run)
+        if problem is None:
+            return _score(run, run.collected, "")
+        checks = self._reference_checks()
+        if isinstance(checks, str):
+            return GradeReport(reward=None, detail="infrastructure error", outcomes=dict(run.outcomes),
+                               exit_code=run.exit_status, log_tail=tail(run.log),
+                               infra_error=f"the verifier is broken: {problem} for the attempt, and the reference "
+                                           f"solution does not earn the full reward either ({checks})")
+        return _score(run, checks, f" ({problem}; the reference solution passes every check)")
+
+    def _verify(self, populate: Callable[[Path], None], deadline: float) -> PytestRun:
+        """Run the hidden verifier over a freshly populated grading copy."""
+        try:
+            source = self.task.verifier_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskSetupError(f"task {self.task.task_id}: cannot read the verifier: {exc}") from exc
+        return self._run_in_copy(populate, _VERIFY_ARGS, deadline=deadline, hide_files=True,
+                                 files={"test_outputs.py": source, "pytest.ini": "[pytest]\n"})
+
+    def _reference_checks(self) -> tuple[str, ...] | str:
+        """The verifier's check ids when the reference solution earns the full reward, else what went wrong."""
+        key = (self.task.task_id, str(self.task.verifier_file))
+        with _REFERENCE_LOCK:
+            if key in _REFERENCE_CHECKS:
+                return _REFERENCE_CHECKS[key]
+        workspace = Path(tempfile.mkdtemp(prefix=f"ts-terminal-reference-{self.task.task_id}-"))
+        try:
+            self._prepare_workspace(workspace)
+            sandbox = self._new_sandbox(workspace)
             try:
-                if sandbox is not None:
-                    sandbox.close()
+                self._setup_in_sandbox(sandbox)
+                solution = sandbox.run(self.task.solution_script)
             finally:
-                remove_path(copy)
-        return _score(result.exit_code if not result.timed_out else None, log)
+                sandbox.close()
+            run = self._verify(lambda copy: copy_tree(workspace, copy), self._deadline())
+        except UngradableWorkspace as exc:  # the reference tree took the whole budget to copy: the task is broken
+            return f"reference run: {exc}"
+        finally:
+            remove_path(workspace)
+        problem = _run_problem(run)
+        if problem is None and all(run.outcomes[c] == "PASSED" for c in run.collected):
+            with _REFERENCE_LOCK:
+                _REFERENCE_CHECKS[key] = run.collected
+            return run.collected
+        failed = [c for c in run.collected if run.outcomes.get(c) != "PASSED"]
+        return (f"reference run: {problem or f'failed checks {failed[:4]}'} (solution.sh exit "
+                f"{solution.exit_code}); log: {tail(run.log, 300)!r}")
 
 
-def _score(exit_code: int | None, log: str) -> GradeReport:
-    """Turn one verifier run into a report: SETA reward, or an infrastructure error."""
-    outcomes = parse_summary(log)
-    if exit_code is None:
-        problem = "the verifier timed out or was killed"
-    elif exit_code not in PYTEST_TESTS_RAN:
-        problem = f"the verifier did not run (pytest exit {exit_code}: collection, internal or usage error)"
-    elif any(status == "ERROR" for status in outcomes.values()):
-        problem = "a verifier check errored in its setup: " + ", ".join(
-            n for n, status in outcomes.items() if status == "ERROR")
-    elif not outcomes:
-        problem = "the verifier reported no checks"
-    else:
-        problem = None
-    if problem is not None:
-        return GradeReport(reward=None, detail="infrastructure error", outcomes=outcomes, exit_code=exit_code,
-                           log_tail=tail(log), infra_error=problem)
-    passed = sum(status == "PASSED" for status in outcomes.values())
-    reward = seta_reward(passed, len(outcomes))
-    failed = [n for n, status in outcomes.items() if status != "PASSED"]
-    detail = f"{passed}/{len(outcomes)} checks passed" + (f"; failed: {failed[:4]}" if failed else "")
-    return GradeReport(reward=reward, detail=detail, outcomes=outcomes, exit_code=exit_code, log_tail=tail(log))
+def _run_problem(run: PytestRun) -> str | None:
+    """Why a verifier run did not report every check normally (None: it did)."""
+    if run.fatal is not None:
+        return f"the grading runner failed ({run.fatal})"
+    if run.timed_out and run.exit_status is None:
+        return "the verifier timed out"
+    if run.exit_status is None:
+        return "the verifier run ended before pytest finished (its process exited or was killed)"
+    if not run.completed:
+        return f"the verifier did not run (pytest exit {run.exit_status}: collection, internal or usage error)"
+    if not run.collected:
+        return "the verifier reported no checks"
+    errored = [c for c in run.collected if run.outcomes.get(c) == "ERROR"]
+    if errored:
+        return f"verifier checks errored in their setup or teardown: {errored[:4]}"
+    missing = [c for c in run.collected if c not in run.outcomes]
+    if missing:
+        return f"no outcome for checks {missing[:4]}"
+    return None
+
+
+def _score(run: PytestRun, checks: tuple[str, ...], note: str) -> GradeReport:
+    """SETA reward over `checks`: each one the run did not report PASSED is a failed check."""
+    passed = sum(run.outcomes.get(c) == "PASSED" for c in checks)
+    failed = [c for c in checks if run.outcomes.get(c) != "PASSED"]
+    detail = f"{passed}/{len(checks)} checks passed" + (f"; failed: {failed[:4]}" if failed else "") + note
+    return GradeReport(reward=seta_reward(passed, len(checks)), detail=detail, outcomes=dict(run.outcomes),
+                       exit_code=run.exit_status, log_tail=tail(run.log))

@@ -1,30 +1,53 @@
-"""Grading helpers shared by the task environments: safe host-side file copies, pytest report parsing, rewards.
+"""Grading helpers shared by the task environments: bounded and safe host-side file copies, rewards.
 
 Grading always happens in a fresh host copy of the agent's workspace, so nothing the agent left running can
-touch it. Host-side writes into that copy never follow a symlink the agent planted (`restore_file`).
+touch it. The copy of the agent's files is bounded (`GradingLimits`, inside the grading time budget): a workspace
+too large or too slow to copy is the attempt's failure (`UngradableWorkspace`), never a hang. Host-side writes into
+that copy never follow a symlink the agent planted (`restore_file`), and the host reads nothing the agent could have
+written but the workspace itself, without following links: test outcomes come over the runner's channel
+(`pytest_channel`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ...errors import ConfigurationError, ThunderSyncError
 
 # pytest's documented exit codes: 0 all passed, 1 some tests failed; 2 interrupted (e.g. collection errors),
 # 3 internal error, 4 usage error (e.g. a node id not found), 5 no tests collected.
 PYTEST_TESTS_RAN = (0, 1)
 
 # Report flags appended to every grading pytest run: one summary line per test (failed, error, passed, skipped,
-# xfail, xpass) and no tracebacks, so the summary stays short.
-PYTEST_REPORT_FLAGS = "-rfEpsxX --tb=no"
+# xfail, xpass) and no tracebacks, so the log kept for humans stays short. Never parsed for outcomes.
+PYTEST_REPORT_FLAGS = ("-rfEpsxX", "--tb=no")
 
 PASSING_OUTCOMES = frozenset({"PASSED", "XFAIL"})  # SWE-bench counts an expected failure as a pass
 FAILING_OUTCOMES = frozenset({"FAILED", "ERROR", "XPASS"})
 
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (.+)$")
+
+class UngradableWorkspace(ThunderSyncError):
+    """The attempt's workspace is over the grading limits (entries, bytes, path length, copy time): a failed
+    attempt (reward 0.0), since only the agent's own commands could have made it so."""
+
+
+@dataclass(frozen=True)
+class GradingLimits:
+    """Bounds on the grading copy of an agent's workspace; the copy also counts inside `grade_timeout_s`."""
+
+    max_entries: int = 50_000  # files, directories and links; an SWE-bench checkout has a few thousand
+    max_bytes: int = 1 << 30  # sum of regular file sizes (each hard link counts in full: each is copied)
+    max_path_chars: int = 1024  # longest workspace-relative path (far below PATH_MAX for every later walk)
+
+    def __post_init__(self) -> None:
+        for name in ("max_entries", "max_bytes", "max_path_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"GradingLimits.{name}={getattr(self, name)!r} must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -54,27 +77,6 @@ def swe_reward(outcomes: dict[str, str], fail_to_pass: tuple[str, ...], pass_to_
     return 1.0 if fixed and kept else 0.0
 
 
-def parse_summary(log: str, node_ids: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Outcomes from pytest's short test summary (`-rfEpsxX`).
-
-    With `node_ids`, a line is matched against the requested ids (which may contain spaces, as parametrized ids
-    can); without, the id is the text up to " - " (the failure message separator).
-    """
-    outcomes: dict[str, str] = {}
-    for line in log.splitlines():
-        match = _SUMMARY_LINE.match(line.rstrip())
-        if not match:
-            continue
-        status, rest = match.groups()
-        if node_ids is None:
-            outcomes[rest.split(" - ", 1)[0]] = status
-            continue
-        for node in node_ids:
-            if rest == node or rest.startswith(node + " - "):
-                outcomes[node] = status
-    return outcomes
-
-
 def _skip_special(directory: str, names: list[str]) -> list[str]:
     """copytree ignore hook: skip FIFOs, sockets and devices (reading a FIFO would block the grader)."""
     skipped = []
@@ -90,6 +92,69 @@ def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True, ignore=_skip_special, dirs_exist_ok=True)
 
 
+def copy_workspace(src: Path, dst: Path, limits: GradingLimits, deadline: float) -> None:
+    """Copy an agent's workspace into the existing directory `dst`, within `limits` and before `deadline`
+    (time.monotonic()); raises `UngradableWorkspace` as soon as a bound is passed.
+
+    Like `copy_tree`: links are copied as links (never followed), modes and times are kept, FIFOs, sockets and
+    devices are skipped. The tree is measured first (names and lstat only), so an over-size workspace is refused
+    before anything is copied; iterative, so no depth of nesting can exhaust the stack.
+    """
+    entries = _inventory(src, limits, deadline)
+    directories = []  # modes and times applied last, deepest first: a read-only directory stays fillable till then
+    for rel, info in entries:
+        if time.monotonic() > deadline:
+            raise UngradableWorkspace("copying the workspace took the whole grading time budget")
+        source, target = os.path.join(src, rel), os.path.join(dst, rel)
+        if stat.S_ISDIR(info.st_mode):
+            os.mkdir(target, 0o700)
+            directories.append((target, info))
+        elif stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(source), target)
+        else:
+            try:
+                shutil.copy2(source, target, follow_symlinks=False)
+            except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
+                raise UngradableWorkspace(f"a workspace file cannot be read: {exc}") from exc
+    for target, info in reversed(directories):
+        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+        os.chmod(target, stat.S_IMODE(info.st_mode))
+
+
+def _inventory(src: Path, limits: GradingLimits, deadline: float) -> list[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every directory, link and regular file under `src`, parents before children."""
+    found: list[tuple[str, os.stat_result]] = []
+    size = 0
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            listing = os.scandir(os.path.join(src, rel_dir))
+        except PermissionError as exc:  # the agent's own commands (same uid) made it unreadable
+            raise UngradableWorkspace(f"the workspace directory {rel_dir or '.'!r} cannot be read: {exc}") from exc
+        with listing:
+            for entry in listing:
+                rel = os.path.join(rel_dir, entry.name)
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(rel)
+                elif stat.S_ISREG(info.st_mode):
+                    size += info.st_size
+                elif not stat.S_ISLNK(info.st_mode):
+                    continue  # FIFO, socket, device: not copied (reading a FIFO would block the grader)
+                found.append((rel, info))
+                if len(found) > limits.max_entries:
+                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_entries} files and "
+                                              "directories")
+                if size > limits.max_bytes:
+                    raise UngradableWorkspace(f"the workspace holds more than {limits.max_bytes} bytes of files")
+                if len(rel) > limits.max_path_chars:
+                    raise UngradableWorkspace(f"a workspace path is longer than {limits.max_path_chars} characters")
+                if time.monotonic() > deadline:
+                    raise UngradableWorkspace("copying the workspace took the whole grading time budget")
+    return found
+
+
 def check_relative(rel: str, where: str) -> str:
     """Reject absolute paths and `..` in a repo-relative path taken from task data."""
     parts = Path(rel).parts
@@ -99,13 +164,31 @@ def check_relative(rel: str, where: str) -> str:
 
 
 def remove_path(path: Path) -> None:
-    """Delete a file, link or directory (no-op when absent); never follows a link."""
+    """Delete a file, link or directory (no-op when absent); never follows a link.
+
+    Directories the agent made unreadable or unwritable (chmod 000, its own files) are opened up on the way: as
+    a non-root user they would otherwise make the workspace or its grading copy impossible to delete.
+    """
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
-        shutil.rmtree(path)
+        shutil.rmtree(path, onerror=_open_up_and_retry)
     elif os.path.lexists(path):
         path.unlink()
+
+
+def _open_up_and_retry(function, failed: str, exc_info) -> None:
+    """rmtree error hook: on a permission error, make the directories involved ours again (u+rwx), then retry."""
+    if not issubclass(exc_info[0], PermissionError):
+        raise exc_info[1]
+    for directory in (os.path.dirname(failed), failed):
+        info = os.lstat(directory)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # only our own: a parent may not be
+            os.chmod(directory, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+    if function is os.open or function is os.scandir:  # could not list the directory: list it again, now readable
+        shutil.rmtree(failed, onerror=_open_up_and_retry)
+    else:
+        function(failed)
 
 
 def _real_parents(root: Path, rel: str) -> Path:
@@ -128,16 +211,6 @@ def restore_file(root: Path, source_root: Path, rel: str) -> None:
         shutil.copytree(source, dest, symlinks=True)
     elif source.is_file():
         shutil.copy2(source, dest)
-
-
-def read_log(path: Path) -> str:
-    """Read a grading log without following a symlink; a missing log reads as empty."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return ""
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read().decode("utf-8", errors="replace")
 
 
 def tail(text: str, chars: int = 2000) -> str:
