@@ -308,3 +308,59 @@ def test_task_env_workspaces_are_quota_mounts_released_with_the_episode() -> Non
         env.close()
     assert not workspace.exists() and not mounted(workspace)
 
+
+
+def test_a_users_task_answers_under_a_bound_prefix_are_hidden_from_agent_and_grader() -> None:
+    """A terminal task suite installed under the interpreter's prefix (bound read-only in every sandbox): the
+    verifier file is unreadable to the agent's commands and to the grading run's programs, while grading works."""
+    import dataclasses
+    import sys
+    import tempfile
+
+    from trl_thundersync.envs.tasks.suites import load_terminal_suite
+    from trl_thundersync.envs.terminal import TerminalTaskEnv
+
+    bundled = load_terminal_suite()["greet_script"]
+    suite_dir = Path(tempfile.mkdtemp(prefix="ts-user-suite-", dir=sys.prefix))
+    try:
+        suite_dir.chmod(0o755)  # installed like a package: world-readable
+        verifier = suite_dir / "test_outputs.py"
+        shutil.copy2(bundled.verifier_file, verifier)
+        verifier.chmod(0o644)
+        task = dataclasses.replace(bundled, verifier_file=verifier)
+        env = TerminalTaskEnv(tasks=[task], limits=SandboxLimits(timeout_s=20))
+        try:
+            env.reset(task_id=task.task_id)
+            seen = env.run_shell(f"cat {verifier}")
+            assert "def test" not in seen and not seen.startswith("exit_code: 0"), seen  # masked: no content
+            assert "exit_code: 0" in env.run_shell(f"cat {suite_dir.parent / 'pyvenv.cfg'} || ls {sys.prefix}")
+            # a script the verifier's checks run: it prints the verifier if it can read it
+            env.run_shell(f"mkdir -p bin && printf '#!/bin/sh\\ncat {verifier} > leaked.txt 2>&1\\n' > bin/greet.sh"
+                          " && chmod +x bin/greet.sh")
+            reward = env.get_reward()
+            assert reward is not None and reward < 1.5 and env.infra_error is None
+        finally:
+            env.close()
+    finally:
+        shutil.rmtree(suite_dir)
+
+
+@as_root
+def test_grading_copies_get_the_workspace_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graded code writes into the grading copy: as root that copy is a capped tmpfs like the workspace."""
+    from trl_thundersync.envs.sandbox import make_sandbox
+    from trl_thundersync.envs.swe import SWERepairEnv
+
+    seen: list[bool] = []
+
+    def factory(workspace: Path, limits: SandboxLimits):
+        seen.append(mounted(workspace))
+        return make_sandbox(workspace, limits=limits)
+
+    env = SWERepairEnv(limits=QUOTA, sandbox_factory=factory)
+    try:
+        env.reset(task_id="slugify_separators")
+        assert env.get_reward() == 0.0  # the no-op attempt, graded in a mounted copy
+    finally:
+        env.close()
+    assert len(seen) >= 2 and all(seen), seen  # the episode's workspace, then every grading copy

@@ -57,6 +57,9 @@ class SWERepairEnv(PytestGradedEnv):
     def _default_suite(self) -> Mapping[str, SWETask]:
         return load_swe_suite()
 
+    def _answer_paths(self) -> tuple[Path, ...]:
+        return () if self.task.solution_dir is None else (self.task.solution_dir,)
+
     def _prepare_workspace(self, workspace: Path) -> None:
         pytest_invocation(self.task.test_command, f"task {self.task.task_id}")  # refuse an ungradable task now
         materialize_start(self.task, workspace)

@@ -70,6 +70,9 @@ class TerminalTaskEnv(PytestGradedEnv):
     def _default_suite(self) -> Mapping[str, TerminalTask]:
         return load_terminal_suite()
 
+    def _answer_paths(self) -> tuple[Path, ...]:
+        return (self.task.verifier_file,)
+
     def _prepare_workspace(self, workspace: Path) -> None:
         if self.task.files_dir is not None:
             copy_tree(self.task.files_dir, workspace)

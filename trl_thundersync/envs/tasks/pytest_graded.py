@@ -9,16 +9,16 @@ The whole run — copying included — fits in one time budget (`grade_timeout_s
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..sandbox_api import Sandbox
-from .grading import GradingLimits, UngradableWorkspace, copy_workspace, remove_path
+from .grading import GradingLimits, UngradableWorkspace, copy_workspace
 from .pytest_channel import PytestRun, run_pytest
 from .shell_env import ShellTaskEnv
+from .workspace import create_workspace, release_workspace
 
 # Output kept per stream of a grading run: the channel carries ~100 bytes per test, so this holds tens of
 # thousands of tests; the sandbox keeps head and tail halves, and a record cut by elision is rejected, not misread.
@@ -48,7 +48,8 @@ class PytestGradedEnv(ShellTaskEnv):
     def _run_in_copy(self, populate: Callable[[Path], None], args: tuple[str, ...], *, deadline: float,
                      **run_options: Any) -> PytestRun:
         """Populate a fresh grading copy, then run pytest with `args` over it until `deadline`."""
-        copy = Path(tempfile.mkdtemp(prefix=f"ts-{self.kind}-grade-{self.task.task_id}-"))
+        # the graded code writes into the copy too: as root it gets the workspace's disk quota (workspace.py)
+        copy = create_workspace(f"ts-{self.kind}-grade-{self.task.task_id}-", self.limits)
         sandbox = None
         try:
             populate(copy)
@@ -62,13 +63,9 @@ class PytestGradedEnv(ShellTaskEnv):
                 if sandbox is not None:
                     sandbox.close()
             finally:
-                remove_path(copy)
+                release_workspace(copy)
 
     def _grading_sandbox(self, copy: Path) -> Sandbox:
         """A sandbox over the grading copy: the agent's limits, with room for the channel's records."""
         limits = dataclasses.replace(self.limits, output_bytes=max(self.limits.output_bytes, GRADING_OUTPUT_BYTES))
-        if self._sandbox_factory is not None:
-            return self._sandbox_factory(copy, limits)
-        from ..sandbox import make_sandbox  # lazy, as in ShellTaskEnv._new_sandbox
-
-        return make_sandbox(copy, limits=limits, backend=self.backend)
+        return self._new_sandbox(copy, limits)

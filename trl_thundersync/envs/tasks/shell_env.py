@@ -190,12 +190,20 @@ class ShellTaskEnv:
             self._tasks = self._default_suite()
         return self._tasks
 
-    def _new_sandbox(self, workspace: Path) -> Sandbox:
+    def _new_sandbox(self, workspace: Path, limits: SandboxLimits | None = None) -> Sandbox:
+        """A sandbox over `workspace` (default: the agent's limits) in which the task's answers are unreadable."""
+        limits = self.limits if limits is None else limits
         if self._sandbox_factory is not None:
-            return self._sandbox_factory(workspace, self.limits)
+            return self._sandbox_factory(workspace, limits)
         from ..sandbox import make_sandbox  # lazy: the backend module is only needed once an episode starts
 
-        return make_sandbox(workspace, limits=self.limits, backend=self.backend)
+        kwargs = {"hidden_paths": self._answer_paths()} if self.backend == "bwrap" else {}
+        return make_sandbox(workspace, limits=limits, backend=self.backend, **kwargs)
+
+    def _answer_paths(self) -> tuple[Path, ...]:
+        """Host paths of the task's answers (reference solution, hidden verifier), hidden from every sandbox even
+        when they lie under a path the sandbox binds (a task suite installed under the interpreter's prefix)."""
+        return ()
 
     def _require_sandbox(self, tool: str) -> Sandbox:
         if self._sandbox is None:
