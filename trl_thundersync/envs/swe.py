@@ -133,14 +133,8 @@ class SWERepairEnv(PytestGradedEnv):
 
 def _run_problem(run: PytestRun, node_ids: tuple[str, ...]) -> str | None:
     """Why a grading run did not report every requested test normally (None: it did)."""
-    if run.fatal is not None:
-        return f"the grading runner failed ({run.fatal})"
-    if run.timed_out and run.exit_status is None:
-        return "the tests timed out"
-    if run.exit_status is None:
-        return "the test run ended before pytest finished (its process exited or was killed)"
-    if not run.completed:
-        return f"pytest could not run the tests (exit {run.exit_status})"
+    if (problem := run.end_problem("the tests")) is not None:
+        return problem
     missing = [n for n in node_ids if n not in run.outcomes]
     if missing:
         return f"pytest reported no outcome for {missing[:5]}"

@@ -144,14 +144,8 @@ class TerminalTaskEnv(PytestGradedEnv):
 
 def _run_problem(run: PytestRun) -> str | None:
     """Why a verifier run did not report every check normally (None: it did)."""
-    if run.fatal is not None:
-        return f"the grading runner failed ({run.fatal})"
-    if run.timed_out and run.exit_status is None:
-        return "the verifier timed out"
-    if run.exit_status is None:
-        return "the verifier run ended before pytest finished (its process exited or was killed)"
-    if not run.completed:
-        return f"the verifier did not run (pytest exit {run.exit_status}: collection, internal or usage error)"
+    if (problem := run.end_problem("the verifier")) is not None:
+        return problem
     if not run.collected:
         return "the verifier reported no checks"
     errored = [c for c in run.collected if run.outcomes.get(c) == "ERROR"]

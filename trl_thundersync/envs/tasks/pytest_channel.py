@@ -66,6 +66,19 @@ class PytestRun:
         """pytest ran to its end and ran the tests (exit status 0 or 1), as the runner itself reported."""
         return self.fatal is None and self.exit_status in PYTEST_TESTS_RAN
 
+    def end_problem(self, what: str) -> str | None:
+        """Why the run of `what` ("the tests", "the verifier") did not end normally, or None when pytest ran its tests
+        to the end (exit 0 or 1); which outcomes are missing is for the caller to check."""
+        if self.fatal is not None:
+            return f"the grading runner failed ({self.fatal})"
+        if self.timed_out and self.exit_status is None:
+            return f"{what} timed out"
+        if self.exit_status is None:
+            return f"{what} ended before pytest finished (its process exited or was killed)"
+        if not self.completed:
+            return f"pytest could not run {what} (exit {self.exit_status}: collection, internal or usage error)"
+        return None
+
 
 def run_pytest(
     sandbox: Sandbox,
