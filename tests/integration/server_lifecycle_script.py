@@ -5,7 +5,8 @@
 Launched by test_server_lifecycle.py. Writes `OUT_DIR/in_batch` (the trainer's pid) when the first reward of the
 first batch is scored, i.e. while the rest of the batch is still being generated: the test signals the process then.
 With `--kill-server-at-step K` the script itself SIGKILLs its embedded server in the middle of batch K (the first
-reward of that batch). At the end it saves the trained parameters to `OUT_DIR/params.pt`.
+reward of that batch). At the end it saves the trained parameters and every step's sampled completions (as a set)
+to `OUT_DIR/result.pt`.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def main() -> int:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     scored: list[int] = []
+    samples: dict[int, list[tuple[int, ...]]] = {}  # step -> completions in arrival order
     trainer: ThunderSyncGRPOTrainer | None = None
 
-    def reward(completions, **kwargs):
+    def reward(completions, completion_ids, **kwargs):
         if not scored:
             (args.out / "in_batch").write_text(str(os.getpid()))
         step = trainer.state.global_step
@@ -59,6 +61,7 @@ def main() -> int:
             (pid,) = server_pids(os.getpid())
             os.kill(pid, signal.SIGKILL)
         scored.append(step)
+        samples.setdefault(step, []).extend(tuple(c) for c in completion_ids)
         return [float(len(c)) for c in completions]
 
     # 8 trajectories of up to 128 tokens, 2 decoded at a time: the batch takes seconds, and at its first reward
@@ -72,7 +75,10 @@ def main() -> int:
                                      args=cpu_config(ThunderSyncGRPOConfig, args.out / "run", **overrides),
                                      train_dataset=prompt_dataset(16), processing_class=tokenizer)
     trainer.train()
-    torch.save(torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]), args.out / "params.pt")
+    params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    restarts = max(h.get("rollout/replica0/restarts", 0.0) for h in trainer.state.log_history)
+    torch.save({"params": params, "samples": {k: sorted(v) for k, v in samples.items()}, "restarts": restarts},
+               args.out / "result.pt")
     return 0
 
 

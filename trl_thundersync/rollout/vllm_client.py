@@ -54,8 +54,8 @@ from ..types import Rollout, RolloutRequest, SamplingParams
 from .vllm_api import (Cancellation, Completion, EngineClosed, HTTPReply, check_base_url, completion_payload,
                        error_message, http_call, lora_name, lora_version, parse_completion)
 from .vllm_publish import WeightPublisher
-from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, ServerExited, ServerSupervisor, await_health,
-                            check_tokenizer, connect_all, make_publisher, percentile, push_all)
+from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, ServerSupervisor, bring_back, check_tokenizer,
+                            connect_all, make_publisher, percentile, push_all)
 
 __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
 
@@ -355,7 +355,9 @@ class VLLMServerEngine:
             if replica.epoch != epoch:
                 return  # another request already waited for this restart
             try:
-                self._restore(replica, self._bring_back(replica))
+                health = bring_back(replica, self.restart_timeout, cancel=self._cancel, supervisor=self.supervisor,
+                                    max_restarts=self.max_restarts, lock=self._lock)
+                self._restore(replica, health)
             except (RolloutError, OSError) as exc:  # OSError: the re-publication found no server
                 if self._cancel.is_set:
                     raise RolloutError(f"the engine was closed while {replica.url} was recovering") from None
@@ -372,25 +374,6 @@ class VLLMServerEngine:
         for replica in self._replicas:
             if self.supervisor.exit_status(replica.index) is not None:
                 self._recover(replica, replica.epoch, "its process exited between batches")
-
-    def _bring_back(self, replica: Replica) -> HTTPReply:
-        """Wait for `replica` to answer /health; an owned server whose process died is restarted instead."""
-        supervisor = self.supervisor
-        exited = None if supervisor is None else (lambda: supervisor.exit_status(replica.index))
-        try:
-            return await_health(replica.url, self.restart_timeout, cancel=self._cancel, exited=exited)
-        except ServerExited as exc:
-            if replica.restarts >= self.max_restarts:
-                raise RolloutError(f"{exc}\nIt was not restarted: {replica.restarts} restart(s) so far, "
-                                   f"max_restarts={self.max_restarts} (rollout_server_restarts)") from None
-            logger.warning("%s; restarting it (restart %d of at most %d)", exc, replica.restarts + 1,
-                           self.max_restarts)
-        with self._lock:
-            replica.restarts += 1
-        url = supervisor.restart(replica.index)
-        with self._lock:
-            replica.url = url
-        return await_health(url, self.restart_timeout, cancel=self._cancel, exited=exited)
 
     def _restore(self, replica: Replica, health: HTTPReply) -> None:
         """After a restart: check the replica serves the engine's version, or have the publisher put it back."""

@@ -162,6 +162,26 @@ def await_health(url: str, timeout: float, *, cancel: Cancellation | None = None
             time.sleep(_POLL_S)
 
 
+def bring_back(replica: Replica, timeout: float, *, cancel: Cancellation, supervisor: ServerSupervisor | None,
+               max_restarts: int, lock: threading.Lock) -> HTTPReply:
+    """Wait for a failed `replica` to answer /health again; if `supervisor` owns it and its process died, restart it
+    at once instead (at most `max_restarts` times; `lock` guards the replica's counters and URL)."""
+    exited = None if supervisor is None else (lambda: supervisor.exit_status(replica.index))
+    try:
+        return await_health(replica.url, timeout, cancel=cancel, exited=exited)
+    except ServerExited as exc:
+        if replica.restarts >= max_restarts:
+            raise RolloutError(f"{exc}\nIt was not restarted: {replica.restarts} restart(s) so far, "
+                               f"max_restarts={max_restarts} (rollout_server_restarts)") from None
+        logger.warning("%s; restarting it (restart %d of at most %d)", exc, replica.restarts + 1, max_restarts)
+    with lock:
+        replica.restarts += 1
+    url = supervisor.restart(replica.index)
+    with lock:
+        replica.url = url
+    return await_health(url, timeout, cancel=cancel, exited=exited)
+
+
 def connect_all(replicas: Sequence[Replica], timeout: float, *, cancel: Cancellation | None = None,
                 supervisor: ServerSupervisor | None = None) -> list[int | None]:
     """Startup: wait for every replica, read its base model name; returns the versions they report (None: vLLM).

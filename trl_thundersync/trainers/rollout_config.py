@@ -60,7 +60,9 @@ class RolloutFields:
     rollout_restart_timeout: float = field(
         default=300.0,
         metadata={"help": "Seconds a failed server may take to come back before the batch fails (its requests are "
-                  "then sent again with the same seeds)."},
+                  "then sent again with the same seeds). Servers at given URLs are waited for; an embedded server "
+                  "whose process died is restarted at once (rollout_server_restarts), and this bounds its wait for "
+                  "/health after the restart."},
     )
     rollout_retries: int = field(
         default=3, metadata={"help": "Times one request is sent again after its server failed and came back."}
