@@ -22,13 +22,10 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
   A timeout (`request_timeout`) fails the request without retrying (it may still be running there).
-- Owned servers: with a `supervisor` (the embedded servers the trainer started, `serve.launcher`), nobody else can
-  restart a server whose process died, so waiting for it is pointless: the engine restarts it at once (at most
-  `max_restarts` times per replica), re-publishes the current version to it, and resends the requests with their
-  seeds. With `max_restarts=0`, or when the restart fails, the batch fails within seconds with the exit code and
-  the server's log tail.
-- Closing: `close()` (also on Ctrl-C, from the trainer's `finally`) aborts the requests in flight and every wait
-  for a server, so no thread outlives it by more than a moment.
+- Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
+  died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
+  version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
+- Closing: `close()` (on Ctrl-C too, from the trainer's `finally`) aborts the requests in flight and every wait.
 - Versions: every `Rollout` carries the version the server reported — the embedded server's
   `x-thundersync-policy-version` header, or the `policy-v{k}` adapter name in LoRA mode. Real vLLM serving full
   weights reports none; then the version the replica acknowledged at publication is used (no request is in flight
@@ -168,7 +165,10 @@ class VLLMServerEngine:
             raise RolloutError("results() called without an open batch; call start_batch first")
         try:
             while self._open:
-                rollout = self._done.get().result()  # raises the RolloutError / StalePolicyError of a failed request
+                future = self._done.get()
+                if future.cancelled():  # close() cancelled it before it was sent
+                    raise RolloutError("the engine was closed while the batch was open")
+                rollout = future.result()  # raises the RolloutError / StalePolicyError of a failed request
                 self._open -= 1
                 self._trajectories += 1
                 if self._ttfr is None:
