@@ -40,13 +40,13 @@ class OwnedTempDir:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
 
-    @property
-    def reaper_pid(self) -> int | None:
-        return None if self._reaper is None else self._reaper.pid
-
     def close(self) -> None:
         """Remove the folder now; idempotent. The reaper then finds nothing to remove and exits."""
         shutil.rmtree(self.path, ignore_errors=True)
         reaper, self._reaper = self._reaper, None
         if reaper is not None and reaper.stdin is not None:
             reaper.stdin.close()
+            try:
+                reaper.wait(timeout=5.0)  # it exits at once: nothing left to remove
+            except subprocess.TimeoutExpired:
+                pass  # a forked child still holds the pipe; the reaper exits with it, and the folder is gone already
