@@ -22,7 +22,9 @@ full weights). A LoRA policy version travels in the adapter name, `policy-v{k}`,
 acknowledged (see `vllm_client.py`).
 
 HTTP is plain `http.client`, one connection per request (`Connection: close`): no third-party client, no stale
-keep-alive sockets after a replica restarts; the connection cost is negligible next to a generation.
+keep-alive sockets after a replica restarts; the connection cost is negligible next to a generation. A
+`Cancellation` shared by an engine's calls aborts the ones in flight (their sockets are shut down) when the engine
+closes, so no thread is left blocked on a server after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ import http.client
 import json
 import math
 import re
+import socket
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import RolloutError
+from ..errors import ConfigurationError, RolloutError
 from ..types import SamplingParams
 
 POLICY_VERSION_HEADER = "x-thundersync-policy-version"
@@ -63,8 +67,85 @@ class HTTPReply:
         return None if value is None else int(value)
 
 
-def http_call(base_url: str, method: str, path: str, payload: Any = None, *, timeout: float) -> HTTPReply:
-    """Send one request; raises `OSError` (refused, reset, timed out) when no HTTP answer arrives."""
+def check_base_url(url: Any, field: str) -> str:
+    """`url` without its trailing slash if it is an `http(s)://host[:port][/path]` server address; otherwise
+    `ConfigurationError` naming `field` (a malformed address is refused at construction, not retried for minutes)."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(f"{field}={url!r} must be a server address like 'http://10.0.0.5:8000'")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise ConfigurationError(f"{field}={url!r} is not a valid server address ({exc}); expected "
+                                 "'http://HOST:PORT'") from None
+    problem = None
+    if parts.scheme not in ("http", "https"):
+        problem = f"scheme {parts.scheme!r} is not 'http' or 'https'" if parts.scheme else "it has no scheme"
+    elif not parts.hostname:
+        problem = "it names no host"
+    elif port == 0:
+        problem = "port 0 is not a server's port"
+    elif parts.query or parts.fragment or parts.username is not None:
+        problem = "it carries a query, a fragment or credentials"
+    if problem is not None:
+        raise ConfigurationError(f"{field}={url!r} is not a valid server address: {problem}; expected "
+                                 "'http://HOST:PORT' (e.g. 'http://10.0.0.5:8000')")
+    return url.rstrip("/")
+
+
+class EngineClosed(ConnectionAbortedError):
+    """The call was aborted, or refused before it started, because its `Cancellation` was set."""
+
+
+class Cancellation:
+    """Set once, by the engine's `close()`: calls in flight are aborted (their sockets shut down), later calls are
+    refused with `EngineClosed`, and `wait()`s (health polling) return at once."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: set[http.client.HTTPConnection] = set()
+
+    @property
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep `seconds`, or less if cancelled meanwhile; True when cancelled."""
+        return self._event.wait(seconds)
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            connections = list(self._connections)
+        for connection in connections:
+            _shut(connection)
+
+    def _register(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if self._event.is_set():
+                raise EngineClosed("the rollout engine is closed")
+            self._connections.add(connection)
+
+    def _unregister(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+
+def _shut(connection: http.client.HTTPConnection) -> None:
+    """Wake a thread blocked on this connection (a blocked recv returns); closing alone would not wake it."""
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed or never connected: nothing to wake
+            pass
+
+
+def http_call(base_url: str, method: str, path: str, payload: Any = None, *, timeout: float,
+              cancel: Cancellation | None = None) -> HTTPReply:
+    """Send one request; raises `OSError` (refused, reset, timed out; `EngineClosed` once `cancel` is set) when no
+    HTTP answer arrives."""
     parts = urlsplit(base_url)
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = connection_class(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
@@ -72,13 +153,26 @@ def http_call(base_url: str, method: str, path: str, payload: Any = None, *, tim
     headers = {"Connection": "close", "Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = "application/json"
+    if cancel is not None:
+        cancel._register(connection)
     try:
+        connection.connect()
+        if cancel is not None and cancel.is_set:  # set while connecting: its shutdown may have found no socket yet
+            raise EngineClosed("the rollout engine is closed")
         connection.request(method, parts.path.rstrip("/") + path, body=body, headers=headers)
         response = connection.getresponse()
         data = response.read()
     except http.client.HTTPException as exc:  # e.g. RemoteDisconnected from a replica that died mid-answer
+        if cancel is not None and cancel.is_set:
+            raise EngineClosed("the rollout engine is closed") from exc
         raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+    except OSError as exc:
+        if cancel is not None and cancel.is_set and not isinstance(exc, EngineClosed):
+            raise EngineClosed("the rollout engine is closed") from exc
+        raise
     finally:
+        if cancel is not None:
+            cancel._unregister(connection)
         connection.close()
     return HTTPReply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
 

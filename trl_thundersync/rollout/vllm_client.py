@@ -22,6 +22,10 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
   A timeout (`request_timeout`) fails the request without retrying (it may still be running there).
+- Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
+  died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
+  version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
+- Closing: `close()` (on Ctrl-C too, from the trainer's `finally`) aborts the requests in flight and every wait.
 - Versions: every `Rollout` carries the version the server reported — the embedded server's
   `x-thundersync-policy-version` header, or the `policy-v{k}` adapter name in LoRA mode. Real vLLM serving full
   weights reports none; then the version the replica acknowledged at publication is used (no request is in flight
@@ -44,11 +48,11 @@ from typing import Any
 
 from ..errors import ConfigurationError, RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
-from .vllm_api import (Completion, HTTPReply, completion_payload, error_message, http_call, lora_name, lora_version,
-                       parse_completion)
+from .vllm_api import (Cancellation, Completion, EngineClosed, HTTPReply, check_base_url, completion_payload,
+                       error_message, http_call, lora_name, lora_version, parse_completion)
 from .vllm_publish import WeightPublisher
-from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, await_health, check_tokenizer, connect_all,
-                            make_publisher, percentile, push_all)
+from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, ServerSupervisor, bring_back, check_tokenizer,
+                            connect_all, make_publisher, percentile, push_all)
 
 __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
 
@@ -65,17 +69,21 @@ class VLLMServerEngine:
                  publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
                  startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
                  policy_version: int = 0, on_close: Callable[[], None] | None = None,
-                 nccl_options: Mapping[str, Any] | None = None) -> None:
-        urls = [u.rstrip("/") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
+                 nccl_options: Mapping[str, Any] | None = None, supervisor: ServerSupervisor | None = None,
+                 max_restarts: int = 3) -> None:
+        urls = [check_base_url(u, "base_urls") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
         if not urls or len(set(urls)) != len(urls):
             raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
         if sampling.temperature <= 0.0 or sampling.max_new_tokens < 1:
             raise ConfigurationError(f"SamplingParams temperature={sampling.temperature} and max_new_tokens="
                                      f"{sampling.max_new_tokens} must be > 0 (greedy decoding has no distribution)")
-        if max_concurrency < 1 or retries < 0:
-            raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1 and retries={retries} >= 0")
-        self.sampling, self.retries = sampling, retries
-        self._on_close = on_close  # e.g. stops the embedded servers this engine was started with
+        if max_concurrency < 1 or retries < 0 or max_restarts < 0:
+            raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1, retries={retries} >= 0 and "
+                                     f"max_restarts={max_restarts} >= 0")
+        self.sampling, self.retries, self.max_restarts = sampling, retries, max_restarts
+        self._on_close = on_close
+        self.supervisor = supervisor  # the processes behind the replicas, if this process started them
+        self._cancel = Cancellation()  # set by close(): aborts requests in flight and waits for servers
         self.request_timeout, self.restart_timeout = request_timeout, restart_timeout
         self._replicas = [Replica(i, u) for i, u in enumerate(urls)]
         self._lock = threading.Lock()
@@ -94,7 +102,7 @@ class VLLMServerEngine:
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="thundersync-vllm")
         self._publisher: WeightPublisher | None = None
         try:
-            reported = connect_all(self._replicas, startup_timeout)
+            reported = connect_all(self._replicas, startup_timeout, cancel=self._cancel, supervisor=supervisor)
             self._publisher = make_publisher(publisher, reported, nccl_options)
             stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported) if v not in (None, policy_version)]
             if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
@@ -157,7 +165,10 @@ class VLLMServerEngine:
             raise RolloutError("results() called without an open batch; call start_batch first")
         try:
             while self._open:
-                rollout = self._done.get().result()  # raises the RolloutError / StalePolicyError of a failed request
+                future = self._done.get()
+                if future.cancelled():  # close() cancelled it before it was sent
+                    raise RolloutError("the engine was closed while the batch was open")
+                rollout = future.result()  # raises the RolloutError / StalePolicyError of a failed request
                 self._open -= 1
                 self._trajectories += 1
                 if self._ttfr is None:
@@ -175,6 +186,7 @@ class VLLMServerEngine:
             self._publishing = True
         try:
             start = time.perf_counter()
+            self._revive_exited()
             self._publisher.prepare(model, policy_version)
             failures = push_all(self._replicas, self._publisher, policy_version)
             if failures:
@@ -197,16 +209,22 @@ class VLLMServerEngine:
             self._publishing = False
 
     def close(self) -> None:
+        """Abort what is in flight, stop the owned servers, remove the publisher's files; idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._cancel.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         try:
             if self._publisher is not None:
                 self._publisher.close()
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            try:
+                if self.supervisor is not None:
+                    self.supervisor.close()
+            finally:
+                if self._on_close is not None:
+                    self._on_close()
 
     @property
     def policy_version(self) -> int:
@@ -281,7 +299,10 @@ class VLLMServerEngine:
                 raise RolloutError(replica.dead)
             epoch = replica.epoch
             try:
-                reply = http_call(replica.url, "POST", "/v1/completions", payload, timeout=self.request_timeout)
+                reply = http_call(replica.url, "POST", "/v1/completions", payload, timeout=self.request_timeout,
+                                  cancel=self._cancel)
+            except EngineClosed:
+                raise RolloutError(f"trajectory {index}: the engine was closed while it was in flight") from None
             except TimeoutError:
                 raise RolloutError(f"trajectory {index}: no answer from {replica.url} within "
                                    f"{self.request_timeout:g} s (request_timeout)") from None
@@ -334,14 +355,25 @@ class VLLMServerEngine:
             if replica.epoch != epoch:
                 return  # another request already waited for this restart
             try:
-                health = await_health(replica.url, self.restart_timeout)
+                health = bring_back(replica, self.restart_timeout, cancel=self._cancel, supervisor=self.supervisor,
+                                    max_restarts=self.max_restarts, lock=self._lock)
                 self._restore(replica, health)
-            except RolloutError as exc:
+            except (RolloutError, OSError) as exc:  # OSError: the re-publication found no server
+                if self._cancel.is_set:
+                    raise RolloutError(f"the engine was closed while {replica.url} was recovering") from None
                 replica.dead = (f"rollout replica {replica.url} failed ({failure}) and did not come back serving "
                                 f"policy version {self._version}: {exc}")
                 self._failure = replica.dead
                 raise RolloutError(replica.dead) from None
             replica.epoch += 1
+
+    def _revive_exited(self) -> None:
+        """Before a publication: restart the owned servers whose process died while no request was on them."""
+        if self.supervisor is None:
+            return
+        for replica in self._replicas:
+            if self.supervisor.exit_status(replica.index) is not None:
+                self._recover(replica, replica.epoch, "its process exited between batches")
 
     def _restore(self, replica: Replica, health: HTTPReply) -> None:
         """After a restart: check the replica serves the engine's version, or have the publisher put it back."""

@@ -29,7 +29,6 @@ Strategies:
 from __future__ import annotations
 
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..errors import ConfigurationError, RolloutError, UnsupportedOptionError
+from .tempdir import OwnedTempDir
 from .vllm_api import error_message, http_call, lora_name, parse_model_ids
 from .weights import policy_state_dict, unwrap_model
 
@@ -68,16 +68,26 @@ def reset_prefix_cache(url: str, timeout: float) -> None:
 
 
 class _ArtifactDir:
-    """A private temporary folder (or a given one) holding the artifact of the latest publication."""
+    """A given folder, or a private temporary one (an `OwnedTempDir`, made at the first publication and removed
+    however this process ends), holding the artifact of the latest publication."""
 
     def __init__(self, directory: str | Path | None, what: str) -> None:
-        self.owned = directory is None
-        self.root = Path(tempfile.mkdtemp(prefix=f"thundersync-{what}-")) if directory is None else Path(directory)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._given = None if directory is None else Path(directory)
+        self._prefix = f"thundersync-{what}-"
+        self._owned: OwnedTempDir | None = None
+
+    @property
+    def root(self) -> Path:
+        if self._given is not None:
+            self._given.mkdir(parents=True, exist_ok=True)
+            return self._given
+        if self._owned is None:
+            self._owned = OwnedTempDir(self._prefix)
+        return self._owned.path
 
     def close(self) -> None:
-        if self.owned:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._owned is not None:
+            self._owned.close()
 
 
 class HTTPWeightFile:

@@ -2,21 +2,31 @@
 
 Each function here talks to one or all servers and knows nothing of batches or routing; `vllm_client.py` keeps the
 engine's control flow.
+
+Waiting for a server (`await_health`) follows TRL's `VLLMClient.check_server`: a server that refuses connections
+may still be starting, so it is polled until `timeout` (TRL's `connection_timeout`, our `vllm_server_timeout`). Two
+things end the wait early: the engine's `Cancellation` (close(), e.g. on Ctrl-C), and, for a server this process
+owns (`ServerSupervisor`, the embedded servers), its process having exited — nothing will bring that one back by
+waiting, so the caller gets `ServerExited` with the exit code and the log tail at once.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigurationError, RolloutError
-from .vllm_api import HTTPReply, error_message, http_call, parse_max_model_len, parse_model_ids
+from .vllm_api import (Cancellation, EngineClosed, HTTPReply, error_message, http_call, parse_max_model_len,
+                       parse_model_ids)
 from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher, WeightPublisher
+
+logger = logging.getLogger(__name__)
 
 _POLL_S = 0.25  # how often /health is polled while waiting for a replica
 _TOKENIZER_PROBE = "ThunderSync tokenizer probe: 2 + 3 = 5, def add(a, b):"
@@ -35,6 +45,7 @@ class ReplicaStats:
     tokens: int  # completion tokens received from it
     tokens_per_second: float  # tokens / seconds during which it had at least one request in flight
     retries: int  # requests sent again after a connection failure or a restart
+    restarts: int  # times its process was restarted by the engine's supervisor (embedded servers only)
     alive: bool  # False once it failed to come back within restart_timeout
 
 
@@ -55,6 +66,29 @@ class ServerEngineStats:
     replicas: tuple[ReplicaStats, ...]
 
 
+class ServerExited(RolloutError):
+    """A server this process owns is not running any more (the message has its exit code and log tail)."""
+
+
+class ServerSupervisor(Protocol):
+    """The processes behind an engine's replicas, when this process started them (`serve.launcher.EmbeddedServers`).
+
+    Lifecycle: the engine asks `exit_status(i)` whenever replica `i` fails to answer; a process that exited is
+    `restart(i)`ed (at most `max_restarts` times per replica), and `close()` stops them all when the engine closes.
+    """
+
+    def exit_status(self, index: int) -> str | None:
+        """None while server `index` runs; else how it ended: exit code (or signal) and the tail of its log."""
+        ...
+
+    def restart(self, index: int) -> str:
+        """Start server `index` again from the weights it was first started with; returns its (new) URL once it
+        listens, or raises `RolloutError` with its exit code and log tail."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Replica:
     """Mutable state of one server; the engine guards every field but `recovery` with its own lock."""
 
@@ -64,7 +98,7 @@ class Replica:
         self.max_model_len: int | None = None  # its context window, as /v1/models reports it (None: not reported)
         self.version: int | None = None  # acknowledged version
         self.in_flight = self.assigned = 0  # assigned: trajectories routed here since the sticky table was cleared
-        self.requests = self.tokens = self.retries = 0
+        self.requests = self.tokens = self.retries = self.restarts = 0
         self.busy_seconds, self.busy_since = 0.0, 0.0  # time with ≥ 1 request in flight; start of the current span
         self.dead: str | None = None  # why it was declared dead
         self.epoch = 0  # bumped by every recovery, so that concurrent failures recover once
@@ -85,7 +119,7 @@ class Replica:
         return ReplicaStats(url=self.url, policy_version=self.version, in_flight=self.in_flight,
                             requests=self.requests, tokens=self.tokens,
                             tokens_per_second=self.tokens / busy if busy > 0 else 0.0, retries=self.retries,
-                            alive=self.dead is None)
+                            restarts=self.restarts, alive=self.dead is None)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -96,28 +130,68 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def await_health(url: str, timeout: float) -> HTTPReply:
-    """Poll `GET /health` until it answers 200; `RolloutError` naming the URL after `timeout` seconds."""
-    deadline, last = time.monotonic() + timeout, "no answer"
+def await_health(url: str, timeout: float, *, cancel: Cancellation | None = None,
+                 exited: Callable[[], str | None] | None = None) -> HTTPReply:
+    """Poll `GET /health` until it answers 200; `RolloutError` naming the URL after `timeout` seconds, at once when
+    `cancel` is set, and `ServerExited` as soon as `exited()` reports that the server's process ended."""
+    deadline, last, told = time.monotonic() + timeout, "no answer", False
     while True:
+        if cancel is not None and cancel.is_set:
+            raise RolloutError(f"the engine was closed while waiting for rollout server {url}")
+        ended = exited() if exited is not None else None
+        if ended is not None:
+            raise ServerExited(f"rollout server {url} {ended}")
         try:
-            reply = http_call(url, "GET", "/health", timeout=min(5.0, max(timeout, 0.1)))
+            reply = http_call(url, "GET", "/health", timeout=min(5.0, max(timeout, 0.1)), cancel=cancel)
             if reply.status == 200:
                 return reply
             last = f"HTTP {reply.status} {error_message(reply)}"
+        except EngineClosed:
+            continue  # reported at the top of the loop
         except OSError as exc:
             last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() >= deadline:
             raise RolloutError(f"rollout server {url} is not reachable after {timeout:g} s ({last})")
-        time.sleep(_POLL_S)
+        if not told and exited is None:  # TRL's client waits the same way for a server that is still starting
+            logger.warning("rollout server %s does not answer yet (%s); waiting up to %g s for it to come up "
+                           "(Ctrl-C stops the wait)", url, last, timeout)
+            told = True
+        if cancel is not None:
+            cancel.wait(_POLL_S)
+        else:
+            time.sleep(_POLL_S)
 
 
-def connect_all(replicas: Sequence[Replica], timeout: float) -> list[int | None]:
-    """Startup: wait for every replica, read its base model name; returns the versions they report (None: vLLM)."""
+def bring_back(replica: Replica, timeout: float, *, cancel: Cancellation, supervisor: ServerSupervisor | None,
+               max_restarts: int, lock: threading.Lock) -> HTTPReply:
+    """Wait for a failed `replica` to answer /health again; if `supervisor` owns it and its process died, restart it
+    at once instead (at most `max_restarts` times; `lock` guards the replica's counters and URL)."""
+    exited = None if supervisor is None else (lambda: supervisor.exit_status(replica.index))
+    try:
+        return await_health(replica.url, timeout, cancel=cancel, exited=exited)
+    except ServerExited as exc:
+        if replica.restarts >= max_restarts:
+            raise RolloutError(f"{exc}\nIt was not restarted: {replica.restarts} restart(s) so far, "
+                               f"max_restarts={max_restarts} (rollout_server_restarts)") from None
+        logger.warning("%s; restarting it (restart %d of at most %d)", exc, replica.restarts + 1, max_restarts)
+    with lock:
+        replica.restarts += 1
+    url = supervisor.restart(replica.index)
+    with lock:
+        replica.url = url
+    return await_health(url, timeout, cancel=cancel, exited=exited)
+
+
+def connect_all(replicas: Sequence[Replica], timeout: float, *, cancel: Cancellation | None = None,
+                supervisor: ServerSupervisor | None = None) -> list[int | None]:
+    """Startup: wait for every replica, read its base model name; returns the versions they report (None: vLLM).
+
+    A replica whose process (owned by `supervisor`) exited fails the start-up at once, with its exit code."""
 
     def connect(replica: Replica) -> int | None:
-        health = await_health(replica.url, timeout)
-        reply = http_call(replica.url, "GET", "/v1/models", timeout=30.0)
+        exited = None if supervisor is None else (lambda: supervisor.exit_status(replica.index))
+        health = await_health(replica.url, timeout, cancel=cancel, exited=exited)
+        reply = http_call(replica.url, "GET", "/v1/models", timeout=30.0, cancel=cancel)
         if reply.status != 200:
             raise RolloutError(f"{replica.url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
         replica.base_model = parse_model_ids(reply.json())[0]
@@ -199,5 +273,6 @@ def server_metrics(stats: ServerEngineStats) -> dict[str, float]:
         out[f"rollout/replica{i}/policy_version"] = float(-1 if replica.policy_version is None
                                                           else replica.policy_version)
         out[f"rollout/replica{i}/retries"] = float(replica.retries)
+        out[f"rollout/replica{i}/restarts"] = float(replica.restarts)
         out[f"rollout/replica{i}/alive"] = float(replica.alive)
     return out

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from ..rollout.vllm_api import check_base_url
 
 WEIGHT_PUBLISHERS = ("auto", "nccl", "lora", "http")
 SERVER_ENGINES = ("embedded_server", "vllm_server")
@@ -59,10 +60,20 @@ class RolloutFields:
     rollout_restart_timeout: float = field(
         default=300.0,
         metadata={"help": "Seconds a failed server may take to come back before the batch fails (its requests are "
-                  "then sent again with the same seeds)."},
+                  "then sent again with the same seeds). Servers at given URLs are waited for; an embedded server "
+                  "whose process died is restarted at once (rollout_server_restarts), and this bounds its wait for "
+                  "/health after the restart."},
     )
     rollout_retries: int = field(
         default=3, metadata={"help": "Times one request is sent again after its server failed and came back."}
+    )
+    rollout_server_restarts: int = field(
+        default=3,
+        metadata={"help": "Embedded servers started by the trainer: times one whose process died is restarted "
+                  "(from the run's initial weights, then re-published the current policy version; its requests are "
+                  "sent again with the same seeds, so the samples are the same). 0: the batch fails at once with "
+                  "the server's exit code and log tail. Servers at given URLs are never restarted by the trainer: "
+                  "it waits up to rollout_restart_timeout for them to come back."},
     )
     rollout_max_in_flight: int = field(
         default=16, metadata={"help": "Trajectories the embedded engine (or each server) decodes concurrently."}
@@ -116,9 +127,10 @@ class RolloutFields:
             raise ConfigurationError(
                 f"vllm_weight_publisher={self.vllm_weight_publisher!r} is not one of {WEIGHT_PUBLISHERS}"
             )
-        if self.rollout_num_servers < 1 or self.rollout_retries < 0:
-            raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1 and "
-                                     f"rollout_retries={self.rollout_retries} ≥ 0")
+        if self.rollout_num_servers < 1 or self.rollout_retries < 0 or self.rollout_server_restarts < 0:
+            raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1, "
+                                     f"rollout_retries={self.rollout_retries} ≥ 0 and "
+                                     f"rollout_server_restarts={self.rollout_server_restarts} ≥ 0")
         if self.rollout_request_timeout <= 0 or self.rollout_restart_timeout <= 0:
             raise ConfigurationError(f"rollout_request_timeout={self.rollout_request_timeout} and "
                                      f"rollout_restart_timeout={self.rollout_restart_timeout} must be > 0")
@@ -128,6 +140,7 @@ class RolloutFields:
         urls = self.vllm_server_base_urls
         if urls is not None and (not urls or len(set(urls)) != len(urls)):
             raise ConfigurationError(f"vllm_server_base_urls={urls} must name at least one server, each once")
+        self._check_server_addresses()
         engine = self.rollout_engine
         if self.use_vllm and engine not in ("auto", "vllm_server"):
             raise ConfigurationError(f"use_vllm=True generates on vLLM servers, but rollout_engine={engine!r}; "
@@ -141,6 +154,24 @@ class RolloutFields:
         if urls and engine == "auto" and not self.use_vllm:
             raise ConfigurationError("vllm_server_base_urls is set: also set use_vllm=True, vllm_mode='server' for "
                                      "vLLM servers, or rollout_engine='embedded_server' for embedded ones")
+
+
+    def _check_server_addresses(self) -> None:
+        """A malformed address is refused here, naming its field, instead of being polled for vllm_server_timeout."""
+        for i, url in enumerate(self.vllm_server_base_urls or ()):
+            check_base_url(url, f"vllm_server_base_urls[{i}]")
+        if self.vllm_server_base_url is not None:
+            check_base_url(self.vllm_server_base_url, "vllm_server_base_url")
+        if not self.use_vllm or self.vllm_server_base_urls or self.vllm_server_base_url:
+            return  # host and port are not used
+        host, port = self.vllm_server_host, self.vllm_server_port
+        if not isinstance(host, str) or not host or any(c in host for c in "/:@?# \t"):
+            raise ConfigurationError(f"vllm_server_host={host!r} must be a host name or IPv4 address like "
+                                     "'10.0.0.5' (no scheme, port or path; for anything else set "
+                                     "vllm_server_base_url)")
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise ConfigurationError(f"vllm_server_port={port!r} must be a TCP port in 1..65535")
+        check_base_url(f"http://{host}:{port}", "vllm_server_host")
 
 
 def _grpo_field(name: str):

@@ -64,7 +64,8 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
         options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
                                 startup_timeout=a.vllm_server_timeout)
         return start_embedded_engine(target.policy, target.tokenizer, sampling, replicas=replicas, options=options,
-                                     startup_timeout=a.vllm_server_timeout, **common)  # LoRA: adapter published
+                                     startup_timeout=a.vllm_server_timeout, max_restarts=a.rollout_server_restarts,
+                                     **common)  # LoRA: adapter published
     nccl = {"device": target.device, "group_port": a.vllm_group_port,
             "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
     engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
