@@ -151,6 +151,13 @@ def test_the_distillation_config_checks_addresses_the_same_way(tmp_path):
                              rollout_engine="embedded_server", vllm_server_base_urls=["gpu-node:8000"])
 
 
+@pytest.mark.parametrize("url", ["localhost:8001", "ftp://teacher:8001", "http://teacher:99999", "http://"])
+def test_a_malformed_teacher_server_url_is_refused_naming_the_field(tmp_path, url):
+    with pytest.raises(ConfigurationError, match="teacher_server_url"):
+        ThunderSyncGKDConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", lmbda=1.0, objective="opd",
+                             teacher_server_url=url)
+
+
 def test_well_formed_addresses_pass(tmp_path):
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server",
                       vllm_server_base_urls=["http://10.0.0.5:8000", "https://gpu-node/v1-proxy/"])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from ..rollout.vllm_api import check_base_url
 from .config_checks import require_counts
 from .rollout_config import RolloutFields, TRLVLLMServerFields
 
@@ -132,6 +133,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
                    "with teacher_vocab_map, off-policy steps would run TRL's generalized JSD (or teacher generation) "
                    "on unmapped teacher logits; use lmbda=1.0 and seq_kd=False")
         if self.teacher_server_url is not None:
+            check_base_url(self.teacher_server_url, "teacher_server_url")
             if self.objective != "opd":
                 refuse("objective", self.objective, "a teacher server returns sampled-token log-probabilities only; "
                        "the generalized JSD needs the full distribution of a local teacher_model. Use objective='opd'")
