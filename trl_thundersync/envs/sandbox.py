@@ -65,13 +65,18 @@ Does not protect against:
 - as root: root-owned, not world-readable files under /usr or the interpreter prefixes (only /etc and the top level
   of /proc are scanned), e.g. root-only entries deeper in /proc/sys (readable, not writable);
 - task answers kept anywhere else under a bound path unless passed as `hidden_paths` (only this package's bundled
-  suites are hidden by default); the package's code itself stays readable;
+  suites are hidden by default; the task environments pass each task's `solution_dir` / `verifier_file`,
+  H test_a_users_task_answers_under_a_bound_prefix_are_hidden_from_agent_and_grader); the package's code itself
+  stays readable;
+- processes of one command reading or writing each other's fds: bwrap's pid 1 is dumpable, so the command's own
+  stdout/stderr pipes can be reopened through /proc/1/fd (the graders authenticate their records instead);
 - without root: no aggregate memory cap (RLIMIT_AS is per process, N processes may use N × memory_bytes, plus
   `tmp_bytes` in each of /tmp and /dev/shm) and no workspace quota (a plain directory: RLIMIT_FSIZE caps each file,
   not their number or sum); untested here: the non-root paths (RLIMIT_NPROC checked once by hand with setpriv) and
   real cgroup v2 (its discovery is tested on synthetic mount tables, tests/unit/test_sandbox_cgroup.py; memory.max,
   memory.swap.max and memory.events were not exercised: this host has cgroup v1);
-- disk use of a directory that is not a `create_workspace` workspace (e.g. a grader's host copy of one);
+- disk use of a directory that is not a `create_workspace` workspace (the environments' workspaces and grading copies
+  are, H test_grading_copies_get_the_workspace_quota);
 - with `network=True`: the host's whole network, including its abstract unix sockets.
 """
 
