@@ -140,7 +140,12 @@ def test_bad_group_or_batch_call_is_named_and_takes_no_step(scope, where, failur
         assert torch.equal(flat(trainer.model), before)
 
 
+async def reward_async_group_rank(prompts, completion_ids, **kwargs):
+    return reward_group_rank(prompts, completion_ids)
+
+
 def test_reward_model_is_batched_per_call_and_matches_trl(tmp_path, tokenizer, tiny_model_path):
+    """One right-padded forward per call, as TRL does; async functions run on TRL's event loop in every scope."""
     from transformers import AutoModelForSequenceClassification
 
     torch.manual_seed(0)
@@ -149,7 +154,7 @@ def test_reward_model_is_batched_per_call_and_matches_trl(tmp_path, tokenizer, t
     batch_sizes = []
     reward_model.register_forward_hook(lambda module, args, kwargs, out: batch_sizes.append(out.logits.shape[0]),
                                        with_kwargs=True)
-    kw = dict(max_steps=1, max_grad_norm=0.0, rewards=(reward_len, reward_model),
+    kw = dict(max_steps=1, max_grad_norm=0.0, rewards=(reward_async_group_rank, reward_model),
               reward_processing_classes=[None, tokenizer], reward_weights=[1.0, 10.0])
     ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **kw)
     assert batch_sizes == [4]
@@ -162,3 +167,42 @@ def test_reward_model_is_batched_per_call_and_matches_trl(tmp_path, tokenizer, t
         assert relative_error(got.directions[0], ref.directions[0]) <= 1e-5
         assert torch.allclose(torch.tensor(got.trainer._logs["rewards"][name]),
                               torch.tensor(ref.trainer._logs["rewards"][name]), rtol=1e-5, atol=1e-6)
+
+
+class EnvironmentRank:
+    """Group-relative reward over environments: rank of the counter among the call's environments of one target."""
+
+    __name__ = "environment_rank"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, environments, target, completion_ids, **kwargs):
+        self.calls.append((len(environments), [e.target for e in environments] == list(target)))
+        return [float(sum(o.count < e.count for o in environments if o.target == e.target)) for e in environments]
+
+
+@pytest.mark.parametrize("scope, call_sizes", [("group", [2] * 4), ("batch", [4] * 2)])
+def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_sizes, tmp_path, tokenizer,
+                                                                 tiny_model_path):
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+
+    params, logged = {}, {}
+    for run_scope in (scope, "trajectory"):
+        rank = EnvironmentRank()
+        args = cpu_config(ThunderSyncGRPOConfig, tmp_path / run_scope, max_steps=2, max_completion_length=256,
+                          agent_max_turns=4, optim="sgd", reward_scope=run_scope)
+        trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[rank], args=args,
+                                         train_dataset=dataset(), processing_class=tokenizer,
+                                         environment_factory=CounterEnv)
+        trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script,
+                                                                      delay=lambda i, t: 0.002 * ((7 * i + t) % 5)))
+        trainer.train()
+        params[run_scope] = flat(trainer.model)
+        logged[run_scope] = trainer._logs["rewards"]
+        if run_scope == scope:  # one call per group / batch, each seeing its own rows' environments in row order
+            assert rank.calls == [(n, True) for n in call_sizes]
+    assert logged[scope]["CounterEnv"] == logged["trajectory"]["CounterEnv"]  # get_reward is per episode
+    assert logged[scope]["environment_rank"] != logged["trajectory"]["environment_rank"]  # alone, rank is 0
+    assert not torch.equal(params[scope], params["trajectory"])
