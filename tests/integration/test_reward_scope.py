@@ -206,3 +206,10 @@ def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_siz
     assert logged[scope]["CounterEnv"] == logged["trajectory"]["CounterEnv"]  # get_reward is per episode
     assert logged[scope]["environment_rank"] != logged["trajectory"]["environment_rank"]  # alone, rank is 0
     assert not torch.equal(params[scope], params["trajectory"])
+
+
+def test_unknown_reward_scope_is_refused_naming_the_field(tmp_path):
+    from trl_thundersync.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="reward_scope='episode' is not one of"):
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, reward_scope="episode")

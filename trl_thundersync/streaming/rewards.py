@@ -127,7 +127,8 @@ class RewardScorer:
             return asyncio.run_coroutine_threadsafe(coroutine, self.async_loop).result()
         return asyncio.run(coroutine)
 
-    def _reward_model(self, model: torch.nn.Module, processing_class: Any, items: Sequence[ScoringInput]) -> list[float]:
+    def _reward_model(self, model: torch.nn.Module, processing_class: Any,
+                      items: Sequence[ScoringInput]) -> list[float]:
         """TRL's reward-model call: the call's texts in one forward, right-padded, logits[:, 0]."""
         if self.render_text is None or processing_class is None:
             raise RewardFunctionError("a reward model needs its processing class and a text renderer")
