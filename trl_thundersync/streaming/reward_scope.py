@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import torch
+
 from ..errors import RewardScopeError
 from ..types import Rollout, ScoredRollout
 from .rewards import RewardContext, RewardScorer, ScoringInput, describe_call
@@ -143,6 +145,4 @@ class RewardStage:
 def plain_reward_functions(funcs: Sequence[object], num_user_funcs: int) -> list[int]:
     """Indices the `"auto"` probe checks: the user's callables. Reward models are per-sample by construction (one
     forward per text) and the `get_reward` wrappers TRL appends after the user's functions score each episode alone."""
-    import torch
-
     return [i for i, f in enumerate(funcs[:num_user_funcs]) if not isinstance(f, torch.nn.Module)]
