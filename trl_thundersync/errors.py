@@ -23,6 +23,11 @@ class RewardFunctionError(ThunderSyncError):
     """A reward function raised, or returned the wrong number or type of values."""
 
 
+class RewardScopeError(RewardFunctionError):
+    """Under reward_scope="auto", a reward function gave different values called per trajectory than called once on
+    its group: it reads the other completions of its call, so it needs reward_scope="group" or "batch"."""
+
+
 class UnscorableGroupError(ThunderSyncError):
     """Every reward function returned None for every member of a group: the group carries no learning signal."""
 

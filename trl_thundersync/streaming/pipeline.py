@@ -1,9 +1,11 @@
 """One logical batch end to end: rollouts → scoring (producer thread) → learner (caller's thread) → barrier.
 
-The producer thread drains `engine.results()` in completion order and scores each trajectory the moment it
-arrives; the caller's thread runs the learner. Under `schedule="thundersync"` every scored trajectory is handed to
-the learner immediately; under `"sync"` the learner waits until the batch has closed, then processes the same
-sources in the same arrival order — the same code path, only the release time differs.
+The producer thread drains `engine.results()` in completion order and hands each trajectory to `score`, which
+returns the trajectories it releases (the trajectory itself, or nothing until its group's / the batch's reward call
+is complete: `reward_scope.py`); the caller's thread runs the learner. Under `schedule="thundersync"` every scored
+trajectory is handed to the learner as soon as it is released; under `"sync"` the learner waits until the batch has
+closed, then processes the same sources in the same arrival order — the same code path, only the release time
+differs.
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ class BatchTiming:
         return max(0.0, self.barrier - self.rollout_end)
 
 
-def _produce(engine: RolloutEngine, score: Callable[[Rollout], ScoredRollout], out: queue.Queue,
-             stop: threading.Event) -> None:
+def _produce(engine: RolloutEngine, score: Callable[[Rollout], Sequence[ScoredRollout]], out: queue.Queue,
+             stop: threading.Event, delivered: list) -> None:
     try:
         for rollout in engine.results():
             if stop.is_set():  # the learner failed: the batch is void, stop scoring
                 break
-            out.put(score(rollout))
+            delivered.append(rollout.index)
+            for scored in score(rollout):
+                out.put(scored)
     except BaseException as exc:  # handed to the learner thread, which re-raises it
         out.put(exc)
     finally:
@@ -74,7 +78,7 @@ def run_logical_batch(
     engine: RolloutEngine,
     requests: Sequence[RolloutRequest],
     policy_version: int,
-    score: Callable[[Rollout], ScoredRollout],
+    score: Callable[[Rollout], Sequence[ScoredRollout]],
     learner: GRPOBatchLearner,
     schedule: str = "thundersync",
     on_source: Callable[[ScoredRollout], None] | None = None,
@@ -83,8 +87,9 @@ def run_logical_batch(
     engine.start_batch(requests, policy_version)
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
-    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop), name="thundersync-rollouts",
-                                daemon=True)
+    delivered: list[int] = []
+    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered),
+                                name="thundersync-rollouts", daemon=True)
     producer.start()
 
     def on_item(item: ScoredRollout) -> None:
@@ -97,8 +102,12 @@ def run_logical_batch(
         arrived: list[ScoredRollout] = drain(inbox, stop, on_item)
     finally:
         producer.join(timeout=5.0)
-    if len(arrived) != len(requests):
-        raise RolloutError(f"the rollout engine delivered {len(arrived)} of {len(requests)} trajectories")
+    if len(delivered) != len(requests):
+        raise RolloutError(f"the rollout engine delivered {len(delivered)} of {len(requests)} trajectories")
+    if len(arrived) != len(requests):  # every trajectory arrived, but some reward call never became complete
+        unscored = sorted(set(delivered) - {s.rollout.index for s in arrived})
+        raise RolloutError(f"{len(unscored)} delivered trajectories were never scored (first: {unscored[:5]}): their "
+                           "group or batch reward call never became complete")
     if schedule == "sync":
         for item in arrived:
             learner.submit(item)

@@ -16,21 +16,24 @@ import torch
 from transformers import TrainerCallback
 
 
-def scripted_rollout_func(tokenizer, max_len: int = 8, vocab_low: int = 10, with_eos: float = 0.5):
+def scripted_rollout_func(tokenizer, max_len: int = 8, vocab_low: int = 10, with_eos: float = 0.5,
+                          member_order: str | None = None):
     """A TRL `rollout_func` with deterministic pseudo-random completions, identical for every trainer.
 
     Content depends on (prompt text, occurrence within the batch, global step); some completions end in EOS, the
-    others are truncated.
+    others are truncated. `member_order` ("reverse" or "rotate") hands each prompt's completions out in another
+    occurrence order: every GRPO group gets the same completions with its members permuted (the FP32 floor).
     """
 
     def rollout_func(prompts, trainer):
         step = trainer.state.global_step
+        texts = [prompt if isinstance(prompt, str) else prompt[-1]["content"] for prompt in prompts]
         seen: dict[str, int] = {}
         prompt_ids, completion_ids = [], []
-        for prompt in prompts:
-            text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        for text in texts:
             k = seen.get(text, 0)
             seen[text] = k + 1
+            k = _permuted(k, texts.count(text), member_order)
             digest = hashlib.sha256(f"{text}|{k}|{step}".encode()).digest()
             length = 2 + digest[0] % (max_len - 1)
             ids = [vocab_low + digest[1 + j] % (len(tokenizer) - vocab_low - 1) for j in range(length)]
@@ -44,6 +47,16 @@ def scripted_rollout_func(tokenizer, max_len: int = 8, vocab_low: int = 10, with
     return rollout_func
 
 
+def _permuted(k: int, n: int, order: str | None) -> int:
+    if order is None:
+        return k
+    if order == "reverse":
+        return n - 1 - k
+    if order == "rotate":
+        return (k + 1) % n
+    raise ValueError(f"member_order={order!r} is not None, 'reverse' or 'rotate'")
+
+
 def reward_len(completion_ids, **kwargs) -> list[float]:
     return [float(len(c)) for c in completion_ids]
 
@@ -51,6 +64,22 @@ def reward_len(completion_ids, **kwargs) -> list[float]:
 def reward_parity(completion_ids, **kwargs) -> list[float | None]:
     """Returns None (not applicable) on some rows, like a task-specific reward."""
     return [None if c[0] % 3 == 0 else float(sum(c) % 7) - 3.0 for c in completion_ids]
+
+
+def reward_group_rank(prompts, completion_ids, **kwargs) -> list[float]:
+    """Group-relative: rank of Σ ids among the call's completions of the same prompt (ties share the mean rank)."""
+    keys = [sum(c) for c in completion_ids]
+    ranks = []
+    for prompt, key in zip(prompts, keys):
+        peers = [k for p, k in zip(prompts, keys) if p == prompt]
+        ranks.append(sum(k < key for k in peers) + 0.5 * (sum(k == key for k in peers) - 1))
+    return [float(r) for r in ranks]
+
+
+def reward_batch_relative_length(completions, **kwargs) -> list[float]:
+    """Batch-relative: completion length relative to the mean of the call (the example of issue 10)."""
+    mean = sum(len(c) for c in completions) / len(completions)
+    return [(len(c) - mean) / 10 for c in completions]
 
 
 def prompt_dataset(n: int = 8):
@@ -106,12 +135,13 @@ class ParityRun:
 
 def run_trainer(trainer_cls, config_cls, output_dir: Path, tokenizer, model_path, *, rewards=(reward_len,),
                 peft_config=None, wrap_engine=None, callbacks=(), reward_processing_classes=None,
-                **overrides) -> ParityRun:
+                member_order=None, **overrides) -> ParityRun:
     capture = CaptureGrads()
     args = cpu_config(config_cls, output_dir, **overrides)
     trainer = trainer_cls(
         model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
-        processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer), callbacks=[capture, *callbacks],
+        processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer, member_order=member_order),
+        callbacks=[capture, *callbacks],
         peft_config=peft_config, reward_processing_classes=reward_processing_classes,
     )
     if wrap_engine is not None:

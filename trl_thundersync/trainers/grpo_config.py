@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
+from ..streaming.reward_scope import REWARD_SCOPES
 from .config_checks import require_counts
 from .rollout_config import RolloutFields
 
@@ -63,6 +64,17 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         metadata={"help": "Peak FLOP/s of one trainer device (e.g. 989e12 for H100/H200 dense BF16); enables the "
                   "trainer active MFU metric (paper Appendix B)."},
     )
+    reward_scope: str = field(
+        default="auto",
+        metadata={
+            "help": "How reward functions are called. 'trajectory': with one completion as soon as it ends (exact for "
+            "per-sample rewards, the earliest release). 'group': once per GRPO group, when its last trajectory ends "
+            "(exact for group-relative rewards: rank in the group, pairwise judges). 'batch': once with the whole "
+            "generation batch, trl.GRPOTrainer's exact call (learner work waits for it). 'auto': 'trajectory', but "
+            "the run's first group is also scored in one call per plain reward function, and training stops "
+            "(RewardScopeError) before the first optimizer step if the values differ."
+        },
+    )
     allow_unscorable_groups: bool = field(
         default=False,
         metadata={
@@ -88,6 +100,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         self._check_lengths()
         if self.schedule not in SCHEDULES:
             raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
+        if self.reward_scope not in REWARD_SCOPES:
+            raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         for name in ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens"):

@@ -36,7 +36,8 @@ from ..streaming.importance import SamplingCorrection
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, run_logical_batch
-from ..streaming.rewards import RewardContext, RewardScorer
+from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
+from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import TrajectoryBackward, write_flat_grads
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
@@ -106,6 +107,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
         # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
         use_vllm, args.use_vllm = args.use_vllm, False
+        # TRL appends each environment's get_reward after the user's functions (into the same list object)
+        num_user_rewards = 0 if reward_funcs is None else len(reward_funcs) if isinstance(reward_funcs, list) else 1
         try:
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                              eval_dataset=eval_dataset, processing_class=processing_class,
@@ -134,6 +137,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
         self.last_trace = None  # StepTrace of the latest optimizer step
+        self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self.add_callback(_PublishCallback(self))
 
     def _check_distributed(self) -> None:
@@ -201,17 +205,17 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
         )
-        scorer = self._reward_scorer()
-
-        def score(rollout: Rollout):
+        def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
                 completion = self._decode(prompts[rollout.index], rollout.prompt_ids, rollout.completion_ids)
                 rollout = replace(rollout, completion=completion)
-            environments = getattr(engine, "environments", None)
-            context = RewardContext(self.state, self._log_completion_extra, self._log_metric,
-                                    environments[rollout.index] if environments else None)
-            return scorer.score(rollout, prompts[rollout.index], rows[rollout.index], context)
+            environments = getattr(engine, "environments", None)  # built by the engine for this batch
+            return ScoringInput(rollout, prompts[rollout.index], rows[rollout.index],
+                                environments[rollout.index] if environments else None)
 
+        rewards = RewardStage(self._reward_scorer(), self.args.reward_scope, batch_size=len(rows),
+                              num_generations=self.num_generations, prepare=prepare, probe=self._scope_probe,
+                              context=RewardContext(self.state, self._log_completion_extra, self._log_metric))
         scored = []
         progress = _RolloutProgress(len(rows), version, disable=self.args.disable_tqdm
                                     or not self.accelerator.is_local_main_process)
@@ -221,7 +225,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             progress.update(source)
 
         try:
-            totals, timing = run_logical_batch(engine, requests, version, score, learner, self.args.schedule,
+            totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source)
         finally:
             progress.close()
