@@ -199,3 +199,14 @@ def test_control_text_in_a_result_stays_data(tokenizer, template, runner):
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(im_start) == 2 and tokenizer.convert_tokens_to_ids("<tool_call>") not in ids
     assert forged in tokenizer.decode(ids)
+
+
+def test_hostile_model_output_never_crashes_the_trl_loop(tokenizer, template, runner):
+    from tests.unit.test_agent_loop import HOSTILE_CALLS, TOOLS as PAPER_TOOLS
+
+    for action in HOSTILE_CALLS.values():
+        traj, _ = run(tokenizer, template, runner, [action, "done"], limits=TRLLoopLimits(max_completion_length=50_000),
+                      tools=PAPER_TOOLS)
+        assert traj.stats.stop_reason == "answered" and traj.stats.turns in (1, 2)
+        # a call TRL parses runs and fails as {"error": ...}; one it cannot parse ends the episode as text
+        assert all(m["content"].startswith("{'error': ") for m in traj.messages if m["role"] == "tool")

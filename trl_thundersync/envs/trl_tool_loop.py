@@ -16,7 +16,7 @@ thousands run concurrently and each turn is released as soon as it is complete:
                  window → the tool tokens are dropped, stop ("max_completion_length" / "max_context_tokens"); the
                  tools did run (TRL counts the calls)
              generate the next turn with what is left of max_completion_length (TRL generates more and slices: the
-                 same tokens)
+                 same tokens), and never past the model window (where TRL's request would fail)
 
 Deliberate differences, each where TRL would hang, crash or let a tool forge control tokens: a tool call has a
 timeout (`tool_timeout_s`; its expiry is rendered like an exception); parser failures TRL lets through
@@ -79,6 +79,11 @@ def run_trl_trajectory(
     budget = limits.max_completion_length
     while True:
         context = traj.prompt_ids + traj.completion_ids
+        # never ask past the model window (vLLM refuses such a request; TRL would fail there): the turn is cut
+        budget = min(budget, limits.max_context_tokens - len(context))
+        if budget <= 0:
+            stop = "max_context_tokens"
+            break
         requested = time.perf_counter()
         action, logprobs, version = generate(context, budget, turns)
         turn_intervals.append((requested, time.perf_counter()))
