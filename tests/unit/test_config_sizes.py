@@ -68,3 +68,18 @@ def test_agent_protocol_is_trl_by_default_and_checked(tmp_path):
     assert isinstance(grpo(tmp_path, agent_protocol="paper").agent_limits(), AgentLimits)
     with pytest.raises(ConfigurationError, match="agent_protocol='one_call'"):
         grpo(tmp_path, agent_protocol="one_call")
+
+
+def test_gkd_keeps_the_paper_protocol_by_default_and_offers_trls(tmp_path):
+    from trl_thundersync.envs.agent_loop import AgentLimits
+    from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits
+
+    assert isinstance(gkd(tmp_path).agent_limits(), AgentLimits)
+    limits = gkd(tmp_path, agent_protocol="trl", max_new_tokens=64, max_tool_calling_iterations=2).agent_limits()
+    assert limits == TRLLoopLimits(max_completion_length=64, max_tool_calling_iterations=2)
+    with pytest.raises(ConfigurationError, match="agent_max_turns=3 is a budget of agent_protocol='paper'"):
+        gkd(tmp_path, agent_protocol="trl", agent_max_turns=3)
+    with pytest.raises(ConfigurationError, match="max_tool_calling_iterations=2 applies to agent_protocol='trl'"):
+        gkd(tmp_path, max_tool_calling_iterations=2)
+    with pytest.raises(ConfigurationError, match="agent_protocol='both'"):
+        gkd(tmp_path, agent_protocol="both")
