@@ -4,7 +4,8 @@ The warm-started tiny agent (`testing/tiny_agent.py`) samples episodes with two 
 same prompts; stock TRL generates with its own tool loop (`GRPOTrainer._generate`, transformers generation), and
 ThunderSync with its agent engine. Sampling streams differ (TRL samples a padded batch, ThunderSync per trajectory),
 so episodes are compared as distributions: turns, tool calls, model tokens and all completion tokens per episode,
-with the mean of each and a two-sample Kolmogorov–Smirnov test (asymptotic p-value).
+with the mean of each and a two-sample Kolmogorov–Smirnov test (asymptotic p-value). With `--top_k 1` sampling is
+greedy and the script also reports the share of episodes that are token-identical to stock TRL's.
 
     PYTHONPATH=. python scripts/episode_distribution.py --prompts 16 --generations 8 --out outputs/episodes.json
 """
@@ -43,17 +44,19 @@ class CannedShellEnv:
         return 0.0
 
 
-def episode_stats(messages: list[dict], mask: list[int]) -> dict[str, int]:
-    """The same measures for both trainers, from the reward-function messages and the tool mask."""
+def episode_stats(messages: list[dict], mask: list[int], ids: list[int]) -> dict:
+    """The same measures for both trainers, from the reward-function messages, the tool mask and the ids."""
     runs = sum(1 for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0))
     return {"turns": runs, "tool_calls": sum(1 for m in messages if m.get("role") == "tool"),
-            "model_tokens": sum(mask), "completion_tokens": len(mask)}
+            "model_tokens": sum(mask), "completion_tokens": len(mask), "ids": list(ids), "mask": list(mask)}
 
 
 def ks_test(a: list[float], b: list[float]) -> tuple[float, float]:
     """Two-sample Kolmogorov–Smirnov statistic and its asymptotic p-value."""
     values = sorted(set(a) | set(b))
     d = max(abs(sum(x <= v for x in a) / len(a) - sum(x <= v for x in b) / len(b)) for v in values)
+    if d == 0:
+        return 0.0, 1.0
     n = len(a) * len(b) / (len(a) + len(b))
     lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
     p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
@@ -71,7 +74,7 @@ def common(args, out: Path) -> dict:
     return dict(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=8,
                 num_generations=args.generations, max_completion_length=args.max_completion_length,
                 max_tool_calling_iterations=args.max_tool_calling_iterations, seed=args.seed,
-                gradient_checkpointing=False, temperature=1.0)
+                gradient_checkpointing=False, temperature=1.0, top_k=args.top_k)
 
 
 def zero(completions, **kwargs):
@@ -97,8 +100,8 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
         trainer._batch_environments = [None] * len(inputs)
         trainer._sync_tool_dicts = [{"run_shell": e.run_shell, "submit": e.submit} for e in envs]
         trainer._async_tool_dicts = [{} for _ in envs]
-        _, _, tool_mask, completions, *_ = trainer._generate([x["prompt"] for x in inputs])
-        stats += [episode_stats(c, list(m)) for c, m in zip(completions, tool_mask)]
+        _, completion_ids, tool_mask, completions, *_ = trainer._generate([x["prompt"] for x in inputs])
+        stats += [episode_stats(c, list(m), list(i)) for c, m, i in zip(completions, tool_mask, completion_ids)]
     return stats
 
 
@@ -123,7 +126,7 @@ def thundersync(args, model_path: str, tokenizer, batch: list[dict], out: Path, 
         requests = [r.__class__(**{**r.__dict__, "seed": r.seed + start}) for r in requests]
         engine.start_batch(requests, trainer.policy_version)
         rollouts = sorted(engine.results(), key=lambda r: r.index)
-        stats += [episode_stats(r.completion, list(r.env_mask)) for r in rollouts]
+        stats += [episode_stats(r.completion, list(r.env_mask), list(r.completion_ids)) for r in rollouts]
     engine.close()
     return stats
 
@@ -135,6 +138,9 @@ def summarize(name: str, stats: list[dict], reference: list[dict] | None) -> dic
         out[f"{key}_mean"] = sum(values) / len(values)
         if reference is not None:
             out[f"{key}_ks"], out[f"{key}_p"] = ks_test(values, [s[key] for s in reference])
+    if reference is not None:  # with --top_k 1 (greedy) the episodes themselves can be compared
+        out["identical_episodes"] = sum(a["ids"] == b["ids"] and a["mask"] == b["mask"]
+                                        for a, b in zip(stats, reference)) / len(stats)
     return out
 
 
@@ -146,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_completion_length", type=int, default=256)
     parser.add_argument("--max_tool_calling_iterations", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top_k", type=int, default=0, help="1: greedy, episodes comparable one by one")
     parser.add_argument("--model", default=None, help="tiny agent folder (built and cached if missing)")
     parser.add_argument("--out", default="outputs/episode_distribution.json")
     args = parser.parse_args(argv)
@@ -168,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in table:
         cells = [f"{row[k + '_mean']:8.2f}" + (f" ({row[k + '_p']:.3f})" if k + "_p" in row else "")
                  for k in keys]
-        print(f"{row['trainer']:38s} " + " ".join(f"{c:>26s}" for c in cells))
+        same = f"  identical episodes {row['identical_episodes']:.1%}" if "identical_episodes" in row else ""
+        print(f"{row['trainer']:38s} " + " ".join(f"{c:>26s}" for c in cells) + same)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "table": table}, indent=2))
 
