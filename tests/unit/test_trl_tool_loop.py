@@ -1,4 +1,4 @@
-"""agent_protocol="trl": TRL 1.16's episode (every call of a turn runs, no parsed call ends it) with a scripted model."""
+"""agent_protocol="trl": TRL 1.16's episode (every call of a turn runs, no parsed call ends it), scripted model."""
 
 from __future__ import annotations
 

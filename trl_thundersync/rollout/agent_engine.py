@@ -58,7 +58,8 @@ class EnvironmentSpec:
 
 
 class AgentRolloutEngine:
-    def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn, limits: AgentLimits | TRLLoopLimits,
+    def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn,
+                 limits: AgentLimits | TRLLoopLimits,
                  environments: EnvironmentSpec, tool_runner: ToolRunner | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None, on_turn: Callable[[TurnEvent], None] | None = None,
                  max_concurrent: int = 64) -> None:
