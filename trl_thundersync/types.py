@@ -53,6 +53,7 @@ class AgentStats:
     stop_reason: str  # "answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
     # "turn_token_limit" (paper protocol); "answered", "max_tool_calling_iterations", "max_completion_length",
     # "max_context_tokens" (TRL protocol)
+    protocol: str = "paper"  # the agent_protocol that produced it ("paper" counts parse errors as tool failures)
 
     @property
     def tool_seconds(self) -> tuple[float, ...]:

@@ -210,3 +210,14 @@ def test_hostile_model_output_never_crashes_the_trl_loop(tokenizer, template, ru
         assert traj.stats.stop_reason == "answered" and traj.stats.turns in (1, 2)
         # a call TRL parses runs and fails as {"error": ...}; one it cannot parse ends the episode as text
         assert all(m["content"].startswith("{'error': ") for m in traj.messages if m["role"] == "tool")
+
+
+def test_failure_frequency_has_trls_meaning(tokenizer, template, runner):
+    from trl_thundersync.envs.metrics import agent_metrics
+
+    two = tool_call_text("explode", {"reason": "x"}) + "\n" + tool_call_text("add", {"a": 1, "b": 1})
+    failing = run(tokenizer, template, runner, [two, "done"])[0]
+    unparsable = run(tokenizer, template, runner, ['<tool_call>\n{"name": \n</tool_call>'])[0]
+    assert failing.stats.tool_failures == 1 and unparsable.stats.parse_errors == 1
+    # TRL: failed calls / executed calls (an unparsable turn runs nothing and fails nothing)
+    assert agent_metrics([failing.stats, unparsable.stats])["tools/failure_frequency"] == 0.5

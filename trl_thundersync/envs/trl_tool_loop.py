@@ -130,7 +130,7 @@ def run_trl_trajectory(
             stop = "max_completion_length"
             break
     traj.stats = AgentStats(turns, calls, failures, parse_errors, 0, tuple(tool_intervals), tuple(turn_intervals),
-                            time.perf_counter() - started, stop)
+                            time.perf_counter() - started, stop, protocol="trl")
     return traj
 
 
