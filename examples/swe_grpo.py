@@ -43,7 +43,7 @@ def main() -> None:
     set_script_defaults(
         parser, model_name_or_path="tiny-agent",
         output_dir="outputs/swe_grpo", per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=256, agent_max_turns=6, agent_max_tokens_per_turn=96, max_steps=3, learning_rate=1e-5,
+        max_completion_length=256, max_tool_calling_iterations=5, max_steps=3, learning_rate=1e-5,
         logging_steps=1, report_to="none", save_strategy="no",
     )
     script_args, training_args, model_args = parser.parse_args_and_config()

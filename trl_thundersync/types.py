@@ -45,13 +45,15 @@ class AgentStats:
     turns: int  # generation turns taken
     tool_calls: int  # tool calls executed
     tool_failures: int  # calls that raised, timed out, named an unknown tool, or failed to parse
-    parse_errors: int  # turns whose tool call could not be parsed
+    parse_errors: int  # turns whose tool call could not be parsed (TRL protocol: such a turn ends the episode)
     observation_truncations: int  # observations cut to head + tail
     tool_intervals: tuple[tuple[float, float], ...]  # (start, end) perf_counter of every executed tool call
     turn_intervals: tuple[tuple[float, float], ...]  # (request sent, action complete) of every generation turn
     wall_seconds: float  # reset to last token
     stop_reason: str  # "answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
-    # "turn_token_limit"
+    # "turn_token_limit" (paper protocol); "answered", "max_tool_calling_iterations", "max_completion_length",
+    # "max_context_tokens" (TRL protocol)
+    protocol: str = "paper"  # the agent_protocol that produced it ("paper" counts parse errors as tool failures)
 
     @property
     def tool_seconds(self) -> tuple[float, ...]:

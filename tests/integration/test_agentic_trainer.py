@@ -55,8 +55,10 @@ def dataset(n=8):
 
 
 def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
+    # the paper protocol: the script's malformed call is answered with a parser-error observation and the
+    # trajectory goes on (asserted below); agent_protocol="trl" ends it (tests/integration/test_trl_episode_parity)
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=256, agent_max_turns=4,
-                      optim="sgd", **overrides)
+                      optim="sgd", agent_protocol="paper", **overrides)
     capture = CaptureGrads()
     trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[], args=args, train_dataset=dataset(),
                                      processing_class=tokenizer, environment_factory=CounterEnv, callbacks=[capture])
@@ -135,7 +137,8 @@ def test_plain_tools_and_the_real_embedded_engine(tmp_path, tokenizer, tiny_mode
     def reward_len(completion_ids, **kwargs):
         return [float(len(c)) for c in completion_ids]
 
-    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=16, agent_max_turns=2)
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=16,
+                      max_tool_calling_iterations=1)
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                      train_dataset=dataset(), processing_class=tokenizer, tools=[lookup])
     trainer.train()

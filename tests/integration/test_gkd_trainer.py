@@ -310,3 +310,30 @@ def test_lora_student_streams_the_same_direction(tmp_path, tokenizer, tiny_model
     assert directions[0].numel() < sum(p.numel() for p in load_model(tiny_model_path).parameters()) // 5
     assert directions[0].norm() > 0
     assert relative_error(directions[1], directions[0]) <= 1e-5
+
+
+def test_opd_under_trls_episode_streams_per_turn(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    """agent_protocol="trl" for distillation: both calls of a turn run, the turn without a call ends the episode,
+    and every model turn is scored and streamed (sync and thundersync agree)."""
+    def two_calls(index: int, turn: int, context: str) -> str:
+        if turn == 0:
+            return tool_call_text("increment", {"amount": 1}) + "\n" + tool_call_text("read", {})
+        return "Done."
+
+    directions, logs = [], []
+    for name, overrides in [("ts", {}), ("sync", {"schedule": "sync"})]:
+        args = config(tmp_path / name, objective="opd", agent_protocol="trl", max_tool_calling_iterations=3,
+                      max_new_tokens=200, **overrides)
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=args, train_dataset=prompts(), processing_class=tokenizer,
+                                        environment_factory=CounterEnv, callbacks=[capture])
+        generator = ScriptedTurnGenerator(tokenizer, two_calls)
+        trainer._engine = agent_engine(generator, args, tokenizer=trainer.processing_class, tools=None,
+                                       environment_factory=CounterEnv, on_turn=trainer._router)
+        trainer.train()
+        directions.append(capture.directions[0])
+        logs.append(trainer.state.log_history[0])
+    assert relative_error(directions[1], directions[0]) <= 1e-5
+    assert logs[0]["thundersync/turns"] == 2 * 4 and logs[0]["agent/turns_mean"] == 2
+    assert logs[0]["tools/call_frequency"] == 2  # both calls of the first turn ran

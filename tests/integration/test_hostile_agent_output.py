@@ -43,8 +43,9 @@ def script(index: int, turn: int, context: str) -> str:
 
 def test_hostile_calls_and_forged_observations_train(tmp_path, tokenizer, tiny_model_path):
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Task {i}."}] for i in range(4)]})
+    # the paper protocol: a hostile call is answered with the parser-error observation (asserted below)
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, max_completion_length=1500, agent_max_turns=3,
-                      optim="sgd")
+                      agent_protocol="paper", optim="sgd")
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=dataset, processing_class=tokenizer, environment_factory=EchoEnv)
     trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
@@ -68,3 +69,33 @@ def test_hostile_calls_and_forged_observations_train(tmp_path, tokenizer, tiny_m
         # system, user, assistant header in the prompt; tool turn and assistant header after the call
         assert rollout.prompt_ids.count(start) == 3
         assert (rollout.prompt_ids + rollout.completion_ids).count(start) == 5
+
+
+def test_hostile_calls_and_forged_observations_train_under_the_trl_protocol(tmp_path, tokenizer, tiny_model_path):
+    """agent_protocol="trl" (the default): a hostile call ends as TRL's {"error": ...} result, never a crash; a forged
+    observation is data here (TRL would tokenize its markers as control tokens)."""
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Task {i}."}] for i in range(4)]})
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, max_completion_length=1500,
+                      max_tool_calling_iterations=2, optim="sgd")
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
+                                     train_dataset=dataset, processing_class=tokenizer, environment_factory=EchoEnv)
+    trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    captured = []
+    original = trainer._barrier
+
+    def spy(totals, timing, normalization, buckets, scored, prompts):
+        captured.extend(s.rollout for s in scored)
+        return original(totals, timing, normalization, buckets, scored, prompts)
+
+    trainer._barrier = spy
+    trainer.train()
+    assert trainer.state.global_step == 1 and len(captured) == 4
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for rollout in captured:
+        assert rollout.agent.stop_reason == "answered"
+        if rollout.index % 2 == 0:  # arguments a string of 1000 '[': TRL's `tool(**arguments)` raises TypeError
+            assert rollout.agent.tool_calls == 1 and rollout.agent.tool_failures == 1
+            assert rollout.completion[1]["content"].startswith("{'error': ")
+        else:  # the forged result: one tool turn and one assistant header of the template's own, no more
+            assert rollout.agent.tool_calls == 1 and rollout.agent.turns == 2
+            assert (rollout.prompt_ids + rollout.completion_ids).count(start) == 5

@@ -148,7 +148,7 @@ def test_agent_loop_over_the_server_engine_matches_the_local_engine(tmp_path, to
     params = {}
     for engine in ("local_process", "embedded_server"):
         args = cpu_config(ThunderSyncGRPOConfig, tmp_path / engine, max_steps=2, max_completion_length=16,
-                          agent_max_turns=2, optim="sgd", rollout_engine=engine)
+                          max_tool_calling_iterations=1, optim="sgd", rollout_engine=engine)
         trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                          train_dataset=data, processing_class=tokenizer, tools=[lookup])
         trainer.train()
@@ -205,8 +205,10 @@ def test_agent_context_is_capped_by_the_servers_context_window(tmp_path, tokeniz
     window = len(prompt) + 24  # room for a turn or two, not for max_completion_length
     model = load_model(tiny_model_path)
     model.config.max_position_embeddings = window  # the embedded server reports and enforces it, like vLLM
+    # the paper protocol's per-turn budget shrinks to the window (asserted below); the TRL protocol's is the test after
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, max_completion_length=64, num_generations=4,
-                      per_device_train_batch_size=4, agent_max_turns=4, rollout_engine="embedded_server")
+                      per_device_train_batch_size=4, agent_max_turns=4, rollout_engine="embedded_server",
+                      agent_protocol="paper")
     def reward_len(completion_ids, **kwargs):
         return [float(len(c)) for c in completion_ids]
 
@@ -220,3 +222,37 @@ def test_agent_context_is_capped_by_the_servers_context_window(tmp_path, tokeniz
     engine = trainer._rollout_engine()
     assert engine.generator.max_model_len == window
     assert engine.limits.max_context_tokens == window
+
+
+def test_trl_protocol_turns_stop_at_the_servers_context_window(tmp_path, tokenizer, tiny_model_path):
+    """agent_protocol="trl": a turn never asks past the window (TRL's request would fail there); the episode is
+    cut at the window instead of refused by the server."""
+    from datasets import Dataset
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return "value " * 40
+
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Find key {i}."}] for i in range(4)]})
+    prompt = tokenizer.apply_chat_template(data[0]["prompt"], tools=[lookup], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    window = len(prompt) + 24
+    model = load_model(tiny_model_path)
+    model.config.max_position_embeddings = window
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, max_completion_length=64, num_generations=4,
+                      per_device_train_batch_size=4, rollout_engine="embedded_server")
+
+    def reward_len(completion_ids, **kwargs):
+        return [float(len(c)) for c in completion_ids]
+
+    trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[reward_len], args=args, train_dataset=data,
+                                     processing_class=tokenizer, tools=[lookup])
+    trainer.train()
+    assert trainer.policy_version == 1
+    log = next(h for h in trainer.state.log_history if "agent/turns_mean" in h)
+    assert log["completions/max_length"] <= window - len(prompt), log
+    assert trainer._rollout_engine().limits.max_context_tokens == window

@@ -92,7 +92,10 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
     from ..trainers.grpo_config import ThunderSyncGRPOConfig
     from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
-    extra = dict(schedule=schedule, agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
+    # agent_protocol="paper": the published BENCHMARKS.md figures were measured with it (its stock-TRL side below
+    # runs the same paper loop through rollout_func)
+    extra = dict(schedule=schedule, agent_protocol="paper", agent_max_turns=w.turns + 1, learner_num_threads=1,
+                 rollout_num_threads=1,
                  rollout_max_in_flight=w.concurrency)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,

@@ -58,7 +58,7 @@ class AgentTrajectory:
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # assistant and tool messages, for reward functions
     policy_version: int | None = None
-    truncated: bool = False
+    truncated: bool | None = False  # None: TRL's rule (last token neither EOS nor pad), applied by the learner
     stats: AgentStats | None = None
 
 
@@ -82,8 +82,36 @@ class ToolRunner:
             future.cancel()
             raise TimeoutError(f"tool call did not finish within {timeout:g} s") from None
 
+    def call(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run a zero-argument callable on the pool under a timeout (the TRL protocol binds the arguments itself)."""
+        future = self.pool.submit(fn)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"tool call did not finish within {timeout:g} s") from None
+
+    def gather(self, coroutines: Sequence[Any], timeout: float) -> list[Any]:
+        """Await coroutines together on the loop, each under a timeout; exceptions are returned, not raised."""
+        if self.loop is None:
+            for coro in coroutines:
+                coro.close()
+            return [RuntimeError("async tools need an event loop (ToolRunner(loop=...))") for _ in coroutines]
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(_with_timeout(c, timeout) for c in coroutines), return_exceptions=True)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _with_timeout(coro, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"tool call did not finish within {timeout:g} s") from None
 
 
 def run_agent_trajectory(

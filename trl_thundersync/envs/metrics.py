@@ -27,7 +27,9 @@ def agent_metrics(stats: Sequence[AgentStats]) -> dict[str, float]:
     walls = [s.wall_seconds for s in stats]
     out = {
         "tools/call_frequency": calls / n,  # same meaning as TRL's: calls per completion
-        "tools/failure_frequency": sum(s.tool_failures for s in stats) / max(calls + sum(s.parse_errors for s in stats), 1),
+        # TRL's meaning under agent_protocol="trl" (failed calls / calls); the paper's also counts unparsable calls
+        "tools/failure_frequency": sum(s.tool_failures for s in stats) / max(calls + sum(
+            s.parse_errors for s in stats if s.protocol == "paper"), 1),
         "agent/turns_mean": sum(s.turns for s in stats) / n,
         "agent/turns_max": float(max(s.turns for s in stats)),
         "agent/parse_errors": float(sum(s.parse_errors for s in stats)),

@@ -8,7 +8,9 @@ own thread and tools run on a separate pool. Finished trajectories are handed ou
 
 Environments follow TRL's `environment_factory` contract: `reset(**row) -> str | None` (appended to the last user
 message, tokenized as data: its text never becomes a control token), public methods are tools, optional
-`get_reward()`, and optionally a `done` attribute that a finishing tool sets. Instances are pooled per environment name and reset for every trajectory.
+`get_reward()`, and optionally a `done` attribute that a finishing tool sets (read by the paper protocol only; TRL has
+no such notion). Instances are pooled per environment name and reset for every trajectory. The episode is TRL's
+(`TRLLoopLimits`, envs/trl_tool_loop) or the paper's (`AgentLimits`, envs/agent_loop), chosen by the limits passed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from ..envs.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
 from ..envs.observation_tokens import contains_control_text, encode_data, valid_text
 from ..envs.tool_calls import ToolResponseRenderer
+from ..envs.tool_messages import ToolMessagesRenderer
+from ..envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from ..errors import RolloutError
 from ..types import Rollout, RolloutRequest, TurnEvent
 
@@ -54,7 +58,8 @@ class EnvironmentSpec:
 
 
 class AgentRolloutEngine:
-    def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn, limits: AgentLimits,
+    def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn,
+                 limits: AgentLimits | TRLLoopLimits,
                  environments: EnvironmentSpec, tool_runner: ToolRunner | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict | None = None, on_turn: Callable[[TurnEvent], None] | None = None,
                  max_concurrent: int = 64) -> None:
@@ -65,6 +70,7 @@ class AgentRolloutEngine:
         self.spec = environments
         self.tool_runner = tool_runner or ToolRunner()
         self.render_tool = ToolResponseRenderer(tokenizer, chat_template, chat_template_kwargs)
+        self.render_tools = ToolMessagesRenderer(tokenizer, chat_template, chat_template_kwargs)
         self.on_turn = on_turn
         self.pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="thundersync-agent")
         self.environments: list[Any] = []  # per trajectory index of the open (or last) batch
@@ -132,11 +138,18 @@ class AgentRolloutEngine:
             result = self.generator.submit(sub, key=(request.index, turn), max_new_tokens=max_new_tokens).result()
             return result.completion_ids, result.sampling_logprobs or (), result.policy_version
 
-        traj = run_agent_trajectory(
-            index=request.index, prompt_ids=prompt_ids, tools={t.__name__: t for t in tools}, generate=generate,
-            tokenizer=self.tokenizer, render_tool=self.render_tool, run_tool=self.tool_runner, limits=self.limits,
-            environment=environment, on_turn=self.on_turn,
-        )
+        if isinstance(self.limits, TRLLoopLimits):  # agent_protocol="trl": TRL's episode
+            traj = run_trl_trajectory(
+                index=request.index, prompt_ids=prompt_ids, tools={t.__name__: t for t in tools}, generate=generate,
+                tokenizer=self.tokenizer, render_tools=self.render_tools, run_tool=self.tool_runner,
+                limits=self.limits, on_turn=self.on_turn,
+            )
+        else:  # agent_protocol="paper"
+            traj = run_agent_trajectory(
+                index=request.index, prompt_ids=prompt_ids, tools={t.__name__: t for t in tools}, generate=generate,
+                tokenizer=self.tokenizer, render_tool=self.render_tool, run_tool=self.tool_runner,
+                limits=self.limits, environment=environment, on_turn=self.on_turn,
+            )
         version = traj.policy_version if traj.policy_version is not None else self.generator.policy_version
         return Rollout(
             index=request.index, group=request.group, policy_version=version,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl.experimental.gkd import GKDConfig
 
@@ -15,6 +15,9 @@ OBJECTIVES = ("gjsd", "opd")
 TURN_BACKWARDS = ("auto", "boundary_cut", "naive")
 SCHEDULES = ("thundersync", "sync")
 ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "embedded_server", "vllm_server")
+AGENT_PROTOCOLS = ("paper", "trl")
+PAPER_AGENT_FIELDS = ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens",
+                      "agent_max_context_tokens", "agent_max_observation_tokens")
 
 
 @dataclass
@@ -65,6 +68,21 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     teacher_server_timeout: float = field(
         default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
     )
+    agent_protocol: str = field(
+        default="paper",
+        metadata={"help": "What an episode is with tools / environment_factory. 'paper' (default here): the paper's "
+                  "turn-level OPD protocol (one tool call per turn, an unparsable call answered with a parser-error "
+                  "observation, the agent_max_* budgets). 'trl': TRL 1.16's tool loop as in GRPO and "
+                  "trl.DistillationTrainer (every call of a turn runs, the episode ends at a turn without a parsed "
+                  "call or after max_tool_calling_iterations rounds, max_new_tokens bounds the whole multi-turn "
+                  "completion including tool tokens). TRL's GKDTrainer has no tool loop, so neither is a drop-in "
+                  "default; 'paper' keeps the published OPD workloads reproducible."},
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata={"help": "agent_protocol='trl': rounds of tool execution per episode (TRL's field; None: no cap, 0: "
+                  "no tool runs)."},
+    )
     agent_max_turns: int = field(default=8, metadata={"help": "Agent loop (tools/environments): turns per trajectory."})
     agent_max_tokens_per_turn: int | None = field(
         default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_new_tokens."}
@@ -109,7 +127,24 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
                 f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 and agent_tool_timeout="
                 f"{self.agent_tool_timeout} must be > 0"
             )
+        self._check_agent_protocol()
         self._refuse_unstreamable()
+
+    def _check_agent_protocol(self) -> None:
+        if self.agent_protocol not in AGENT_PROTOCOLS:
+            raise ConfigurationError(f"agent_protocol={self.agent_protocol!r} is not one of {AGENT_PROTOCOLS}")
+        require_counts(self, ("max_tool_calling_iterations",), minimum=0, optional=True)
+        if self.agent_protocol == "trl":
+            defaults = {f.name: f.default for f in fields(self)}
+            for name in PAPER_AGENT_FIELDS:
+                if getattr(self, name) != defaults[name]:
+                    raise ConfigurationError(
+                        f"{name}={getattr(self, name)!r} is a budget of agent_protocol='paper'; with "
+                        "agent_protocol='trl' an episode is bounded by max_tool_calling_iterations and max_new_tokens "
+                        "(the whole multi-turn completion). Set agent_protocol='paper' to use it")
+        elif self.max_tool_calling_iterations is not None:
+            raise ConfigurationError(f"max_tool_calling_iterations={self.max_tool_calling_iterations} applies to "
+                                     "agent_protocol='trl'; with 'paper' use agent_max_turns")
 
     def _refuse_unstreamable(self) -> None:
         def refuse(name: str, value, why: str) -> None:
@@ -149,8 +184,14 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             refuse("use_liger_kernel", self.use_liger_kernel, "the Liger loss bypasses the streamed learner")
 
     def agent_limits(self):
-        """The agent loop's budgets, defaulting to the GKD generation fields."""
+        """The agent loop's budgets, defaulting to the GKD generation fields (TRL's loop: max_new_tokens in all)."""
         from ..envs.agent_loop import AgentLimits
+        from ..envs.trl_tool_loop import TRLLoopLimits
+
+        if self.agent_protocol == "trl":
+            return TRLLoopLimits(max_completion_length=self.max_new_tokens,
+                                 max_tool_calling_iterations=self.max_tool_calling_iterations,
+                                 tool_timeout_s=self.agent_tool_timeout)
 
         per_turn = self.agent_max_tokens_per_turn or self.max_new_tokens
         return AgentLimits(

@@ -14,6 +14,9 @@ from .rollout_config import RolloutFields
 
 SCHEDULES = ("thundersync", "sync")
 ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server")
+AGENT_PROTOCOLS = ("trl", "paper")
+PAPER_AGENT_FIELDS = ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens",
+                      "agent_max_context_tokens", "agent_max_observation_tokens")
 
 
 @dataclass
@@ -32,26 +35,45 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "memory to 4·(2k+1)·P bytes. None = every group of the batch may be open."
         },
     )
+    agent_protocol: str = field(
+        default="trl",
+        metadata={
+            "help": "What an episode is with tools / environment_factory. 'trl': TRL 1.16's tool loop (every tool call "
+            "of a turn runs, results are `tool` messages, errors {'error': str(e)}, the episode ends at a turn "
+            "without a parsed call or after max_tool_calling_iterations rounds, max_completion_length bounds the "
+            "whole multi-turn completion including tool tokens). 'paper': the ThunderSync paper's protocol (one call "
+            "per turn, an unparsable call is answered with a parser-error observation that consumes the turn, the "
+            "agent_max_* budgets, a `done` environment ends the episode)."
+        },
+    )
     agent_max_turns: int | None = field(
         default=None,
-        metadata={"help": "Agent loop: generation turns per trajectory. None: max_tool_calling_iterations + 1, or 8."},
+        metadata={"help": "agent_protocol='paper': generation turns per trajectory. None: max_tool_calling_iterations "
+                  "+ 1, or 8."},
     )
     agent_max_tokens_per_turn: int | None = field(
-        default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_completion_length."}
+        default=None,
+        metadata={"help": "agent_protocol='paper': generated tokens per turn. None: max_completion_length."},
     )
     agent_max_completion_tokens: int | None = field(
         default=None,
-        metadata={"help": "Agent loop: model-generated tokens per trajectory, all turns. None: max_completion_length."},
+        metadata={"help": "agent_protocol='paper': model-generated tokens per trajectory, all turns. None: "
+                  "max_completion_length."},
     )
-    agent_max_context_tokens: int = field(
-        default=8192, metadata={"help": "Agent loop: prompt + everything appended (actions and observations)."}
+    agent_max_context_tokens: int | None = field(
+        default=None,
+        metadata={"help": "agent_protocol='paper': prompt + everything appended (actions and observations). None: "
+                  "8192. (With 'trl' the model's window applies, as in TRL.)"},
     )
-    agent_max_observation_tokens: int = field(
-        default=256,
-        metadata={"help": "Agent loop: tool-result tokens kept per observation (equal head and tail, marker between)."},
+    agent_max_observation_tokens: int | None = field(
+        default=None,
+        metadata={"help": "agent_protocol='paper': tool-result tokens kept per observation (equal head and tail, "
+                  "marker between). None: 256. (TRL keeps whole results and drops one that overflows the budget.)"},
     )
     agent_tool_timeout: float = field(
-        default=60.0, metadata={"help": "Agent loop: seconds a tool call may take before it becomes an error observation."}
+        default=60.0,
+        metadata={"help": "Agent loop (both protocols): seconds a tool call may take before it fails; the failure is the "
+                  "tool's result as the protocol renders errors (TRL itself has no timeout)."},
     )
     trace: bool = field(
         default=True,
@@ -104,16 +126,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
-        for name in ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigurationError(f"{name}={value} must be ≥ 1 (or None for the default)")
-        if self.agent_max_context_tokens < 1 or self.agent_max_observation_tokens < 2 or self.agent_tool_timeout <= 0:
-            raise ConfigurationError(
-                f"agent_max_context_tokens={self.agent_max_context_tokens}, agent_max_observation_tokens="
-                f"{self.agent_max_observation_tokens} and agent_tool_timeout={self.agent_tool_timeout} must be positive "
-                "(observations keep at least one head and one tail token)"
-            )
+        self._check_agent_fields()
         self.check_rollout_fields(ROLLOUT_ENGINES)
 
     def _check_lengths(self) -> None:
@@ -131,10 +144,33 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         # TRL's meaning: 0 = no tool call is executed (one turn), None = the default turn budget
         require_counts(self, ("max_tool_calling_iterations",), minimum=0, optional=True)
 
-    def agent_limits(self):
-        """The agent loop's budgets, with the TRL fields as defaults."""
-        from ..envs.agent_loop import AgentLimits
+    def _check_agent_fields(self) -> None:
+        if self.agent_protocol not in AGENT_PROTOCOLS:
+            raise ConfigurationError(f"agent_protocol={self.agent_protocol!r} is not one of {AGENT_PROTOCOLS}")
+        require_counts(self, PAPER_AGENT_FIELDS, optional=True)
+        if self.agent_max_observation_tokens is not None and self.agent_max_observation_tokens < 2:
+            raise ConfigurationError(f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 "
+                                     "(observations keep at least one head and one tail token)")
+        if self.agent_tool_timeout <= 0:
+            raise ConfigurationError(f"agent_tool_timeout={self.agent_tool_timeout} must be > 0")
+        if self.agent_protocol == "trl":
+            for name in PAPER_AGENT_FIELDS:
+                if getattr(self, name) is not None:
+                    raise ConfigurationError(
+                        f"{name}={getattr(self, name)!r} is a budget of agent_protocol='paper'; with "
+                        "agent_protocol='trl' (the default) TRL's fields bound an episode: max_tool_calling_iterations "
+                        "(tool rounds) and max_completion_length (the whole multi-turn completion). Set "
+                        "agent_protocol='paper' to use it, or leave it None")
 
+    def agent_limits(self):
+        """The agent loop's budgets: TRL's fields (agent_protocol='trl'), or the paper's with TRL's as defaults."""
+        from ..envs.agent_loop import AgentLimits
+        from ..envs.trl_tool_loop import TRLLoopLimits
+
+        if self.agent_protocol == "trl":
+            return TRLLoopLimits(max_completion_length=self.max_completion_length,
+                                 max_tool_calling_iterations=self.max_tool_calling_iterations,
+                                 tool_timeout_s=self.agent_tool_timeout)
         turns = self.agent_max_turns
         if turns is None:
             turns = self.max_tool_calling_iterations + 1 if self.max_tool_calling_iterations is not None else 8
@@ -142,8 +178,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             max_turns=turns,
             max_tokens_per_turn=self.agent_max_tokens_per_turn or self.max_completion_length,
             max_completion_tokens=self.agent_max_completion_tokens or self.max_completion_length,
-            max_context_tokens=self.agent_max_context_tokens,
-            max_observation_tokens=self.agent_max_observation_tokens,
+            max_context_tokens=self.agent_max_context_tokens or 8192,
+            max_observation_tokens=self.agent_max_observation_tokens or 256,
             tool_timeout_s=self.agent_tool_timeout,
         )
 
