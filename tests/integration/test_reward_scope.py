@@ -192,7 +192,7 @@ def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_siz
     for run_scope in (scope, "trajectory"):
         rank = EnvironmentRank()
         args = cpu_config(ThunderSyncGRPOConfig, tmp_path / run_scope, max_steps=2, max_completion_length=256,
-                          agent_max_turns=4, optim="sgd", reward_scope=run_scope)
+                          agent_protocol="paper", agent_max_turns=4, optim="sgd", reward_scope=run_scope)
         trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[rank], args=args,
                                          train_dataset=dataset(), processing_class=tokenizer,
                                          environment_factory=CounterEnv)
