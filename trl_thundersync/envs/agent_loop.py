@@ -61,6 +61,18 @@ class AgentTrajectory:
     truncated: bool | None = False  # None: TRL's rule (last token neither EOS nor pad), applied by the learner
     stats: AgentStats | None = None
 
+    def add_action(self, index: int, turn: int, action: Sequence[int], logprobs: Sequence[float],
+                   version: int) -> None:
+        """Append one sampled turn (model tokens, mask 1); every turn of a trajectory must share one policy version."""
+        if self.policy_version is None:
+            self.policy_version = version
+        elif version != self.policy_version:  # caught again by the learner; never mix versions in one trajectory
+            raise RuntimeError(f"trajectory {index}: turn {turn} sampled at version {version}, earlier turns at "
+                               f"{self.policy_version}")
+        self.completion_ids += action
+        self.env_mask += [1] * len(action)
+        self.logprobs += logprobs
+
 
 class ToolRunner:
     """Runs sync tools on a thread pool and async tools on an event loop, each under a timeout."""
@@ -149,14 +161,7 @@ def run_agent_trajectory(
         turn_intervals.append((requested, time.perf_counter()))
         turns += 1
         generated += len(action)
-        if traj.policy_version is None:
-            traj.policy_version = version
-        elif version != traj.policy_version:  # caught again by the learner; never mix versions in one trajectory
-            raise RuntimeError(f"trajectory {index}: turn {turn} sampled at version {version}, earlier turns at "
-                               f"{traj.policy_version}")
-        traj.completion_ids += action
-        traj.env_mask += [1] * len(action)
-        traj.logprobs += logprobs
+        traj.add_action(index, turn, action, logprobs, version)
         if on_turn is not None:
             on_turn(TurnEvent(index, turn, version, tuple(context), tuple(action), time.perf_counter()))
         if not action or action[-1] != eos:

@@ -88,14 +88,7 @@ def run_trl_trajectory(
         action, logprobs, version = generate(context, budget, turns)
         turn_intervals.append((requested, time.perf_counter()))
         action = tuple(action)[:budget]
-        if traj.policy_version is None:
-            traj.policy_version = version
-        elif version != traj.policy_version:  # caught again by the learner; never mix versions in one trajectory
-            raise RuntimeError(f"trajectory {index}: turn {turns} sampled at version {version}, earlier turns at "
-                               f"{traj.policy_version}")
-        traj.completion_ids += action
-        traj.env_mask += [1] * len(action)
-        traj.logprobs += tuple(logprobs)[:len(action)]
+        traj.add_action(index, turns, action, tuple(logprobs)[:len(action)], version)
         if on_turn is not None:
             on_turn(TurnEvent(index, turns, version, tuple(context), action, time.perf_counter()))
         turns += 1
