@@ -106,7 +106,11 @@ def encode_data(tokenizer, text: str) -> list[int]:
 
 
 def _encode_piece(tokenizer, piece: str) -> list[int]:
-    return list(tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
+    # No piece holds a whole marker, so the plain encoding is safe; the caller checks the ids anyway. Never pass
+    # `split_special_tokens=True` here: a fast tokenizer implements it by flipping a flag on its shared backend
+    # (`_tokenizer.encode_special_tokens`), which races with the template encodings other trajectories' threads run
+    # at the same time (their real turn markers came out spelled as text).
+    return list(tokenizer.encode(piece, add_special_tokens=False))
 
 
 def valid_text(text: str) -> str:
