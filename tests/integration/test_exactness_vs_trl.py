@@ -30,21 +30,30 @@ rel = relative_error
 CASES = PARITY_CASES
 
 
+# Release points × reward scopes: the paper's reward release with per-trajectory calls, and content release (every
+# H_i computed before any reward, bound when TRL's own batch call returns).
+RELEASES = {"reward": dict(), "content_batch_scope": dict(release="content", reward_scope="batch")}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_batch_direction_matches_trl(case, tmp_path, tokenizer, tiny_model_path):
+def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path):
     overrides = dict(CASES[case], max_steps=1, max_grad_norm=0.0)
     rewards = (reward_len, reward_parity) if "reward_weights" in overrides else (reward_len,)
     ref, _, _ = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards, **overrides)
-    got, _, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
-                    rewards=rewards, **overrides)
+    got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+                          rewards=rewards, **overrides, **RELEASES[release])
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert ("content" in kinds and "bind" in kinds) if release != "reward" else "content" not in kinds
     assert len(ref) == len(got) == 1
     assert ref[0].norm() > 0
     assert rel(got[0], ref[0]) <= TOL, f"{case}: relative error {rel(got[0], ref[0]):.2e}"
 
 
+@pytest.mark.parametrize("release", sorted(RELEASES))
 @pytest.mark.parametrize("optim", ["adamw_torch", "sgd"])
 @pytest.mark.parametrize("case", ["dapo", "ga2_bnpo_beta", "multi_reward_weights_none"])
-def test_parameters_after_three_steps_match_trl(case, optim, tmp_path, tokenizer, tiny_model_path):
+def test_parameters_after_three_steps_match_trl(case, optim, release, tmp_path, tokenizer, tiny_model_path):
     # AdamW's first update is ~lr·g/|g|: rounding-level noise on near-zero gradient coordinates becomes lr-sized
     # parameter noise, so AdamW runs at a realistic RL learning rate; SGD (linear in g) runs at 1e-2 and is also
     # held to the stricter check on the update Δθ itself and on every step's direction.
@@ -53,7 +62,7 @@ def test_parameters_after_three_steps_match_trl(case, optim, tmp_path, tokenizer
     rewards = (reward_len, reward_parity) if "reward_weights" in overrides else (reward_len,)
     ref_dirs, ref, _ = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards, **overrides)
     got_dirs, got, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
-                           rewards=rewards, **overrides)
+                           rewards=rewards, **overrides, **RELEASES[release])
     assert len(ref_dirs) == len(got_dirs) == 3
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     assert (ref - initial).norm() > 0, "the reference run did not move the parameters"

@@ -41,16 +41,21 @@ def displacement_errors(tmp_path, tokenizer, model_path, reward, scopes, **overr
 
     floor = max(error(run_trainer(GRPOTrainer, GRPOConfig, tmp_path / order, tokenizer, model_path,
                                   rewards=(reward,), member_order=order, **kw)) for order in ("reverse", "rotate"))
-    got = {scope: error(run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / scope, tokenizer,
-                                    model_path, rewards=(reward,), reward_scope=scope, **kw)) for scope in scopes}
+    got = {}
+    for scope in scopes:  # "group" = reward release; "group/content" = the same scope released at content readiness
+        name, _, release = scope.partition("/")
+        got[scope] = error(run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / scope.replace("/", "-"),
+                                       tokenizer, model_path, rewards=(reward,), reward_scope=name,
+                                       release=release or "reward", **kw))
     return floor, got
 
 
 def test_group_relative_reward_under_group_scope_matches_trl(tmp_path, tokenizer, tiny_model_path):
     floor, got = displacement_errors(tmp_path, tokenizer, tiny_model_path, reward_group_rank,
-                                     ("group", "trajectory"), max_grad_norm=0.5)
+                                     ("group", "group/content", "trajectory"), max_grad_norm=0.5)
     assert 0 < floor < 1e-5
     assert got["group"] <= 2 * floor, f"group scope {got['group']:.2e} vs floor {floor:.2e}"
+    assert got["group/content"] <= 2 * floor, f"content release {got['group/content']:.2e} vs floor {floor:.2e}"
     assert got["trajectory"] > 0.5  # called one completion at a time, the rank is 0 for everyone: no signal
 
 
@@ -58,9 +63,11 @@ def test_batch_relative_reward_under_batch_scope_matches_trl(tmp_path, tokenizer
     # scale_rewards="batch" without clipping: the batch σ then scales the update, and it depends on the batch mean
     # that only the batch call sees (a group call shifts each group's rewards by a different constant).
     floor, got = displacement_errors(tmp_path, tokenizer, tiny_model_path, reward_batch_relative_length,
-                                     ("batch", "group", "trajectory"), scale_rewards="batch", max_grad_norm=0.0)
+                                     ("batch", "batch/content", "group", "trajectory"), scale_rewards="batch",
+                                     max_grad_norm=0.0)
     assert 0 < floor < 1e-5
     assert got["batch"] <= 2 * floor, f"batch scope {got['batch']:.2e} vs floor {floor:.2e}"
+    assert got["batch/content"] <= 2 * floor, f"content release {got['batch/content']:.2e} vs floor {floor:.2e}"
     assert got["group"] > 1e-2 and got["trajectory"] > 0.5
 
 

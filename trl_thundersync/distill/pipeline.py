@@ -22,30 +22,11 @@ from dataclasses import dataclass
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
-from ..streaming.pipeline import DONE, drain
+from ..streaming.pipeline import DONE, TurnRouter, drain
 from ..types import RolloutRequest, TurnEvent
 from .learner import DistillBatchLearner
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed
 from .teacher import TeacherScorer, check_teacher_scores
-
-
-class TurnRouter:
-    """The agent engine's `on_turn` callback: forwards turn events to the open batch's teacher queue."""
-
-    def __init__(self) -> None:
-        self._target: queue.Queue | None = None
-
-    def __call__(self, event: TurnEvent) -> None:
-        target = self._target
-        if target is None:
-            raise RolloutError(f"turn event of trajectory {event.index} arrived while no distillation batch is open")
-        target.put(event)
-
-    def open(self, target: queue.Queue) -> None:
-        self._target = target
-
-    def close(self) -> None:
-        self._target = None
 
 
 @dataclass(frozen=True)

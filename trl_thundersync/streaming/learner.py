@@ -1,12 +1,15 @@
-"""The learner side of one logical GRPO batch: admission, per-source backward, group folds, the barrier.
+"""The learner side of one logical GRPO batch: admission, per-source backward, reward binding, group folds, barrier.
 
-Framework-agnostic: it receives `ScoredRollout`s (in whatever order they finish), asks an injected
-`source_backward` for the source's gradients at the frozen θ_k, and keeps only group sufficient statistics and the
-batch accumulator. It never touches an optimizer; `finish()` hands the barrier the accumulated terms.
+Framework-agnostic: it receives, in whatever order they happen, `TurnEvent`s (`submit_turn`), finished trajectories
+(`submit_content`) and `ScoredRollout`s (`submit`); asks an injected `source_backward` / `content_backward` /
+`turn_source` for the gradients at the frozen θ_k, and keeps only group sufficient statistics, the batch accumulator
+and — for trajectories released before their reward (`release.py`) — one H_i buffer each until the reward binds. It
+never touches an optimizer; `finish()` hands the barrier the accumulated terms.
 
-Admission: at most `max_open_groups` groups hold statistics buffers at once. A source whose group is not open and
-cannot open waits in `pending` (its tokens only, no gradient memory) until a group closes. Members of open groups
-are always admitted, so admission can never deadlock.
+Admission: at most `max_open_groups` groups hold statistics buffers at once. A scored source whose group is not open
+and cannot open waits in `pending` (a content-released one keeps its H_i buffer) until a group closes. Members of
+open groups are always admitted, and every member's reward eventually arrives, so admission can never deadlock. At
+most `max_buffered` trajectories hold an H_i buffer or per-turn state; the others are released at their reward.
 """
 
 from __future__ import annotations
@@ -14,57 +17,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
 from ..errors import BatchIncompleteError, StalePolicyError, UnscorableGroupError
-from ..types import ScoredRollout
+from ..types import Rollout, ScoredRollout, TurnEvent
 from .accumulators import BatchAccumulator, GroupStatistics
+from .learner_records import BatchTotals, SourceGradients, WorkItem
+from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
 
-
-@dataclass(frozen=True)
-class SourceGradients:
-    """What one trajectory's backward produced at θ_k."""
-
-    score_grad: torch.Tensor | None  # H_i = ∇ Σ_t m_it u_i log π(o_it), FP32 (P,); None for unscorable rows
-    free_grad: torch.Tensor | None  # K_i: gradient of advantage-free terms (β·KL), FP32 (P,); None if none
-    scored_tokens: int  # Σ_t m_it: tokens that count in loss normalizers
-    free_value: float = 0.0  # value of the advantage-free loss term (Σ_t m_it u_i β KL_it), for logging
-    kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One unit of learner work, for the trace and the scheduling model (paper Eq. 1)."""
-
-    kind: str  # "trajectory" (source backward) or "group_fold"
-    index: int  # trajectory index in the batch, or -1 for a group fold
-    group: int
-    policy_version: int
-    ready: float  # τ: when its inputs were fixed (reward known / last member folded)
-    start: float  # service start (perf_counter)
-    end: float  # service end (perf_counter)
-    tokens: int  # scored tokens (0 for folds)
-
-
-@dataclass(frozen=True)
-class BatchTotals:
-    """Everything the barrier needs, fixed once every trajectory and group of the batch has closed."""
-
-    accumulator: BatchAccumulator
-    rewards: tuple[float, ...]  # per trajectory index, NaN for unscorable
-    group_means: tuple[float, ...]
-    group_stds: tuple[float, ...]
-    scored_tokens: tuple[int, ...]  # per trajectory index
-    free_values: tuple[float, ...]  # per trajectory index: SourceGradients.free_value
-    kl_sums: tuple[float, ...]  # per trajectory index: SourceGradients.kl_sum
-    work: tuple[WorkItem, ...]
-    peak_stats_bytes: int  # high-water mark of group statistics + batch buffers
+__all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
 
 
 class GRPOBatchLearner:
-    """Consumes the scored trajectories of one logical batch; see module docstring."""
+    """Consumes the trajectories of one logical batch (content, turns, rewards); see module docstring."""
 
     def __init__(
         self,
@@ -80,9 +47,19 @@ class GRPOBatchLearner:
         allow_unscorable_groups: bool = False,
         eps: float = 1e-4,
         device: torch.device | str = "cpu",
+        release: str = "reward",
+        content_backward: Callable[[Rollout, int], SourceGradients] | None = None,
+        turn_source: TurnSource | None = None,
+        max_buffered: int | None = None,
     ) -> None:
         if batch_size % num_generations:
             raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
+        if release not in RELEASE_POINTS:
+            raise ValueError(f"release={release!r} is not one of {RELEASE_POINTS}")
+        if release != "reward" and content_backward is None:
+            raise ValueError(f"release={release!r} needs a content_backward")
+        if release == "turn" and turn_source is None:
+            raise ValueError("release='turn' needs a turn_source")
         self.batch_size = batch_size
         self.num_generations = num_generations
         self.num_groups = batch_size // num_generations
@@ -94,11 +71,22 @@ class GRPOBatchLearner:
         self.allow_unscorable_groups = allow_unscorable_groups
         self.eps = eps
         self.num_params = num_params
+        self.release = release
+        self.content_backward = content_backward
+        self.turn_source = turn_source
+        self.max_buffered = max_buffered or batch_size
         self.accumulator = BatchAccumulator(num_params, device)
         self.open: dict[int, GroupStatistics] = {}
         self.closed: dict[int, GroupStatistics] = {}
         self.pending: list[ScoredRollout] = []
         self.seen: set[int] = set()
+        self.buffered: dict[int, Buffered] = {}  # content released, waiting for the reward
+        self.turning: set[int] = set()  # holding per-turn state (release="turn")
+        self.turns_refused: set[int] = set()  # found no slot at their first turn: no per-turn release
+        self.content_seen: set[int] = set()
+        self.reward_times: dict[int, float] = {}
+        self.turn_fallbacks = 0  # turn-released trajectories recomputed whole (history mismatch)
+        self.peak_held = 0  # most trajectories holding a buffer or per-turn state at once
         self.rewards = [math.nan] * batch_size
         self.tokens = [0] * batch_size
         self.free_values = [0.0] * batch_size
@@ -107,22 +95,79 @@ class GRPOBatchLearner:
         self.peak_bytes = 0
 
     # -- intake -------------------------------------------------------------------------------------------------
-    def submit(self, source: ScoredRollout) -> None:
-        """Admit one scored trajectory: check it, then run its backward now or park it until a group slot frees."""
-        rollout = source.rollout
-        if rollout.policy_version != self.policy_version:
+    def _check(self, index: int, group: int, version: int, what: str) -> None:
+        if version != self.policy_version:
             raise StalePolicyError(
-                f"trajectory {rollout.index} (group {rollout.group}) was sampled with policy version "
-                f"{rollout.policy_version}, but the learner is accumulating version {self.policy_version}; "
-                "zero staleness forbids mixing versions in one update"
+                f"{what} of trajectory {index} (group {group}) was sampled with policy version {version}, but the "
+                f"learner is accumulating version {self.policy_version}; zero staleness forbids mixing versions in "
+                "one update"
             )
-        if not 0 <= rollout.index < self.batch_size or rollout.index in self.seen:
-            raise BatchIncompleteError(f"trajectory index {rollout.index} is out of range or was delivered twice")
-        if rollout.group != rollout.index // self.num_generations:
+        if not 0 <= index < self.batch_size:
+            raise BatchIncompleteError(f"trajectory index {index} is out of range (batch of {self.batch_size})")
+        if group != index // self.num_generations:
             raise BatchIncompleteError(
-                f"trajectory {rollout.index} claims group {rollout.group}, expected {rollout.index // self.num_generations}"
-            )
+                f"trajectory {index} claims group {group}, expected {index // self.num_generations}")
+
+    def _holding(self) -> int:
+        return len(self.buffered) + len(self.turning)
+
+    def submit_turn(self, event: TurnEvent) -> None:
+        """Release="turn": one turn's action is complete; run its backward now if the trajectory holds a slot."""
+        self._check(event.index, event.index // self.num_generations, event.policy_version, f"turn {event.turn}")
+        if self.release != "turn" or event.index in self.turns_refused:
+            return
+        if event.index in self.content_seen:
+            raise BatchIncompleteError(f"trajectory {event.index} turn {event.turn} arrived after its last turn ended")
+        if event.index not in self.turning:
+            if self._holding() >= self.max_buffered:
+                self.turns_refused.add(event.index)
+                return
+            self.turning.add(event.index)
+        start = time.perf_counter()
+        self.turn_source.turn(event)
+        self.work.append(WorkItem("turn", event.index, event.index // self.num_generations, event.policy_version,
+                                  event.time, start, time.perf_counter(), len(event.action_ids), turn=event.turn))
+        self._track_memory()
+
+    def submit_content(self, rollout: Rollout) -> None:
+        """Release="content"/"turn": the trajectory's tokens are final; compute H_i now if it holds (or gets) a slot.
+
+        K_i (β·KL) does not depend on the reward and goes straight into the batch accumulator; H_i waits in a
+        buffer until `submit` brings the reward. Without a slot the trajectory is released at its reward."""
+        self._check(rollout.index, rollout.group, rollout.policy_version, "the finished trajectory")
+        if rollout.index in self.content_seen or rollout.index in self.seen:
+            raise BatchIncompleteError(f"trajectory {rollout.index} was reported finished twice (or after its reward)")
+        self.content_seen.add(rollout.index)
+        if self.release == "reward":
+            return
+        bucket = self.bucket_of(rollout.index)
+        start = time.perf_counter()
+        if rollout.index in self.turning:
+            self.turning.discard(rollout.index)
+            grads, kind = self.turn_source.finish(rollout, bucket), "close"
+            if grads is None:
+                self.turn_fallbacks += 1
+                grads, kind = self.content_backward(rollout, bucket), "content"
+        elif self._holding() < self.max_buffered:
+            grads, kind = self.content_backward(rollout, bucket), "content"
+        else:
+            return
+        if grads.free_grad is not None:
+            self.accumulator.add_free(grads.free_grad, bucket)
+        self._record(rollout.index, grads)
+        self.buffered[rollout.index] = Buffered(grads, rollout.finished_at)
+        self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, rollout.finished_at,
+                                  start, time.perf_counter(), grads.scored_tokens, content_ready=rollout.finished_at))
+        self._track_memory()
+
+    def submit(self, source: ScoredRollout) -> None:
+        """Admit one scored trajectory: check it, then run (or bind) its backward now, or park it for a group slot."""
+        rollout = source.rollout
+        self._check(rollout.index, rollout.group, rollout.policy_version, "the scored trajectory")
+        if rollout.index in self.seen:
+            raise BatchIncompleteError(f"trajectory index {rollout.index} was delivered twice")
         self.seen.add(rollout.index)
+        self.reward_times[rollout.index] = source.scored_at
         self.pending.append(source)
         self._drain()
 
@@ -141,6 +186,11 @@ class GRPOBatchLearner:
                     progress = True
                     break
 
+    def _record(self, index: int, grads: SourceGradients) -> None:
+        self.tokens[index] = grads.scored_tokens
+        self.free_values[index] = grads.free_value
+        self.kl_sums[index] = grads.kl_sum
+
     def _serve(self, source: ScoredRollout) -> None:
         rollout = source.rollout
         group = self.open.get(rollout.group)
@@ -148,19 +198,24 @@ class GRPOBatchLearner:
             group = self.open[rollout.group] = GroupStatistics(rollout.group, self.num_generations, self.num_params)
         start = time.perf_counter()
         bucket = self.bucket_of(rollout.index)
-        grads = self.source_backward(source, bucket)
-        if grads.free_grad is not None:
-            self.accumulator.add_free(grads.free_grad, bucket)
-        group.add(source.reward, grads.score_grad, bucket)
+        held = self.buffered.pop(rollout.index, None)
+        if held is not None:  # content released: bind H_i to its reward (dropped when the row is unscorable)
+            group.add(source.reward, held.grads.score_grad if source.scorable else None, bucket)
+            kind, tokens, content_ready = "bind", 0, held.content_ready
+        else:
+            if rollout.index in self.turning:  # its content was never reported: drop the per-turn state
+                self.turning.discard(rollout.index)
+                self.turn_source.discard(rollout.index)
+            grads = self.source_backward(source, bucket)
+            if grads.free_grad is not None:
+                self.accumulator.add_free(grads.free_grad, bucket)
+            group.add(source.reward, grads.score_grad, bucket)
+            self._record(rollout.index, grads)
+            kind, tokens, content_ready = "trajectory", grads.scored_tokens, rollout.finished_at
         self.rewards[rollout.index] = source.reward
-        self.tokens[rollout.index] = grads.scored_tokens
-        self.free_values[rollout.index] = grads.free_value
-        self.kl_sums[rollout.index] = grads.kl_sum
         end = time.perf_counter()
-        self.work.append(
-            WorkItem("trajectory", rollout.index, rollout.group, rollout.policy_version, source.scored_at, start, end,
-                     grads.scored_tokens)
-        )
+        self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, source.scored_at, start,
+                                  end, tokens, content_ready=content_ready, reward_at=source.scored_at))
         self._track_memory()
         if group.complete:
             self._close(group, ready=end)
@@ -187,17 +242,31 @@ class GRPOBatchLearner:
 
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
+        used += sum(vector_bytes(b.grads) for b in self.buffered.values())
+        if self.turn_source is not None:
+            used += self.turn_source.held_bytes()
         self.peak_bytes = max(self.peak_bytes, used)
+        self.peak_held = max(self.peak_held, self._holding())
+
+    def abort(self) -> None:
+        """Free every buffer and per-turn state of a void batch (the optimizer step will not happen)."""
+        for index in sorted(self.turning):
+            self.turn_source.discard(index)
+        self.turning.clear()
+        self.buffered.clear()
 
     # -- barrier ------------------------------------------------------------------------------------------------
     def finish(self) -> BatchTotals:
         """The barrier: every trajectory and group must have closed. Returns the totals for normalization."""
         self._drain()
         missing = sorted(set(range(self.batch_size)) - self.seen)
-        if missing or self.pending or self.open:
+        if missing or self.pending or self.open or self.buffered or self.turning:
+            waiting = sorted(self.buffered) or sorted(self.turning)
+            self.abort()
             raise BatchIncompleteError(
                 f"barrier reached with {len(missing)} trajectories never delivered (first: {missing[:5]}), "
-                f"{len(self.pending)} parked and {len(self.open)} groups open; refusing a partial update"
+                f"{len(self.pending)} parked, {len(self.open)} groups open and {len(waiting)} released trajectories "
+                f"whose reward never arrived (first: {waiting[:5]}); refusing a partial update"
             )
         groups = [self.closed[g] for g in range(self.num_groups)]
         return BatchTotals(
@@ -208,6 +277,9 @@ class GRPOBatchLearner:
             scored_tokens=tuple(self.tokens),
             free_values=tuple(self.free_values),
             kl_sums=tuple(self.kl_sums),
-            work=tuple(self.work),
+            work=tuple(replace(w, reward_at=self.reward_times.get(w.index)) if w.kind in ("content", "close", "turn")
+                       else w for w in self.work),
             peak_stats_bytes=self.peak_bytes,
+            peak_held=self.peak_held,
+            turn_fallbacks=self.turn_fallbacks,
         )

@@ -1,10 +1,13 @@
 """One logical batch end to end: rollouts → scoring (producer thread) → learner (caller's thread) → barrier.
 
-The producer thread drains `engine.results()` in completion order and hands each trajectory to `score`, which
-returns the trajectories it releases (the trajectory itself, or nothing until its group's / the batch's reward call
-is complete: `reward_scope.py`); the caller's thread runs the learner. Under `schedule="thundersync"` every scored
-trajectory is handed to the learner as soon as it is released; under `"sync"` the learner waits until the batch has
-closed, then processes the same sources in the same arrival order — the same code path, only the release time
+The producer thread drains `engine.results()` in completion order; it first hands each finished trajectory (its
+tokens: content readiness) to the learner's queue, then to `score`, which returns the trajectories it releases (the
+trajectory itself, or nothing until its group's / the batch's reward call is complete: `reward_scope.py`). Turn
+events of agentic engines reach the same queue through a `TurnRouter` while the episode is still running. The
+caller's thread runs the learner, in queue order: a trajectory's turns, then its content, then its reward. Under
+`schedule="thundersync"` each item is handed to the learner as soon as it arrives (what the learner does with turns
+and content depends on its release point, `release.py`); under `"sync"` the learner waits until the batch has
+closed, then processes the scored sources in the same arrival order — the same code path, only the release time
 differs.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
-from ..types import Rollout, RolloutRequest, ScoredRollout
+from ..types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
 from .learner import BatchTotals, GRPOBatchLearner
 
 DONE = object()  # the last thing a producer thread puts on its queue, after its items or its exception
@@ -41,13 +44,40 @@ class BatchTiming:
         return max(0.0, self.barrier - self.rollout_end)
 
 
+class TurnRouter:
+    """An agent engine's `on_turn` callback: forwards turn events to the open batch's learner queue.
+
+    `required`: a turn event while no batch listens is an error (distillation scores every turn); otherwise it is
+    work nobody asked for (a GRPO batch that does not release per turn) and is dropped."""
+
+    def __init__(self, required: bool = True) -> None:
+        self._target: queue.Queue | None = None
+        self.required = required
+
+    def __call__(self, event: TurnEvent) -> None:
+        target = self._target
+        if target is None:
+            if self.required:
+                raise RolloutError(f"turn event of trajectory {event.index} arrived while no batch is open")
+            return
+        target.put(event)
+
+    def open(self, target: queue.Queue) -> None:
+        self._target = target
+
+    def close(self) -> None:
+        self._target = None
+
+
 def _produce(engine: RolloutEngine, score: Callable[[Rollout], Sequence[ScoredRollout]], out: queue.Queue,
-             stop: threading.Event, delivered: list) -> None:
+             stop: threading.Event, delivered: list, content: bool) -> None:
     try:
         for rollout in engine.results():
             if stop.is_set():  # the learner failed: the batch is void, stop scoring
                 break
             delivered.append(rollout.index)
+            if content:
+                out.put(rollout)
             for scored in score(rollout):
                 out.put(scored)
     except BaseException as exc:  # handed to the learner thread, which re-raises it
@@ -82,26 +112,41 @@ def run_logical_batch(
     learner: GRPOBatchLearner,
     schedule: str = "thundersync",
     on_source: Callable[[ScoredRollout], None] | None = None,
+    turns: TurnRouter | None = None,
 ) -> tuple[BatchTotals, BatchTiming]:
     start = time.perf_counter()
-    engine.start_batch(requests, policy_version)
     inbox: queue.Queue = queue.Queue()
+    early = schedule == "thundersync" and learner.release != "reward"  # work before the reward
+    if turns is not None and early and learner.release == "turn":
+        turns.open(inbox)
+    engine.start_batch(requests, policy_version)
     stop = threading.Event()
     delivered: list[int] = []
-    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered),
+    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered, early),
                                 name="thundersync-rollouts", daemon=True)
     producer.start()
 
-    def on_item(item: ScoredRollout) -> None:
-        if on_source is not None:
-            on_source(item)
-        if schedule == "thundersync":
-            learner.submit(item)
+    def on_item(item: ScoredRollout | Rollout | TurnEvent) -> None:
+        if isinstance(item, TurnEvent):
+            learner.submit_turn(item)
+        elif isinstance(item, Rollout):
+            learner.submit_content(item)
+        else:
+            if on_source is not None:
+                on_source(item)
+            if schedule == "thundersync":
+                learner.submit(item)
 
     try:
-        arrived: list[ScoredRollout] = drain(inbox, stop, on_item)
+        items = drain(inbox, stop, on_item)
+    except BaseException:
+        learner.abort()
+        raise
     finally:
+        if turns is not None:
+            turns.close()
         producer.join(timeout=5.0)
+    arrived: list[ScoredRollout] = [x for x in items if isinstance(x, ScoredRollout)]
     if len(delivered) != len(requests):
         raise RolloutError(f"the rollout engine delivered {len(delivered)} of {len(requests)} trajectories")
     if len(arrived) != len(requests):  # every trajectory arrived, but some reward call never became complete
@@ -111,7 +156,11 @@ def run_logical_batch(
     if schedule == "sync":
         for item in arrived:
             learner.submit(item)
-    totals = learner.finish()
+    try:
+        totals = learner.finish()
+    except BaseException:
+        learner.abort()
+        raise
     barrier = time.perf_counter()
     rollout_end = max([s.scored_at for s in arrived], default=start)
     busy = sum(w.end - w.start for w in totals.work)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import NonFiniteGradientError, RolloutError
-from ..types import ScoredRollout
+from ..types import Rollout, ScoredRollout
 from .learner import SourceGradients
 from .importance import SamplingCorrection
 from .normalization import LossNormalization
@@ -91,7 +91,18 @@ class TrajectoryBackward:
         self.correction = correction  # TRL's vLLM importance-sampling weight on the policy term (None: off)
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
-        rollout = source.rollout
+        """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
+        return self.gradients(source.rollout, score=source.scorable)
+
+    def content(self, rollout: Rollout, bucket: int) -> SourceGradients:
+        """Content release: the backward of a finished trajectory whose reward is not known yet.
+
+        H_i does not depend on R_i, so it is computed now and bound to the reward later; if the reward then turns
+        out unscorable, the learner drops H_i (TRL gives the row A = 0) and keeps K_i and the token count.
+        """
+        return self.gradients(rollout, score=True)
+
+    def gradients(self, rollout: Rollout, *, score: bool) -> SourceGradients:
         ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)
         attention = torch.ones_like(ids)
         keep = len(rollout.completion_ids)
@@ -99,7 +110,7 @@ class TrajectoryBackward:
         tokens = int(mask.sum().item())
         weight = self.normalization.sequence_weight(tokens)
 
-        need_score = source.scorable and tokens > 0
+        need_score = score and tokens > 0
         need_free = self.beta != 0.0 and tokens > 0
         if not (need_score or need_free):
             return SourceGradients(None, None, tokens)

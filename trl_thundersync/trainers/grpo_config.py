@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
+from ..streaming.release import RELEASE_POINTS
 from ..streaming.reward_scope import REWARD_SCOPES
 from .config_checks import require_counts
 from .rollout_config import RolloutFields
@@ -97,6 +98,24 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "(RewardScopeError) before the first optimizer step if the values differ."
         },
     )
+    release: str = field(
+        default="reward",
+        metadata={
+            "help": "When a trajectory's backward runs under schedule='thundersync'. 'reward': once its reward is "
+            "known (the paper). 'content': when its last turn ended, before grading and before its group's or the "
+            "batch's reward call; the score gradient waits in an FP32 buffer (P floats) until the reward binds. "
+            "'turn': each agentic turn's action tokens while that turn's tool runs (boundary-cut backward, linear in "
+            "the turns), then as 'content'. Same update in every mode."
+        },
+    )
+    max_buffered_trajectories: int | None = field(
+        default=None,
+        metadata={
+            "help": "Admission cap for release='content'/'turn': at most this many trajectories hold a score-gradient "
+            "buffer (or per-turn state) at once, ≤ 4·m·P extra bytes; the others are released at their reward. None "
+            "= every trajectory of the batch may hold one."
+        },
+    )
     allow_unscorable_groups: bool = field(
         default=False,
         metadata={
@@ -124,6 +143,11 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if self.reward_scope not in REWARD_SCOPES:
             raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
+        if self.release not in RELEASE_POINTS:
+            raise ConfigurationError(f"release={self.release!r} is not one of {RELEASE_POINTS}")
+        if self.max_buffered_trajectories is not None and self.max_buffered_trajectories < 1:
+            raise ConfigurationError(
+                f"max_buffered_trajectories={self.max_buffered_trajectories} must be ≥ 1 (or None for no cap)")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         self._check_agent_fields()

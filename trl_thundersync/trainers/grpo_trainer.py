@@ -204,6 +204,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             bucket_of=(lambda i: buckets[i]) if buckets else (lambda i: 0),
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
+            release=self.args.release, content_backward=backward.content,
+            max_buffered=self.args.max_buffered_trajectories,
         )
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -233,6 +235,14 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._open_step = (version, scored)
         return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
                              prompts)
+
+    def _stats_bound(self, totals, batch_size: int) -> int:
+        """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
+        num_params = totals.accumulator.num_params
+        bound = stats_memory_bytes(num_params, self.args.max_open_groups or batch_size // self.num_generations)
+        if self.args.release != "reward":
+            bound += 4 * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
+        return bound
 
     def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
         tokens = totals.scored_tokens
@@ -466,9 +476,11 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         m["thundersync/learner_tail_seconds"].append(timing.tail)
         m["thundersync/learner_idle_fraction"].append(max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0)
         m["thundersync/stats_peak_mb"].append(totals.peak_stats_bytes / 2**20)
-        m["thundersync/stats_bound_mb"].append(
-            stats_memory_bytes(totals.accumulator.num_params, self.args.max_open_groups or len(scored) // self.num_generations) / 2**20
-        )
+        m["thundersync/stats_bound_mb"].append(self._stats_bound(totals, len(scored)) / 2**20)
+        if self.args.release != "reward":
+            m["thundersync/buffered_peak"].append(float(totals.peak_held))
+        if self.args.release == "turn":
+            m["thundersync/turn_fallbacks"].append(float(totals.turn_fallbacks))
         m["thundersync/policy_version"].append(float(self.policy_version))
         server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
         if isinstance(server, VLLMServerEngine):

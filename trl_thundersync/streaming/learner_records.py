@@ -1,0 +1,56 @@
+"""Frozen records of the GRPO learner: what a source's backward produced, one unit of work, the batch totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .accumulators import BatchAccumulator
+
+
+@dataclass(frozen=True)
+class SourceGradients:
+    """What one trajectory's backward produced at θ_k."""
+
+    score_grad: torch.Tensor | None  # H_i = ∇ Σ_t m_it u_i log π(o_it), FP32 (P,); None for unscorable rows
+    free_grad: torch.Tensor | None  # K_i: gradient of advantage-free terms (β·KL), FP32 (P,); None if none
+    scored_tokens: int  # Σ_t m_it: tokens that count in loss normalizers
+    free_value: float = 0.0  # value of the advantage-free loss term (Σ_t m_it u_i β KL_it), for logging
+    kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of learner work, for the trace and the scheduling model (paper Eq. 1)."""
+
+    kind: str  # "trajectory" (backward at reward release), "content" (backward before the reward), "turn" (one
+    # turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered
+    # H_i folded into its group once the reward is known) or "group_fold"
+    index: int  # trajectory index in the batch, or -1 for a group fold
+    group: int
+    policy_version: int
+    ready: float  # τ: when its inputs were fixed (reward known / content fixed / turn complete / last member folded)
+    start: float  # service start (perf_counter)
+    end: float  # service end (perf_counter)
+    tokens: int  # scored tokens (0 for folds and binds)
+    content_ready: float | None = None  # trajectory items: when its last turn ended (tokens fixed)
+    reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
+    turn: int = -1  # "turn" items: the turn number
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Everything the barrier needs, fixed once every trajectory and group of the batch has closed."""
+
+    accumulator: BatchAccumulator
+    rewards: tuple[float, ...]  # per trajectory index, NaN for unscorable
+    group_means: tuple[float, ...]
+    group_stds: tuple[float, ...]
+    scored_tokens: tuple[int, ...]  # per trajectory index
+    free_values: tuple[float, ...]  # per trajectory index: SourceGradients.free_value
+    kl_sums: tuple[float, ...]  # per trajectory index: SourceGradients.kl_sum
+    work: tuple[WorkItem, ...]
+    peak_stats_bytes: int  # high-water mark of group statistics + batch buffers (+ release buffers, per-turn state)
+    peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
+    turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)

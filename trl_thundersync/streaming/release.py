@@ -1,0 +1,57 @@
+"""When GRPO learner work is released: at the reward (the paper), at content readiness, or turn by turn.
+
+    H_i = ∇ Σ_t m_it u_i log π(o_it)        needs the trajectory's tokens, not its reward R_i
+
+so a trajectory's score gradient can be computed before R_i exists and *bound* to it later (G1 += (R_i − c) H_i,
+G2 += H_i; `accumulators.py`). Release points (`ThunderSyncGRPOConfig.release`):
+
+- `"reward"`:  the backward runs once the reward is known (paper §3.4). No extra memory.
+- `"content"`: the backward runs when the trajectory's last turn ended, while it is graded / its group's or the
+  batch's reward call waits; H_i waits in a per-trajectory FP32 buffer until the reward binds.
+- `"turn"`:    each agentic turn's action tokens get their backward while that turn's tool runs (boundary-cut
+  backward with deferred state adjoints, linear in the number of turns); at the last turn the deferred adjoints are
+  replayed and per-trajectory scalars known only then (u_i, truncation masking, sequence-level importance weights)
+  are applied; then as `"content"`. A trajectory whose turns cannot be reproduced exactly from its final tokens falls
+  back to one whole-trajectory backward at content readiness — never to an approximation.
+
+Admission: at most `max_buffered_trajectories` trajectories hold a buffer (or per-turn state) at once, so the extra
+memory is ≤ 4·m·P bytes of buffers (m the cap, P trainable parameters; ×2 with β ≠ 0 under `"turn"`, whose KL term
+also waits for the last turn) plus, under `"turn"`, the retained per-turn graphs of open trajectories. A trajectory
+that finds no slot is released at its reward, as under `"reward"`. Every path computes the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..types import Rollout, TurnEvent
+from .learner_records import SourceGradients
+
+RELEASE_POINTS = ("reward", "content", "turn")
+
+
+class TurnSource(Protocol):
+    """Per-turn GRPO backward (`turn_grpo.py`): `turn` per turn in order, then `finish` or `discard` once."""
+
+    def turn(self, event: TurnEvent) -> int: ...  # tokens forwarded
+
+    def finish(self, rollout: Rollout, bucket: int) -> SourceGradients | None: ...  # None: history mismatch
+
+    def discard(self, index: int) -> None: ...
+
+    def held_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Buffered:
+    """A trajectory whose gradients were computed at content readiness and wait for its reward."""
+
+    grads: SourceGradients  # H_i (score_grad) and K_i (already folded into the batch accumulator)
+    content_ready: float  # perf_counter when its tokens were fixed
+
+
+def vector_bytes(grads: SourceGradients) -> int:
+    return sum(v.numel() * v.element_size() for v in (grads.score_grad,) if isinstance(v, torch.Tensor))
