@@ -75,10 +75,14 @@ def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
     return trainer, capture, captured, generator
 
 
-def test_multi_turn_training_matches_trl_on_the_same_trajectories(tmp_path, tokenizer, tiny_model_path):
+@pytest.mark.parametrize("release", ["reward", "content"])
+def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, tmp_path, tokenizer, tiny_model_path):
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
-                                                         delay=lambda i, t: 0.002 * ((7 * i + t) % 5))
+                                                         delay=lambda i, t: 0.002 * ((7 * i + t) % 5),
+                                                         release=release)
     trainer.train()
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert {"trajectory"} <= kinds if release == "reward" else {"content", "bind"} <= kinds and "trajectory" not in kinds
     assert generator.publications == [1, 2]
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"

@@ -35,7 +35,7 @@ from ..streaming.accumulators import stats_memory_bytes
 from ..streaming.importance import SamplingCorrection
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
-from ..streaming.pipeline import BatchTiming, run_logical_batch
+from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import TrajectoryBackward, write_flat_grads
@@ -133,6 +133,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
         self.policy_version = 0
         self._engine: RolloutEngine | None = None
+        self._turns = TurnRouter(required=False)  # agent turns → the open batch's learner (release="turn")
         self._open_step: tuple[int, list] | None = None  # (version, scored sources) awaiting the step's trace
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
@@ -228,7 +229,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
-                                               on_source=on_source)
+                                               on_source=on_source, turns=self._turns)
         finally:
             progress.close()
         self.last_batch = (totals, timing)
@@ -354,7 +355,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=capped_agent_limits(
                 self.args.agent_limits(), self.accelerator.unwrap_model(self.model), generator),
             environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
-            chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs, max_concurrent=max(8, self._train_batch_size_local()),
+            chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs,
+            max_concurrent=max(8, self._train_batch_size_local()), on_turn=self._turns,
         )
 
     def _train_batch_size_local(self) -> int:
