@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import reward_len, reward_parity, run_trainer
+from trl_thundersync.testing.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 
 out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 overrides = {
@@ -22,7 +22,12 @@ overrides = {
     "dapo": dict(),
     "grpo_batch_beta": dict(loss_type="grpo", scale_rewards="batch", beta=0.1),
     "bnpo_ga2": dict(loss_type="bnpo", gradient_accumulation_steps=2, per_device_train_batch_size=2),
+    "batch_relative_content": dict(scale_rewards="batch"),
 }[case]
+# ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local generation
+# batch (TRL's call on each process), every trajectory's backward released at content readiness.
+ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
+rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
 tokenizer = AutoTokenizer.from_pretrained(model_path)
 if case == "straddle":  # 3 rows per process, groups of 2: a group would span both processes
     from trl_thundersync.errors import ConfigurationError
@@ -39,8 +44,8 @@ if case == "straddle":  # 3 rows per process, groups of 2: a group would span bo
 results = {}
 for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
                                       ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
-    run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=(reward_len, reward_parity),
-                      max_steps=2, optim="sgd", max_grad_norm=0.5, **overrides)
+    run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=rewards,
+                      max_steps=2, optim="sgd", max_grad_norm=0.5, **overrides, **(ts_only if name == "ts" else {}))
     results[name] = {"directions": run.directions, "params": run.params}
 if torch.distributed.get_rank() == 0:
     torch.save(results, out / "results.pt")
