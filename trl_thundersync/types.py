@@ -70,6 +70,7 @@ class TurnEvent:
     context_ids: tuple[int, ...]  # everything the action was conditioned on (prompt, earlier turns, observations)
     action_ids: tuple[int, ...]  # the turn's generated tokens (all scored)
     time: float  # perf_counter when the action was complete
+    action_logprobs: tuple[float, ...] | None = None  # the sampler's log-prob of each action token; None: unknown
 
 
 @dataclass(frozen=True)
