@@ -163,7 +163,7 @@ class _Segment:
     keys: list[torch.Tensor]  # per layer (1, kv_heads, length, head_dim), graph-attached
     values: list[torch.Tensor]
     last_logits: torch.Tensor  # (V,) logits at the segment's last position, graph-attached
-    past_proxies: list[torch.Tensor]  # [K_0, V_0, K_1, V_1, …] of segments < this one, as consumed by its forward
+    past_proxies: list[torch.Tensor]  # per segment < this one, per layer: K, V (detached leaves over its storage)
     logits_proxy: torch.Tensor | None  # previous segment's last logits, when this segment started with its action
     saved_bytes: int = 0  # tensors its retained graph holds (activations, key/value copies), parameters excluded
     adjoints: dict[str, _Adjoints] = field(default_factory=dict)
@@ -237,12 +237,17 @@ class BoundaryCut:
             return SegmentOutcome({}, 0, 0)
         if len(new) == len(action) and not state.segments:
             raise TurnOrderError(f"trajectory {event.index} turn {event.turn}: an action with an empty context")
-        past = [(torch.cat([s.keys[l].detach() for s in state.segments], dim=-2).requires_grad_(),
-                 torch.cat([s.values[l].detach() for s in state.segments], dim=-2).requires_grad_())
-                for l in range(len(state.segments[0].keys))] if state.segments else []
-        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        # one leaf per earlier segment and layer, sharing that segment's storage (no copy of the prefix)
+        proxies = [t.detach().requires_grad_() for s in state.segments for pair in zip(s.keys, s.values)
+                   for t in pair]
         saved = _SavedBytes(self._param_storages)
         with saved.hooks():
+            cache = DynamicCache()
+            if proxies:
+                width = 2 * len(state.segments[0].keys)
+                cache = DynamicCache(ddp_cache_data=[
+                    (torch.cat(proxies[2 * l :: width], dim=-2), torch.cat(proxies[2 * l + 1 :: width], dim=-2))
+                    for l in range(width // 2)])
             logits = model_logits(self.model, new, self.device, cache, keep=action_rows(len(new), len(action)))
             start = len(state.ids)
             keys = [layer.keys[:, :, start:] for layer in cache.layers]
@@ -258,7 +263,6 @@ class BoundaryCut:
                 losses = {c: loss for c, loss in objective(action_logits, torch.tensor(action, device=self.device))
                           .items() if loss.requires_grad}
         saved.pack(logits)  # held by the segment's last-logits row even where no operation saved it
-        proxies = [t for pair in past for t in pair]
         segment = _Segment(len(new), keys, values, logits[-1], proxies, logits_proxy, saved.total)
         for channel, loss in losses.items():
             self._backward([loss], None, segment, state, channel, sinks[channel], where, retain_graph=True)
@@ -307,17 +311,12 @@ class BoundaryCut:
         n = len(self.params)
         sink.add(grads[:n], where)
         earlier = state.segments[:owner] if owner is not None else state.segments
-        proxy_grads = grads[n : n + len(segment.past_proxies)]
-        for layer in range(len(proxy_grads) // 2):
-            key_grad, value_grad = proxy_grads[2 * layer], proxy_grads[2 * layer + 1]
-            offset = 0
-            for s in earlier:
-                span, adj = slice(offset, offset + s.length), s.channel(channel)
-                if key_grad is not None:
-                    adj.keys[layer] = _accumulate(adj.keys[layer], key_grad[:, :, span])
-                if value_grad is not None:
-                    adj.values[layer] = _accumulate(adj.values[layer], value_grad[:, :, span])
-                offset += s.length
+        proxy_grads = iter(grads[n : n + len(segment.past_proxies)])
+        for s in earlier[: len(segment.past_proxies) // (2 * len(segment.keys))]:
+            adj = s.channel(channel)
+            for layer in range(len(s.keys)):
+                adj.keys[layer] = _accumulate(adj.keys[layer], next(proxy_grads))
+                adj.values[layer] = _accumulate(adj.values[layer], next(proxy_grads))
         if extra and grads[-1] is not None:
             adj = earlier[-1].channel(channel)
             adj.logits = _accumulate(adj.logits, grads[-1])
