@@ -13,7 +13,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from trl_thundersync.errors import NonFiniteGradientError, StalePolicyError
+from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext
@@ -84,14 +84,16 @@ def _with_sampler(events, rollout, policy, scale: float, seed: int):
     return events, Rollout(**{**rollout.__dict__, "sampling_logprobs": tuple(sampled)})
 
 
-def _setup(loss_type, beta, temperature, correction, mask_truncated=False, bias_correction_kl=True):
+def _setup(loss_type, beta, temperature, correction, mask_truncated=False, bias_correction_kl=True,
+           turn_backward="boundary_cut"):
     policy, ref = _model(1, temperature), (_model(2, temperature) if beta else None)
     params = [p for p in policy.parameters() if p.requires_grad]
     norm = LossNormalization(loss_type, batch_size=4, micro_batches=1, max_completion_length=64)
     common = dict(params=params, normalization=norm, eos_and_pad=(EOS,), mask_truncated=mask_truncated, beta=beta,
                   bias_correction_kl=bias_correction_kl, correction=correction)
     whole = TrajectoryBackward(logps_fn=_trl_logps(policy), ref_logps_fn=_trl_logps(ref) if ref else None, **common)
-    turns = TurnScoreBackward(model=policy, ref_model=ref, temperature=temperature, policy_version=0, **common)
+    turns = TurnScoreBackward(model=policy, ref_model=ref, temperature=temperature, policy_version=0,
+                              turn_backward=turn_backward, **common)
     return policy, whole, turns
 
 
@@ -119,8 +121,9 @@ def _compare(whole, turns, events, rollout) -> float:
     return max(errors)
 
 
-CASES = [  # (loss_type, beta, temperature, importance sampling mode or None, bias-corrected KL)
+CASES = [  # (loss_type, beta, temperature, importance sampling mode or None, bias-corrected KL[, turn_backward])
     ("grpo", 0.0, 1.0, None, True),
+    ("grpo", 0.2, 0.7, "token_mask", True, "naive"),
     ("dapo", 0.0, 0.7, None, True),
     ("grpo", 0.2, 0.7, None, True),
     ("dapo", 0.2, 1.3, None, False),
@@ -131,10 +134,12 @@ CASES = [  # (loss_type, beta, temperature, importance sampling mode or None, bi
 ]
 
 
-@pytest.mark.parametrize("loss_type,beta,temperature,mode,bias", CASES)
-def test_turns_equal_trajectory_backward(loss_type, beta, temperature, mode, bias):
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_turns_equal_trajectory_backward(case):
+    loss_type, beta, temperature, mode, bias, *core = case
     correction = SamplingCorrection(mode, 0.8, 1.25) if mode else None
-    policy, whole, turns = _setup(loss_type, beta, temperature, correction, bias_correction_kl=bias)
+    policy, whole, turns = _setup(loss_type, beta, temperature, correction, bias_correction_kl=bias,
+                                  turn_backward=core[0] if core else "boundary_cut")
     worst = 0.0
     for n, events in enumerate(_trajectories(policy.config.vocab_size)):
         events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else (), eos_last=n == 2)
@@ -303,3 +308,19 @@ def test_stale_turn_is_refused():
     event = _trajectories(policy.config.vocab_size)[0][0]
     with pytest.raises(StalePolicyError, match="trajectory 0 turn 0"):
         turns.turn(TurnEvent(event.index, event.turn, 3, event.context_ids, event.action_ids, 0.0))
+
+
+def test_activation_checkpointing_needs_the_naive_turn_backward():
+    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=5)
+    add_fused_lm_head(model)
+    model.train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    common = dict(params=params, normalization=LossNormalization("grpo", 1, 1, 64), eos_and_pad=(EOS,),
+                  mask_truncated=False)
+    with pytest.raises(ConfigurationError, match="gradient_checkpointing"):
+        TurnScoreBackward(model=model, **common)
+    turns = TurnScoreBackward(model=model, turn_backward="naive", **common)
+    whole = TrajectoryBackward(logps_fn=_trl_logps(model), **common)
+    events, rollout = _rollout(_trajectories(model.config.vocab_size)[1])
+    assert _compare(whole, turns, events, rollout) <= TOLERANCE

@@ -34,11 +34,13 @@ from ..types import Rollout, TurnEvent
 from .importance import SamplingCorrection
 from .learner import SourceGradients
 from .normalization import LossNormalization
-from .segment_backward import BoundaryCut, FlatGradient
+from .segment_backward import BoundaryCut, FlatGradient, FullContext
 from .source import loss_mask
 from .turn_reference import TurnReference
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
+# "boundary_cut": linear cost, no activation checkpointing; "naive": every turn re-runs its context (quadratic)
+TURN_BACKWARDS = ("boundary_cut", "naive")
 
 
 @dataclass
@@ -62,19 +64,26 @@ class TurnScoreBackward:
                  eos_and_pad: Sequence[int], mask_truncated: bool, temperature: float = 1.0, beta: float = 0.0,
                  ref_model: Any = None, ref_context: ContextFactory | None = None, bias_correction_kl: bool = True,
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
-                 policy_version: int | None = None, autocast: ContextFactory | None = None) -> None:
+                 policy_version: int | None = None, autocast: ContextFactory | None = None,
+                 turn_backward: str = "boundary_cut") -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
+        if turn_backward not in TURN_BACKWARDS:
+            raise ConfigurationError(f"turn_backward={turn_backward!r} is not one of {TURN_BACKWARDS}")
         checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers ≥ 5.2x; older name below
-        if checkpointing if checkpointing is not None else getattr(model, "is_gradient_checkpointing", False):
-            raise ConfigurationError("per-turn release keeps each turn's key/value graph, which activation "
-                                     "checkpointing drops: set gradient_checkpointing=False, or release per trajectory")
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        if turn_backward == "boundary_cut" and checkpointing:
+            raise ConfigurationError("gradient_checkpointing=True: the boundary-cut backward keeps each turn's "
+                                     "key/value graph, which activation checkpointing drops; set "
+                                     "gradient_checkpointing=False, use turn_backward='naive', or release per "
+                                     "trajectory")
         self.params, self.device = list(params), torch.device(device)
         self.normalization, self.eos_and_pad, self.mask_truncated = normalization, tuple(eos_and_pad), mask_truncated
         self.temperature, self.beta, self.bias_correction_kl = temperature, beta, bias_correction_kl
         self.correction, self.policy_version = correction, policy_version
         self.autocast = autocast if autocast is not None else contextlib.nullcontext
-        self.core = BoundaryCut(model, self.params, self.device)
+        self.core = (BoundaryCut if turn_backward == "boundary_cut" else FullContext)(model, self.params, self.device)
         self.reference = TurnReference(ref_model, temperature=temperature, device=self.device,
                                        context=ref_context) if beta != 0.0 else None
         self.open: dict[int, _Open] = {}
