@@ -62,7 +62,8 @@ class AgentStats:
 
 @dataclass(frozen=True)
 class TurnEvent:
-    """Emitted when a turn's action tokens are complete (the per-turn release point of on-policy distillation)."""
+    """Emitted when a turn's action tokens are complete (the per-turn release point of on-policy distillation and
+    of GRPO's per-turn score gradients)."""
 
     index: int  # trajectory index in the batch
     turn: int  # 0-based turn number

@@ -324,3 +324,13 @@ def test_activation_checkpointing_needs_the_naive_turn_backward():
     whole = TrajectoryBackward(logps_fn=_trl_logps(model), **common)
     events, rollout = _rollout(_trajectories(model.config.vocab_size)[1])
     assert _compare(whole, turns, events, rollout) <= TOLERANCE
+
+
+def test_a_trajectory_without_turn_events_falls_back_unless_it_scores_nothing():
+    policy, _, turns = _setup("dapo", 0.0, 1.0, None, mask_truncated=True)
+    _, rollout = _rollout(_trajectories(policy.config.vocab_size)[0], truncated=False)
+    assert turns.finish(rollout) is None and "no turn" in turns.fallbacks[0]
+    masked = Rollout(**{**rollout.__dict__, "index": 1, "truncated": True})
+    assert turns.finish(masked) == TrajectoryBackward(
+        params=turns.params, logps_fn=None, normalization=turns.normalization, eos_and_pad=(EOS,),
+        mask_truncated=True)(ScoredRollout(masked, (1.0,), 1.0, 0.0), 0)

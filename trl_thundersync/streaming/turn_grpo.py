@@ -173,23 +173,22 @@ class TurnScoreBackward:
         """`TrajectoryBackward(ScoredRollout(rollout, …), bucket)` of a scorable rollout, from the turns' work; None
         when the turns do not reproduce the rollout (the caller then runs TrajectoryBackward). Frees the state."""
         index = rollout.index
-        state = self.open.get(index)
-        reason = self.fallbacks.get(index) or self._mismatch(state, rollout)
-        if reason is not None:
-            self._fall_back(index, reason)
-            return None
         mask = loss_mask(rollout, self.eos_and_pad, self.mask_truncated)
         tokens = int(mask.sum().item())
-        sequence_weight = 1.0
-        if tokens > 0 and self.correction is not None and not self.token_mode:
-            if rollout.sampling_logprobs is None or len(rollout.sampling_logprobs) != len(rollout.completion_ids):
-                self._fall_back(index, "sequence-mode importance sampling needs the sampler's log-prob of every "
-                                       "completion token")  # TrajectoryBackward raises the typed error
-                return None
-            sequence_weight = float(self._sequence_weight(state, rollout, mask))
-        if tokens == 0 or state is None:
+        if tokens == 0:  # nothing scored (e.g. a masked truncation): the turns' work is not needed
             self.discard(index)
-            return SourceGradients(None, None, tokens)
+            return SourceGradients(None, None, 0)
+        state = self.open.get(index)
+        reason = self.fallbacks.get(index) or self._mismatch(state, rollout)
+        if reason is None and self.correction is not None and not self.token_mode and (
+                rollout.sampling_logprobs is None or len(rollout.sampling_logprobs) != len(rollout.completion_ids)):
+            reason = "sequence-mode importance sampling needs the sampler's log-prob of every completion token"
+        if reason is not None:  # (TrajectoryBackward raises the typed error where one is due)
+            self._fall_back(index, reason)
+            return None
+        sequence_weight = 1.0
+        if self.correction is not None and not self.token_mode:
+            sequence_weight = float(self._sequence_weight(state, rollout, mask))
         self.core.close(index, {"score": state.score, "free": state.free})
         self.discard(index)
         return self._bind(state, rollout, tokens, sequence_weight)
@@ -231,6 +230,8 @@ class TurnScoreBackward:
                 return "an action lies inside the rollout's prompt"
             covered[start - offset : end - offset] = [1] * (end - start)
         if covered != env:
+            if state is None:
+                return "no turn of this trajectory was learned (no TurnEvents, e.g. a single-turn engine)"
             return "the action tokens are not exactly the env_mask-1 tokens of the completion"
         if self.token_mode and state is not None:
             sampled = rollout.sampling_logprobs or ()
