@@ -62,7 +62,8 @@ class AgentStats:
 
 @dataclass(frozen=True)
 class TurnEvent:
-    """Emitted when a turn's action tokens are complete (the per-turn release point of on-policy distillation)."""
+    """Emitted when a turn's action tokens are complete (the per-turn release point of on-policy distillation and
+    of GRPO's per-turn score gradients)."""
 
     index: int  # trajectory index in the batch
     turn: int  # 0-based turn number
@@ -70,6 +71,7 @@ class TurnEvent:
     context_ids: tuple[int, ...]  # everything the action was conditioned on (prompt, earlier turns, observations)
     action_ids: tuple[int, ...]  # the turn's generated tokens (all scored)
     time: float  # perf_counter when the action was complete
+    action_logprobs: tuple[float, ...] | None = None  # the sampler's log-prob of each action token; None: unknown
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ records        frozen records between teacher, learner and trainer
 losses         per-token objectives: the sampled-token OPD advantage loss and GKD's generalized JSD
 teacher        the `TeacherScorer` protocol, a local-model teacher, score validation, vocabulary check
 teacher_server a teacher behind a vLLM-compatible `/v1/completions` endpoint (prompt log-probabilities)
-turn_backward  per-turn student backward: naive (full context) and boundary-cut with deferred state adjoints
+turn_backward  per-turn student backward, one channel over the shared core `streaming.segment_backward`
 learner        one logical batch of turns: ordering, trajectory closure, the gradient sum and token count
 pipeline       rollout engine → teacher thread → learner, under the `sync` or `thundersync` schedule
 trace          one step's rollouts, teacher scoring, learner items, barrier and publication as a `StepTrace`

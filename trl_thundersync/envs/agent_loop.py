@@ -74,6 +74,13 @@ class AgentTrajectory:
         self.logprobs += logprobs
 
 
+def turn_event(index: int, turn: int, version: int, context: Sequence[int], action: Sequence[int],
+               logprobs: Sequence[float]) -> TurnEvent:
+    """The event of a completed turn, with the sampler's per-token log-probs when it reported one per token."""
+    sampled = tuple(float(x) for x in logprobs) if len(logprobs) == len(action) else None
+    return TurnEvent(index, turn, version, tuple(context), tuple(action), time.perf_counter(), sampled)
+
+
 class ToolRunner:
     """Runs sync tools on a thread pool and async tools on an event loop, each under a timeout."""
 
@@ -163,7 +170,7 @@ def run_agent_trajectory(
         generated += len(action)
         traj.add_action(index, turn, action, logprobs, version)
         if on_turn is not None:
-            on_turn(TurnEvent(index, turn, version, tuple(context), tuple(action), time.perf_counter()))
+            on_turn(turn_event(index, turn, version, context, action, logprobs))
         if not action or action[-1] != eos:
             stop = "turn_token_limit"
             traj.messages.append({"role": "assistant", "content": tokenizer.decode(action, skip_special_tokens=True)})

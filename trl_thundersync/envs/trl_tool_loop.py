@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..types import AgentStats, TurnEvent
-from .agent_loop import AgentTrajectory, GenerateFn, ToolRunner
+from .agent_loop import AgentTrajectory, GenerateFn, ToolRunner, turn_event
 from .observation_tokens import valid_text
 from .tool_calls import PARSE_FAILURES
 from .tool_messages import ToolMessagesRenderer
@@ -88,9 +88,10 @@ def run_trl_trajectory(
         action, logprobs, version = generate(context, budget, turns)
         turn_intervals.append((requested, time.perf_counter()))
         action = tuple(action)[:budget]
-        traj.add_action(index, turns, action, tuple(logprobs)[:len(action)], version)
+        logprobs = tuple(logprobs)[:len(action)]
+        traj.add_action(index, turns, action, logprobs, version)
         if on_turn is not None:
-            on_turn(TurnEvent(index, turns, version, tuple(context), action, time.perf_counter()))
+            on_turn(turn_event(index, turns, version, context, action, logprobs))
         turns += 1
         message, tool_calls, attempted = parse_trl_turn(tokenizer, action, context, schemas)
         if message:  # TRL keeps no message for a turn cut to nothing

@@ -81,7 +81,7 @@ class ReplayTurnEngine:
             events = self.trajectories[i]
             event = events[cursor[i]]
             self.on_turn(TurnEvent(event.index, event.turn, self.batch_version, event.context_ids, event.action_ids,
-                                   time.perf_counter()))
+                                   time.perf_counter(), event.action_logprobs))
             cursor[i] += 1
             if cursor[i] == len(events):
                 live.remove(i)

@@ -1,0 +1,261 @@
+"""GRPO learner work per agentic turn (content-ready release): each turn's backward while that turn's tool runs.
+
+For trajectory i, turn j appends tokens whose last |a_j| are the action a_j. Through the boundary-cut core
+(`segment_backward.BoundaryCut`, linear cost in the number of turns) two channels accumulate, each into its own
+per-trajectory FP32 P-vector (`source.flatten_grads` order):
+
+    score:  s_i = ∇ Σ_j Σ_{t∈a_j} c_t · log π(a_t)        c_t: TRL's token-mode vLLM importance weight, else 1
+    free:   k_i = ∇ Σ_j Σ_{t∈a_j} β · KL_t · ratio_t       k3 KL to the reference; ratio ≡ 1 with unit slope (β ≠ 0)
+
+with log π = log_softmax(logits / temperature), as TRL's `_get_per_token_logps_and_entropies` computes it. `finish`
+then applies what is known only when the trajectory's content is complete (`source.TrajectoryBackward`'s math):
+
+    mask_truncated ∧ truncated (source.loss_mask) → SourceGradients(None, None, 0)
+    H_i = s_i · u_i · policy_coefficient · c_i      u_i = normalization.sequence_weight(|m_i|) (grpo: 1/|o_i|)
+    K_i = k_i · u_i                                  c_i: TRL's sequence-mode weight from the recorded log-probs
+
+Exact only when the turns are the rollout's token history: the turns' context + action tokens are a prefix of
+prompt + completion, and the action positions are exactly the env_mask-1 positions (token modes: with the sampler
+log-probs the turns used). Otherwise `finish` returns None (reason in `fallbacks`) and the caller runs the
+whole-trajectory `TrajectoryBackward`. One instance per logical batch; `turn` and `finish` from one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
+from ..types import Rollout, TurnEvent
+from .importance import SamplingCorrection
+from .learner import SourceGradients
+from .normalization import LossNormalization
+from .segment_backward import BoundaryCut, FlatGradient, FullContext
+from .source import loss_mask
+from .turn_reference import TurnReference
+
+ContextFactory = Callable[[], contextlib.AbstractContextManager]
+# "boundary_cut": linear cost, no activation checkpointing; "naive": every turn re-runs its context (quadratic)
+TURN_BACKWARDS = ("boundary_cut", "naive")
+
+
+@dataclass
+class _Open:
+    """Per-trajectory state between its first turn and `finish`."""
+
+    version: int  # policy version of its first turn
+    score: FlatGradient  # s_i
+    free: FlatGradient | None  # k_i (β ≠ 0)
+    ids: list[int] = field(default_factory=list)  # the token history its turns covered
+    spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each action in `ids`
+    logps: list[torch.Tensor] = field(default_factory=list)  # detached learner log-probs per action (|a_j|,)
+    sampled: list[tuple[float, ...] | None] = field(default_factory=list)  # event.action_logprobs per action
+    kl: list[torch.Tensor] = field(default_factory=list)  # detached KL_t per action (β ≠ 0)
+
+
+class TurnScoreBackward:
+    """`turn(event)` per turn in order, `finish(rollout, bucket)` once its content is complete; see module docstring."""
+
+    def __init__(self, *, model: Any, params: Sequence[torch.Tensor], normalization: LossNormalization,
+                 eos_and_pad: Sequence[int], mask_truncated: bool, temperature: float = 1.0, beta: float = 0.0,
+                 ref_model: Any = None, ref_context: ContextFactory | None = None, bias_correction_kl: bool = True,
+                 correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
+                 policy_version: int | None = None, autocast: ContextFactory | None = None,
+                 turn_backward: str = "boundary_cut") -> None:
+        if beta != 0.0 and ref_model is None:
+            raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
+        if turn_backward not in TURN_BACKWARDS:
+            raise ConfigurationError(f"turn_backward={turn_backward!r} is not one of {TURN_BACKWARDS}")
+        checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers ≥ 5.2x; older name below
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        if turn_backward == "boundary_cut" and checkpointing:
+            raise ConfigurationError("gradient_checkpointing=True: the boundary-cut backward keeps each turn's "
+                                     "key/value graph, which activation checkpointing drops; set "
+                                     "gradient_checkpointing=False, use turn_backward='naive', or release per "
+                                     "trajectory")
+        self.params, self.device = list(params), torch.device(device)
+        self.normalization, self.eos_and_pad, self.mask_truncated = normalization, tuple(eos_and_pad), mask_truncated
+        self.temperature, self.beta, self.bias_correction_kl = temperature, beta, bias_correction_kl
+        self.correction, self.policy_version = correction, policy_version
+        self.autocast = autocast if autocast is not None else contextlib.nullcontext
+        self.core = (BoundaryCut if turn_backward == "boundary_cut" else FullContext)(model, self.params, self.device)
+        self.reference = TurnReference(ref_model, temperature=temperature, device=self.device,
+                                       context=ref_context) if beta != 0.0 else None
+        self.open: dict[int, _Open] = {}
+        self.fallbacks: dict[int, str] = {}  # trajectory index -> why `finish` returned None (or will)
+
+    @property
+    def token_mode(self) -> bool:
+        return self.correction is not None and self.correction.mode.startswith("token")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """FP32 P-vectors one open trajectory holds: 4·P (score), plus 4·P (free) when β ≠ 0."""
+        return 4 * sum(p.numel() for p in self.params) * (2 if self.beta != 0.0 else 1)
+
+    # -- per turn ---------------------------------------------------------------------------------------------------
+    def turn(self, event: TurnEvent) -> int:
+        """Forward + backward of the tokens this turn appended; returns the tokens forwarded (0 when skipped)."""
+        if self.policy_version is not None and event.policy_version != self.policy_version:
+            raise StalePolicyError(f"trajectory {event.index} turn {event.turn} was sampled at policy version "
+                                   f"{event.policy_version}; this batch learns at version {self.policy_version}")
+        if event.index in self.fallbacks:
+            return 0
+        state = self.open.get(event.index)
+        if state is None:
+            free = FlatGradient(self.params, self.device) if self.beta != 0.0 else None
+            state = self.open[event.index] = _Open(event.policy_version, FlatGradient(self.params, self.device), free)
+        reason = self._refuse(state, event)
+        if reason is not None:
+            self._fall_back(event.index, f"turn {event.turn}: {reason}")
+            return 0
+        context, action = list(event.context_ids), list(event.action_ids)
+        new = context[len(state.ids) :] + action
+        if not new:
+            return 0
+        try:
+            with self.autocast():
+                ref = self.reference.action_logps(event.index, new, len(action)) if self.reference else None
+                sinks = {"score": state.score, "free": state.free}
+                outcome = self.core.turn(event, self._objective(state, event, ref), sinks,
+                                         f"trajectory {event.index} turn {event.turn}")
+        except Exception:
+            self.discard(event.index)
+            raise
+        if action:
+            state.spans.append((len(state.ids) + len(new) - len(action), len(state.ids) + len(new)))
+            state.sampled.append(event.action_logprobs)
+        state.ids += new
+        return outcome.forwarded_tokens
+
+    def _refuse(self, state: _Open, event: TurnEvent) -> str | None:
+        """Why this turn cannot be learned per turn exactly (None: it can)."""
+        if event.policy_version != state.version:
+            return f"sampled at version {event.policy_version}, earlier turns at {state.version}"
+        if list(event.context_ids[: len(state.ids)]) != state.ids:
+            return "its context does not extend the earlier turns' tokens (rewritten or re-tokenized history)"
+        if self.token_mode and event.action_ids and (
+                event.action_logprobs is None or len(event.action_logprobs) != len(event.action_ids)):
+            return "token-mode importance sampling needs the sampler's log-prob of every action token at turn time"
+        return None
+
+    def _objective(self, state: _Open, event: TurnEvent, ref: torch.Tensor | None):
+        def objective(logits: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
+            logps = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            logps = logps.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            if not bool(torch.isfinite(logps.detach()).all()):
+                raise NonFiniteGradientError(f"trajectory {event.index} turn {event.turn} has non-finite "
+                                             f"log-probabilities at policy version {event.policy_version}")
+            state.logps.append(logps.detach())
+            policy = logps
+            if self.token_mode:
+                sampled = torch.tensor([event.action_logprobs], dtype=torch.float32, device=logps.device)
+                policy = logps * self.correction.weights(logps[None], sampled, torch.ones_like(sampled))[0]
+            channels = {"score": policy.sum()}
+            if self.beta != 0.0:
+                ref_ = ref.to(logps.device)
+                kl = torch.exp(ref_ - logps) - (ref_ - logps) - 1
+                state.kl.append(kl.detach())
+                if self.bias_correction_kl:
+                    kl = kl * torch.exp(logps - logps.detach())
+                channels["free"] = kl.sum() * self.beta
+            return channels
+
+        return objective
+
+    # -- at the end of the trajectory's content ---------------------------------------------------------------------
+    def finish(self, rollout: Rollout, bucket: int = 0) -> SourceGradients | None:
+        """`TrajectoryBackward(ScoredRollout(rollout, …), bucket)` of a scorable rollout, from the turns' work; None
+        when the turns do not reproduce the rollout (the caller then runs TrajectoryBackward). Frees the state."""
+        index = rollout.index
+        mask = loss_mask(rollout, self.eos_and_pad, self.mask_truncated)
+        tokens = int(mask.sum().item())
+        if tokens == 0:  # nothing scored (e.g. a masked truncation): the turns' work is not needed
+            self.discard(index)
+            return SourceGradients(None, None, 0)
+        state = self.open.get(index)
+        reason = self.fallbacks.get(index) or self._mismatch(state, rollout)
+        if reason is None and self.correction is not None and not self.token_mode and (
+                rollout.sampling_logprobs is None or len(rollout.sampling_logprobs) != len(rollout.completion_ids)):
+            reason = "sequence-mode importance sampling needs the sampler's log-prob of every completion token"
+        if reason is not None:  # (TrajectoryBackward raises the typed error where one is due)
+            self._fall_back(index, reason)
+            return None
+        sequence_weight = 1.0
+        if self.correction is not None and not self.token_mode:
+            sequence_weight = float(self._sequence_weight(state, rollout, mask))
+        self.core.close(index, {"score": state.score, "free": state.free})
+        self.discard(index)
+        return self._bind(state, rollout, tokens, sequence_weight)
+
+    def _bind(self, state: _Open, rollout: Rollout, tokens: int, sequence_weight: float) -> SourceGradients:
+        weight = self.normalization.sequence_weight(tokens)
+        score = state.score.vector * (weight * self.normalization.policy_coefficient * sequence_weight)
+        if not bool(torch.isfinite(score).all()):
+            raise NonFiniteGradientError(f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite "
+                                         "gradient")
+        if state.free is None:
+            return SourceGradients(score, None, tokens)
+        kl_total = torch.cat(state.kl).sum() if state.kl else torch.zeros(())
+        free_value = float(kl_total * weight * self.beta)
+        return SourceGradients(score, state.free.vector * weight, tokens, free_value, float(kl_total))
+
+    def _sequence_weight(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> torch.Tensor:
+        """TRL's sequence-mode weight c_i from the turns' recorded log-probs, laid out over the completion."""
+        logps = torch.zeros(1, len(rollout.completion_ids), dtype=torch.float32)
+        offset = len(rollout.prompt_ids)
+        for (start, end), values in zip(state.spans if state else [], state.logps if state else []):
+            logps[0, start - offset : end - offset] = values.float().cpu()
+        sampled = torch.tensor([rollout.sampling_logprobs], dtype=torch.float32)
+        return self.correction.weights(logps, sampled, mask.unsqueeze(0))
+
+    def _mismatch(self, state: _Open | None, rollout: Rollout) -> str | None:
+        """Why the turns are not exactly the rollout's scored token history (None: they are)."""
+        ids = state.ids if state else []
+        full = list(rollout.prompt_ids) + list(rollout.completion_ids)
+        if full[: len(ids)] != ids:
+            return "the turns' tokens are not a prefix of prompt + completion"
+        if state is not None and state.version != rollout.policy_version:
+            return f"turns sampled at version {state.version}, the rollout says {rollout.policy_version}"
+        offset = len(rollout.prompt_ids)
+        env = list(rollout.env_mask) if rollout.env_mask is not None else [1] * len(rollout.completion_ids)
+        covered = [0] * len(env)
+        for start, end in state.spans if state else []:
+            if start < offset:
+                return "an action lies inside the rollout's prompt"
+            covered[start - offset : end - offset] = [1] * (end - start)
+        if covered != env:
+            if state is None:
+                return "no turn of this trajectory was learned (no TurnEvents, e.g. a single-turn engine)"
+            return "the action tokens are not exactly the env_mask-1 tokens of the completion"
+        if self.token_mode and state is not None:
+            sampled = rollout.sampling_logprobs or ()
+            for (start, end), values in zip(state.spans, state.sampled):
+                if tuple(sampled[start - offset : end - offset]) != tuple(values or ()):
+                    return "the turns' sampler log-probs differ from the rollout's"
+        return None
+
+    # -- state ------------------------------------------------------------------------------------------------------
+    def _fall_back(self, index: int, reason: str) -> None:
+        self.fallbacks[index] = reason
+        self.discard(index)
+
+    def discard(self, index: int) -> None:
+        """Free a trajectory's state (buffers, retained graphs, reference cache) without using it."""
+        self.open.pop(index, None)
+        self.core.discard(index)
+        if self.reference is not None:
+            self.reference.discard(index)
+
+    def held_bytes(self, index: int | None = None) -> int:
+        """Bytes held now for open trajectories (one, or all): P-vector buffers, retained graphs and deferred
+        adjoints of the boundary-cut core, reference key/value caches."""
+        states = list(self.open.values()) if index is None else [self.open[index]] if index in self.open else []
+        buffers = sum(s.score.nbytes + (s.free.nbytes if s.free is not None else 0) for s in states)
+        ref = self.reference.held_bytes(index) if self.reference is not None else 0
+        return buffers + self.core.held_bytes(index) + ref
