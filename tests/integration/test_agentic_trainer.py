@@ -75,14 +75,26 @@ def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
     return trainer, capture, captured, generator
 
 
-@pytest.mark.parametrize("release", ["reward", "content"])
-def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, tmp_path, tokenizer, tiny_model_path):
+# options of both trainers: per-turn release with the KL term (a per-token term, exact per turn) and grpo's 1/|o_i|
+# (a per-trajectory scalar applied when the last turn ends)
+OPTIONS = {"plain": {}, "beta_grpo": dict(beta=0.1, loss_type="grpo")}
+
+
+@pytest.mark.parametrize("release, options", [("reward", "plain"), ("content", "plain"), ("turn", "plain"),
+                                              ("turn", "beta_grpo")])
+def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, options, tmp_path, tokenizer,
+                                                                  tiny_model_path):
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
                                                          delay=lambda i, t: 0.002 * ((7 * i + t) % 5),
-                                                         release=release)
+                                                         release=release, **OPTIONS[options])
     trainer.train()
-    kinds = {w.kind for w in trainer.last_batch[0].work}
-    assert {"trajectory"} <= kinds if release == "reward" else {"content", "bind"} <= kinds and "trajectory" not in kinds
+    totals = trainer.last_batch[0]
+    kinds = {w.kind for w in totals.work}
+    expected = {"reward": {"trajectory"}, "content": {"content", "bind"}, "turn": {"turn", "close", "bind"}}[release]
+    assert expected <= kinds and (release == "reward" or "trajectory" not in kinds)
+    if release == "turn":  # every trajectory learned turn by turn, none recomputed whole
+        assert totals.turn_fallbacks == 0 and "content" not in kinds
+        assert len([w for w in totals.work if w.kind == "turn"]) == sum(r.agent.turns for r, _ in captured[-1])
     assert generator.publications == [1, 2]
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"
@@ -105,7 +117,8 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, tmp_p
         return env_reward
 
     ref_capture = CaptureGrads()
-    args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd")
+    args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd",
+                      **OPTIONS[options])
     ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward], args=args,
                       train_dataset=dataset(), processing_class=tokenizer, rollout_func=rollout_func,
                       callbacks=[ref_capture])

@@ -228,3 +228,17 @@ def test_a_grpo_turn_router_drops_events_nobody_listens_to_and_a_distillation_on
     router.open(inbox)
     router(event)
     assert inbox.get_nowait() is event
+
+
+def test_config_refuses_unknown_release_points_caps_and_turn_release_with_checkpointing(tmp_path):
+    from trl_thundersync import ThunderSyncGRPOConfig
+    from trl_thundersync.errors import ConfigurationError
+    from trl_thundersync.testing.parity import cpu_config
+
+    with pytest.raises(ConfigurationError, match="release='tokens' is not one of"):
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, release="tokens")
+    with pytest.raises(ConfigurationError, match="max_buffered_trajectories=0 must be ≥ 1"):
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", max_buffered_trajectories=0)
+    with pytest.raises(ConfigurationError, match="release='turn' with gradient_checkpointing=True.*release='content'"):
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, release="turn", gradient_checkpointing=True)
+    assert cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", gradient_checkpointing=True).release == "content"

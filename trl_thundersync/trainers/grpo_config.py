@@ -145,6 +145,11 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
         if self.release not in RELEASE_POINTS:
             raise ConfigurationError(f"release={self.release!r} is not one of {RELEASE_POINTS}")
+        if self.release == "turn" and self.gradient_checkpointing:
+            raise ConfigurationError(
+                "release='turn' with gradient_checkpointing=True (TRL's default): the per-turn backward keeps each "
+                "turn's key/value graph for later turns, which activation checkpointing discards. Set "
+                "gradient_checkpointing=False, or release='content' (one backward per trajectory, checkpointing works)")
         if self.max_buffered_trajectories is not None and self.max_buffered_trajectories < 1:
             raise ConfigurationError(
                 f"max_buffered_trajectories={self.max_buffered_trajectories} must be ≥ 1 (or None for no cap)")

@@ -39,6 +39,7 @@ from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import TrajectoryBackward, write_flat_grads
+from ..streaming.turn_grpo import TurnScoreBackward
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_config import ThunderSyncGRPOConfig
@@ -205,7 +206,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             bucket_of=(lambda i: buckets[i]) if buckets else (lambda i: 0),
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
-            release=self.args.release, content_backward=backward.content,
+            release=self._release(), content_backward=backward.content,
+            turn_source=self._turn_backward(module, normalization) if self._release() == "turn" else None,
             max_buffered=self.args.max_buffered_trajectories,
         )
         def prepare(rollout: Rollout) -> ScoringInput:
@@ -237,12 +239,38 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
                              prompts)
 
+    def _release(self) -> str:
+        """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
+        if self.args.release == "turn" and not self._agentic():
+            return "content"
+        return self.args.release
+
+    def _turn_backward(self, module, normalization: LossNormalization) -> TurnScoreBackward:
+        """Per-turn GRPO backward for one logical batch (release='turn'), with TrajectoryBackward's settings."""
+        ref_model, ref_context = None, None
+        if self.beta != 0.0:
+            if self.ref_model is not None:
+                ref_model = self.accelerator.unwrap_model(self.ref_model)
+            else:  # PEFT: the reference is the policy with its adapter disabled (or the 'ref' adapter)
+                ref_model = module
+                name = "ref" if "ref" in module.peft_config else None
+                ref_context = lambda: use_adapter(module, adapter_name=name)  # noqa: E731
+        return TurnScoreBackward(
+            model=module, params=self._trainable, normalization=normalization,
+            eos_and_pad=[*self.eos_token_ids, self._tokenizer.pad_token_id],
+            mask_truncated=self.mask_truncated_completions, temperature=self.args.temperature, beta=self.beta,
+            ref_model=ref_model, ref_context=ref_context, bias_correction_kl=self.args.use_bias_correction_kl,
+            correction=SamplingCorrection.from_config(self.args), device=self.accelerator.device,
+            policy_version=self.policy_version, autocast=self.accelerator.autocast,
+        )
+
     def _stats_bound(self, totals, batch_size: int) -> int:
         """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
         num_params = totals.accumulator.num_params
         bound = stats_memory_bytes(num_params, self.args.max_open_groups or batch_size // self.num_generations)
-        if self.args.release != "reward":
-            bound += 4 * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
+        if self._release() != "reward":  # one H_i per buffered trajectory (and K_i under 'turn' with β ≠ 0)
+            vectors = 2 if self._release() == "turn" and self.beta != 0.0 else 1
+            bound += 4 * vectors * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
         return bound
 
     def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
@@ -479,9 +507,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         m["thundersync/learner_idle_fraction"].append(max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0)
         m["thundersync/stats_peak_mb"].append(totals.peak_stats_bytes / 2**20)
         m["thundersync/stats_bound_mb"].append(self._stats_bound(totals, len(scored)) / 2**20)
-        if self.args.release != "reward":
+        if self._release() != "reward":
             m["thundersync/buffered_peak"].append(float(totals.peak_held))
-        if self.args.release == "turn":
+        if self._release() == "turn":
             m["thundersync/turn_fallbacks"].append(float(totals.turn_fallbacks))
         m["thundersync/policy_version"].append(float(self.policy_version))
         server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
