@@ -22,7 +22,6 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.chat_template_utils import parse_response
 from trl.data_utils import apply_chat_template, is_conversational
-from trl.trainer.grpo_trainer import use_adapter
 from trl.trainer.utils import nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
@@ -32,16 +31,15 @@ from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
-from ..streaming.importance import SamplingCorrection
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
-from ..streaming.source import TrajectoryBackward, write_flat_grads
-from ..streaming.turn_grpo import TurnScoreBackward
+from ..streaming.source import write_flat_grads
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
+from .grpo_backward import trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
@@ -187,18 +185,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         # Per-source passes run on the unwrapped module: DDP's reducer must not see them. The batch direction is
         # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
         module = self.accelerator.unwrap_model(model)
-        backward = TrajectoryBackward(
-            params=self._trainable,
-            logps_fn=lambda ids, mask, keep: self._get_per_token_logps_and_entropies(module, ids, mask, keep)[0],
-            ref_logps_fn=self._reference_logps if self.beta != 0.0 else None,
-            normalization=normalization,
-            eos_and_pad=[*self.eos_token_ids, self._tokenizer.pad_token_id],
-            mask_truncated=self.mask_truncated_completions,
-            beta=self.beta,
-            bias_correction_kl=self.args.use_bias_correction_kl,
-            device=self.accelerator.device,
-            correction=SamplingCorrection.from_config(self.args),
-        )
+        backward = trajectory_backward(self, module, normalization)
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
             num_params=sum(p.numel() for p in self._trainable), policy_version=version,
@@ -207,7 +194,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
             release=self._release(), content_backward=backward.content,
-            turn_source=self._turn_backward(module, normalization) if self._release() == "turn" else None,
+            turn_source=turn_backward(self, module, normalization) if self._release() == "turn" else None,
             max_buffered=self.args.max_buffered_trajectories,
         )
         def prepare(rollout: Rollout) -> ScoringInput:
@@ -244,25 +231,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self.args.release == "turn" and not self._agentic():
             return "content"
         return self.args.release
-
-    def _turn_backward(self, module, normalization: LossNormalization) -> TurnScoreBackward:
-        """Per-turn GRPO backward for one logical batch (release='turn'), with TrajectoryBackward's settings."""
-        ref_model, ref_context = None, None
-        if self.beta != 0.0:
-            if self.ref_model is not None:
-                ref_model = self.accelerator.unwrap_model(self.ref_model)
-            else:  # PEFT: the reference is the policy with its adapter disabled (or the 'ref' adapter)
-                ref_model = module
-                name = "ref" if "ref" in module.peft_config else None
-                ref_context = lambda: use_adapter(module, adapter_name=name)  # noqa: E731
-        return TurnScoreBackward(
-            model=module, params=self._trainable, normalization=normalization,
-            eos_and_pad=[*self.eos_token_ids, self._tokenizer.pad_token_id],
-            mask_truncated=self.mask_truncated_completions, temperature=self.args.temperature, beta=self.beta,
-            ref_model=ref_model, ref_context=ref_context, bias_correction_kl=self.args.use_bias_correction_kl,
-            correction=SamplingCorrection.from_config(self.args), device=self.accelerator.device,
-            policy_version=self.policy_version, autocast=self.accelerator.autocast,
-        )
 
     def _stats_bound(self, totals, batch_size: int) -> int:
         """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
@@ -469,13 +437,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return RewardScorer(self.reward_funcs, self.reward_func_names, self.reward_weights,
                             processing_classes=self.reward_processing_classes,
                             async_loop=getattr(self, "async_loop", None), render_text=render)
-
-    def _reference_logps(self, ids, mask, keep):
-        if self.ref_model is not None:
-            return self._get_per_token_logps_and_entropies(self.ref_model, ids, mask, keep)[0]
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-            return self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)[0]
 
     # -- metrics ------------------------------------------------------------------------------------------------------
     def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts) -> None:
