@@ -192,28 +192,46 @@ class SlowRewardEngine:
             yield rollout(req.index, finished=time.perf_counter())
 
 
-def test_content_backward_runs_while_the_reward_is_computed():
+def test_content_backward_runs_while_the_reward_is_computed_and_a_slow_grader_holds_back_no_content():
     learner, backward = make("content", batch=4)
-    content_started = threading.Event()
+    contents: list[int] = []
+    all_content = threading.Event()
     original = backward.content
 
     def content(r, bucket):
-        content_started.set()
+        contents.append(r.index)
+        if len(contents) == 4:
+            all_content.set()
         return original(r, bucket)
 
     learner.content_backward = content
 
     def score(r):
-        # the grader of trajectory 0 waits until the learner has started on some content: it would deadlock (and
-        # time out) if the content were only handed over after scoring
-        assert content_started.wait(timeout=30)
+        # trajectory 0's grader takes until the learner has the content of every trajectory (a slow SWE test run):
+        # it would time out if content were handed over only after the grading of the trajectories before it
+        if r.index == 0:
+            assert all_content.wait(timeout=30), f"content seen before grading finished: {contents}"
         return [ScoredRollout(r, (REWARDS[r.index],), REWARDS[r.index], time.perf_counter())]
 
     requests = [RolloutRequest(i, i // 2, (1,), seed=i) for i in range(4)]
     totals, _ = run_logical_batch(SlowRewardEngine(4), requests, 0, score, learner)
     content_items = [w for w in totals.work if w.kind == "content"]
-    assert len(content_items) == 4 and content_items[0].index == 0
-    assert content_items[0].start < content_items[0].reward_at  # trajectory 0's backward began before its reward
+    assert [w.index for w in content_items] == [0, 1, 2, 3]
+    assert all(w.start < w.reward_at for w in content_items)  # every backward began before its reward existed
+
+
+def test_a_grader_that_raises_voids_the_batch_with_its_error_and_frees_the_buffers():
+    learner, _ = make("content", batch=4)
+
+    def score(r):
+        if r.index == 2:
+            raise RuntimeError("grader crashed on trajectory 2")
+        return [ScoredRollout(r, (REWARDS[r.index],), REWARDS[r.index], time.perf_counter())]
+
+    requests = [RolloutRequest(i, i // 2, (1,), seed=i) for i in range(4)]
+    with pytest.raises(RuntimeError, match="grader crashed on trajectory 2"):
+        run_logical_batch(SlowRewardEngine(4), requests, 0, score, learner)
+    assert not learner.buffered and not learner.turning
 
 
 def test_a_grpo_turn_router_drops_events_nobody_listens_to_and_a_distillation_one_refuses():

@@ -71,19 +71,55 @@ class TurnRouter:
 
 def _produce(engine: RolloutEngine, score: Callable[[Rollout], Sequence[ScoredRollout]], out: queue.Queue,
              stop: threading.Event, delivered: list, content: bool) -> None:
+    """Rollout thread: trajectories in completion order → scoring. With `content`, each trajectory's tokens go to the
+    learner the moment the engine delivers it, and scoring runs on its own thread, so a slow grader (SWE tests, a
+    judge, a group or batch call) never holds back the content of the trajectories finishing behind it."""
+    if not content:
+        try:
+            for rollout in engine.results():
+                if stop.is_set():  # the learner failed: the batch is void, stop scoring
+                    break
+                delivered.append(rollout.index)
+                for scored in score(rollout):
+                    out.put(scored)
+        except BaseException as exc:  # handed to the learner thread, which re-raises it
+            out.put(exc)
+        finally:
+            out.put(DONE)
+        return
+    to_score: queue.Queue = queue.Queue()
+    scorer = threading.Thread(target=_score_in_order, args=(score, to_score, out, stop), name="thundersync-scoring",
+                              daemon=True)
+    scorer.start()
     try:
         for rollout in engine.results():
-            if stop.is_set():  # the learner failed: the batch is void, stop scoring
+            if stop.is_set():
                 break
             delivered.append(rollout.index)
-            if content:
-                out.put(rollout)
-            for scored in score(rollout):
-                out.put(scored)
-    except BaseException as exc:  # handed to the learner thread, which re-raises it
+            out.put(rollout)  # before its scoring is queued: the learner sees content, then the reward
+            to_score.put(rollout)
+    except BaseException as exc:
         out.put(exc)
     finally:
+        to_score.put(DONE)
+        scorer.join()
         out.put(DONE)
+
+
+def _score_in_order(score: Callable[[Rollout], Sequence[ScoredRollout]], inbox: queue.Queue, out: queue.Queue,
+                    stop: threading.Event) -> None:
+    """Scoring thread: reward calls in the order the trajectories finished (TRL calls reward functions from one
+    thread too); after a failure it only drains its queue."""
+    failed = False
+    while (rollout := inbox.get()) is not DONE:
+        if failed or stop.is_set():
+            continue
+        try:
+            for scored in score(rollout):
+                out.put(scored)
+        except BaseException as exc:
+            failed = True
+            out.put(exc)
 
 
 def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None]) -> list:
