@@ -4,7 +4,7 @@
     python -m trl_thundersync.bench --preset quick --pin           # learner on one core, rollout on the other
     python -m trl_thundersync.bench --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
     python -m trl_thundersync.bench --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
-    python -m trl_thundersync.bench --preset quick-grading         # + 2 s grading; reward vs content release
+    python -m trl_thundersync.bench --preset quick-grading         # + 1.2 s grading; reward vs content release
     python -m trl_thundersync.bench --preset quick --release reward,content,turn --grading-latency 2
     python -m trl_thundersync.bench --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
 
@@ -62,8 +62,8 @@ def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
         # R is the slowest trajectory, so the spread decides how early the learner gets work.
         "spread-sweep": ([_QUICK.with_(name=f"cv={c:g}", latency_cv=c)
                           for c in (0.0, 0.25, 0.5, 1.0, 1.5)], 1, ("sync", "thundersync")),
-        # The issue-10 point: quick plus ~2 s of grading per trajectory (about a third of its R), reward vs content.
-        "quick-grading": ([_QUICK.with_(name="quick-grading", grading_latency=2.0)], 2,
+        # The issue-10 point: quick plus 1.2 s mean grading per trajectory (about a third of R here), reward vs content.
+        "quick-grading": ([_QUICK.with_(name="quick-grading", grading_latency=1.2)], 2,
                           ("sync", "thundersync:reward", "thundersync:content", "trl")),
         "smoke": ([Workload(name="smoke", batch=4, group=2, turns=1, concurrency=2, latency_mean=0.02,
                             balance=None, hidden=32, layers=1, steps=2)], 1, SCHEDULES),
@@ -194,7 +194,7 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "grading_latency", "hidden", "layers", "seed")
+          "gen_delay", "grading_latency", "grading_cv", "hidden", "layers", "seed")
 
 
 def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -244,6 +244,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--gen-delay", type=float, help="simulated decode seconds per turn")
     knobs.add_argument("--grading-latency", type=float,
                        help="mean seconds of verification after a trajectory's last turn before its reward is known")
+    knobs.add_argument("--grading-cv", type=float, help="CV of the grading time between trajectories")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

@@ -14,9 +14,11 @@ Every schedule of a benchmark point runs exactly this workload:
   (seed, step, trajectory[, turn]) so every schedule sees identical trajectories, latencies and rewards. Optional
   `gen_delay` seconds of simulated decode per turn. At most `concurrency` trajectories are in flight (rollout slots),
   so a batch runs in about batch / concurrency waves;
-- grading: with `grading_latency` > 0 the environment's `get_reward()` verifies for g_i = `grading_latency` × m_i
-  seconds after the trajectory's last turn (as SWE tasks run their tests; the same spread as its tool latency)
-  before returning the hash reward. Grading runs as if in the background from the end of the last turn: `get_reward`
+- grading: with `grading_latency` > 0 the environment's `get_reward()` verifies for g_i = `grading_latency` × k_i
+  seconds after the trajectory's last turn (as SWE tasks run their tests) before returning the hash reward;
+  k_i ~ LogNormal(mean 1, CV `grading_cv`), seeded per (seed, step, trajectory). Its own, narrower spread: a test
+  suite takes about as long whatever the agent did, and with the tool-latency CV (0.6) one of 32 trajectories
+  grades 5× the mean, so grading, not the agent, would define R. Grading runs as if in the background from the end of the last turn: `get_reward`
   sleeps until (end of the last tool call + the last turn's decode delay + g_i), so trainers that grade one
   trajectory at a time (ThunderSync's scoring thread, TRL's environment-reward loop) do not add the g_i up.
   Every schedule sees the same g_i, and R (last reward known) includes the last trajectory's grading;
@@ -57,6 +59,7 @@ class Workload:
     turn_jitter: float = 0.2  # coefficient of variation of each turn's share
     gen_delay: float = 0.0  # simulated decode seconds per turn (scripted agent)
     grading_latency: float = 0.0  # mean seconds of verification after a trajectory's last turn (get_reward)
+    grading_cv: float = 0.25  # coefficient of variation of the grading time between trajectories
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
@@ -113,8 +116,11 @@ def trajectory_latency_units(w: Workload, step: int) -> list[float]:
 
 
 def grading_seconds(w: Workload, step: int, index: int) -> float:
-    """g_i: seconds the grading of (step, trajectory) takes after its last turn (mean `grading_latency`)."""
-    return w.grading_latency * trajectory_multiplier(w, step, index) if w.grading_latency > 0 else 0.0
+    """g_i: seconds the grading of (step, trajectory) takes after its last turn (mean `grading_latency`, CV
+    `grading_cv`), the same for every schedule."""
+    if w.grading_latency <= 0:
+        return 0.0
+    return w.grading_latency * _lognormal(random.Random(f"bench-grade|{w.seed}|{step}|{index}"), w.grading_cv)
 
 
 def decode_seconds(w: Workload, step: int, index: int, turn: int) -> float:
