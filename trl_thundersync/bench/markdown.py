@@ -67,6 +67,13 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:+.0%}"
 
 
+def _paired(slowdown: dict[str, Any], digits: int) -> str:
+    """'+23% (+49 ms)' from a PairedSlowdown dict, '–' without pairs."""
+    if slowdown.get("relative") is None:
+        return "–"
+    return f"{slowdown['relative']:+.0%} ({slowdown['seconds'] * 1e3:+.{digits}f} ms)"
+
+
 def release_table(report: dict[str, Any]) -> str | None:
     """Per point and ThunderSync schedule (one per release point): measured speedup vs sync, the Eq. 14 replay
     prediction of its release point from the sync traces and from the reward-release traces, the gap, the learner
@@ -102,16 +109,14 @@ def overlap_table(report: dict[str, Any]) -> str | None:
             vs = overlap.get(name, {})
             bwd, turn, tool = (vs.get(k, {}) for k in ("backward_during_vs_sync", "turn_busy_vs_sync",
                                                         "tool_busy_vs_sync"))
-            tool_ms = tool.get("seconds")
             lines.append(
                 f"| {point['name']} | {name} | {_ms(s.get('backward_during_rollout_s'))} / "
                 f"{_ms(s.get('backward_after_rollout_s'))} | {_pct(bwd.get('relative'))} | "
                 f"{_x(None if s.get('turn_busy_s') is None else s['turn_busy_s'] * 1e3, 1)} / "
                 f"{_x(None if s.get('turn_idle_s') is None else s['turn_idle_s'] * 1e3, 1)} "
-                f"({s.get('turn_busy_n', 0)} / {s.get('turn_idle_n', 0)}) | {_pct(turn.get('relative'))} | "
+                f"({s.get('turn_busy_n', 0)} / {s.get('turn_idle_n', 0)}) | {_paired(turn, 1)} | "
                 f"{_ms(s.get('tool_busy_s'))} / {_ms(s.get('tool_idle_s'))} "
-                f"({s.get('tool_busy_n', 0)} / {s.get('tool_idle_n', 0)}) | {_pct(tool.get('relative'))}"
-                f"{'' if tool_ms is None else f' ({tool_ms * 1e3:+.0f} ms)'} |")
+                f"({s.get('tool_busy_n', 0)} / {s.get('tool_idle_n', 0)}) | {_paired(tool, 0)} |")
             rows += 1
     return "\n".join(lines) if rows else None
 

@@ -106,8 +106,8 @@ def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], 
           "statistics memory, cores = CPU this run used, other = CPU other processes used meanwhile (machine noise)")
 
 
-def _signed_ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:+.0f}"
+def _signed_ms(seconds: float | None, digits: int = 0) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:+.{digits}f}"
 
 
 def _pct(x: float | None) -> str:
@@ -125,7 +125,8 @@ def overlap_rows(stats: dict[str, ScheduleSummary], cmp: Comparison) -> list[tup
         rows.append((name, f"{_fmt(_ms(s.backward_during_rollout_s), '.0f')}/"
                            f"{_fmt(_ms(s.backward_after_rollout_s), '.0f')}", _pct(bwd.get("relative")),
                      f"{_fmt(_ms(s.turn_busy_s), '.1f')}/{_fmt(_ms(s.turn_idle_s), '.1f')} "
-                     f"({s.turn_busy_n}/{s.turn_idle_n})", _pct(turn.get("relative")),
+                     f"({s.turn_busy_n}/{s.turn_idle_n})",
+                     f"{_pct(turn.get('relative'))} ({_signed_ms(turn.get('seconds'), 1)} ms)",
                      f"{_fmt(_ms(s.tool_busy_s), '.0f')}/{_fmt(_ms(s.tool_idle_s), '.0f')} "
                      f"({s.tool_busy_n}/{s.tool_idle_n})",
                      f"{_pct(tool.get('relative'))} ({_signed_ms(tool.get('seconds'))} ms)"))
