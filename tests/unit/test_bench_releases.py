@@ -195,3 +195,16 @@ def test_markdown_renders_release_and_overlap_tables():
     assert "| g | thundersync:content | 4.50 | 1.44× | 1.44× |" in text
     assert "| g | thundersync:reward | 6.50 | 1.00× | 1.18× |" in text
     assert "backward ms during / after R" in text and "| g | thundersync:content | 1000 / – | +0% |" in text
+
+
+def test_every_release_mode_is_predicted_from_the_sync_and_reward_traces():
+    from trl_thundersync.bench.markdown import mode_table
+    from trl_thundersync.bench.report import mode_predictions
+
+    stats = {"sync": summarize([_run([_release_step(1, "sync")], 6.5)]),
+             "thundersync:reward": summarize([_run([_release_step(1, "thundersync")], 6.5)])}
+    modes = mode_predictions(stats)
+    assert modes["sync"] == pytest.approx({"reward": 6.5 / 5.5, "content": 6.5 / 4.5, "turn": 6.5 / 4.5})
+    assert set(modes) == {"sync", "thundersync:reward"}
+    report = {"points": [{"name": "g", "schedules": {k: v.to_dict() for k, v in stats.items()}}]}
+    assert "| g | sync | 1.18× | 1.44× | 1.44× |" in mode_table(report)

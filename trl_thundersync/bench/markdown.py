@@ -94,6 +94,23 @@ def release_table(report: dict[str, Any]) -> str | None:
     return "\n".join(lines) if rows else None
 
 
+def mode_table(report: dict[str, Any]) -> str | None:
+    """Per point: the predicted speedup over sync of every release mode (reward, content, turn), replaying the sync
+    traces and the reward-release traces (whether or not that mode was run). None for reports without it."""
+    lines = ["| point | trace replayed | reward release | content release | turn release |", "|" + "---|" * 5]
+    rows = 0
+    for point in report["points"]:
+        for name in ("sync", "thundersync", "thundersync:reward"):
+            s = point["schedules"].get(name)
+            if s is None or not s.get("replay_release_s"):
+                continue
+            modes = {m: s["replay_sync_s"] / t for m, t in s["replay_release_s"].items()}
+            lines.append(f"| {point['name']} | {name} | {_x(modes.get('reward'))}× | {_x(modes.get('content'))}× | "
+                         f"{_x(modes.get('turn'))}× |")
+            rows += 1
+    return "\n".join(lines) if rows else None
+
+
 def overlap_table(report: dict[str, Any]) -> str | None:
     """Per point and schedule, the overlap cost on each side (bench/stats.py): median backward during / after R and
     the paired slowdown of backwards run before R vs the same trajectory's in sync; median rollout turn and tool
@@ -138,7 +155,8 @@ def resummarize(report: dict[str, Any]) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     header = f"`{report['command']}` — {report['date']}, {report['seconds']:.0f} s"
-    tables = [schedule_table(report), prediction_table(report), release_table(report), overlap_table(report)]
+    tables = [schedule_table(report), prediction_table(report), release_table(report), mode_table(report),
+              overlap_table(report)]
     return "\n\n".join([header] + [t for t in tables if t])
 
 

@@ -71,13 +71,25 @@ def prediction_line(stats: dict[str, ScheduleSummary], cmp: Comparison) -> str |
             f"{_fmt(_ms(ts.backward_after_rollout_s), '.0f')} ms after")
 
 
+def mode_predictions(stats: dict[str, ScheduleSummary]) -> dict[str, dict[str, float]]:
+    """Predicted speedup over sync of every release mode, replaying the sync traces and the reward-release ones:
+    trace's schedule → {mode: (R + L + P) ÷ T_mode}, both from that schedule's steps."""
+    out = {}
+    for name in ("sync", "thundersync", "thundersync:reward"):
+        s = stats.get(name)
+        if s is not None and s.replay_release_s:
+            out[name] = {mode: s.replay_sync_s / t for mode, t in s.replay_release_s.items()}
+    return out
+
+
 def release_lines(stats: dict[str, ScheduleSummary], cmp: Comparison) -> list[str]:
     """One line per ThunderSync schedule when there are several (one per release point): measured speedup, the
     replay prediction of its release point from the sync traces and from the reward-release traces, and its tail."""
     names = list(cmp.predicted_from_sync or {})
     if len(names) < 2 and not any(":" in n for n in names):
         return []
-    lines = []
+    lines = [f"replay of the {source} traces predicts " + ", ".join(f"{mode} {x:.2f}x" for mode, x in modes.items())
+             for source, modes in mode_predictions(stats).items()]
     for name in names:
         s = stats[name]
         from_reward = (cmp.predicted_from_reward or {}).get(name)
