@@ -80,6 +80,8 @@ def test_release_option_replaces_the_thundersync_schedule():
         "sync", "thundersync:turn")
     args = parse_args(["--preset", "quick", "--release", "reward,content,turn", "--grading-latency", "2"])
     assert args.release == ("reward", "content", "turn") and args.grading_latency == 2.0
+    assert parse_args(["--reward-scope", "batch"]).reward_scope == "batch"
+    assert Workload.from_dict(Workload(reward_scope="group").to_dict()).reward_scope == "group"
     with pytest.raises(SystemExit):
         parse_args(["--release", "late"])
     with pytest.raises(SystemExit):

@@ -12,15 +12,17 @@ Each run (one schedule, one repeat) is its own process (`bench.run_one`), so pea
 share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so machine noise hits every schedule, and
 the first step of every run is dropped as warm-up. `--release reward,content` replaces the ThunderSync schedule by
 one per GRPO release point (`thundersync:reward`, `thundersync:content`, ...: `ThunderSyncGRPOConfig.release`);
-`--grading-latency g` makes every trajectory's reward take ~g s of verification after its last turn. Workload and knobs: `bench/workload.py`. With `--balance ρ` the
-tool-latency mean is calibrated first (`bench/calibration.py`, one short `sync` probe without sleeps).
+`--grading-latency g` makes every trajectory's reward take ~g s of verification after its last turn. Workload and
+knobs: `bench/workload.py`. With `--balance ρ` the tool-latency mean is calibrated first (`bench/calibration.py`,
+one short `sync` probe without sleeps).
 
 Prints a table per point (mean step wall ± stdev, speedup vs sync, R, L, realized ρ, learner idle fraction, learner
 tail, learner TFLOP/s and MFU with `--peak-flops`, peak RSS, gradient-statistics memory, CPU used by this run and by
 other processes meanwhile), the measured speedup of every ThunderSync schedule next to the trace-replay prediction of
 its release point (paper Eq. 14 on the *sync* traces, and on the reward-release traces), and the overlap cost per
-side (backward during vs after R, rollout turns and tool calls with the learner busy vs idle, and vs sync). Writes `<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json`
-(the same steps for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
+side (backward during vs after R, rollout turns and tool calls with the learner busy vs idle, and vs sync). Writes
+`<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json` (the same steps
+for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
 """
 
 from __future__ import annotations
@@ -143,7 +145,8 @@ def run_point(w: Workload, schedules: tuple[str, ...], repeats: int, work: Path,
     for r in range(repeats):
         for schedule in schedules:
             done += 1
-            result = run_child(schedule, w, work / w.name / f"{schedule.replace(':', '-')}-{r}", _model_dir(work, w), pin)
+            run_dir = work / w.name / f"{schedule.replace(':', '-')}-{r}"
+            result = run_child(schedule, w, run_dir, _model_dir(work, w), pin)
             runs[schedule].append(result)
             walls = [b - a for a, b in result["step_intervals"][1:]]
             print(f"[{done}/{total}] {w.name} {schedule:<19} repeat {r + 1}: {len(walls)} measured steps, mean "
@@ -194,7 +197,7 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "grading_latency", "grading_cv", "hidden", "layers", "seed")
+          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "hidden", "layers", "seed")
 
 
 def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -245,6 +248,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--grading-latency", type=float,
                        help="mean seconds of verification after a trajectory's last turn before its reward is known")
     knobs.add_argument("--grading-cv", type=float, help="CV of the grading time between trajectories")
+    knobs.add_argument("--reward-scope", choices=("auto", "trajectory", "group", "batch"),
+                       help="ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules (stock TRL: always batch)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

@@ -32,6 +32,8 @@ def describe(w: Workload, calibrated: bool, pinned: bool) -> str:
                f"{w.latency_cv:g}, {w.concurrency} slots")
     if w.grading_latency > 0:
         rollout += f", grading {w.grading_latency:g} s mean after the last turn"
+    if w.reward_scope != "auto":
+        rollout += f", reward_scope={w.reward_scope}"
     if calibrated:
         rollout += f" (calibrated for ρ = {w.balance:g})"
     cores = ", learner pinned to one core and rollout to the other(s)" if pinned else ""

@@ -4,9 +4,9 @@
         "out_dir": "...", "model_dir": "...", "result": "...", "pin": false}'
 
 Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`; "thundersync:<release>" sets
-`ThunderSyncGRPOConfig.release`, plain "thundersync" is reward release), "trl" (stock `trl.GRPOTrainer`; with the scripted
-agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox for the
-whole batch). Every run uses one torch thread for the learner. Per step it records the wall time from
+`ThunderSyncGRPOConfig.release`, plain "thundersync" is reward release), "trl" (stock `trl.GRPOTrainer`; with the
+scripted agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox
+for the whole batch). Every run uses one torch thread for the learner. Per step it records the wall time from
 `on_step_begin` to `on_step_end` (after the new weights are published) and a `StepTrace`: ThunderSync writes its own
 (`<out_dir>/thundersync_trace/steps.jsonl`); for TRL this module writes one in the same format with schedule "trl"
 (rollout = TRL's generation call, one learner item = scoring + loss + backward of the whole batch). The process's
@@ -95,8 +95,9 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
 
     # agent_protocol="paper": the published BENCHMARKS.md figures were measured with it (its stock-TRL side below
     # runs the same paper loop through rollout_func)
-    extra = dict(schedule=schedule, release=release, agent_protocol="paper", agent_max_turns=w.turns + 1,
-                 learner_num_threads=1, rollout_num_threads=1, rollout_max_in_flight=w.concurrency)
+    extra = dict(schedule=schedule, release=release, reward_scope=w.reward_scope, agent_protocol="paper",
+                 agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
+                 rollout_max_in_flight=w.concurrency)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,

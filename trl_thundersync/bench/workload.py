@@ -14,13 +14,15 @@ Every schedule of a benchmark point runs exactly this workload:
   (seed, step, trajectory[, turn]) so every schedule sees identical trajectories, latencies and rewards. Optional
   `gen_delay` seconds of simulated decode per turn. At most `concurrency` trajectories are in flight (rollout slots),
   so a batch runs in about batch / concurrency waves;
+- reward scope: `reward_scope` is passed to the ThunderSync schedules (stock TRL always calls once per batch);
 - grading: with `grading_latency` > 0 the environment's `get_reward()` verifies for g_i = `grading_latency` × k_i
   seconds after the trajectory's last turn (as SWE tasks run their tests) before returning the hash reward;
   k_i ~ LogNormal(mean 1, CV `grading_cv`), seeded per (seed, step, trajectory). Its own, narrower spread: a test
   suite takes about as long whatever the agent did, and with the tool-latency CV (0.6) one of 32 trajectories
-  grades 5× the mean, so grading, not the agent, would define R. Grading runs as if in the background from the end of the last turn: `get_reward`
-  sleeps until (end of the last tool call + the last turn's decode delay + g_i), so trainers that grade one
-  trajectory at a time (ThunderSync's scoring thread, TRL's environment-reward loop) do not add the g_i up.
+  grades 5× the mean, so grading, not the agent, would define R. Grading runs as if in the background from the
+  end of the last turn: `get_reward` sleeps until (end of the last tool call + the last turn's decode delay + g_i),
+  so trainers that grade one trajectory at a time (ThunderSync's scoring thread, TRL's environment-reward loop) do
+  not add the g_i up.
   Every schedule sees the same g_i, and R (last reward known) includes the last trajectory's grading;
 
 Balance ρ = L/R is set by `latency_mean`; `bench.calibration` picks it from a measured learner cost per
@@ -60,6 +62,7 @@ class Workload:
     gen_delay: float = 0.0  # simulated decode seconds per turn (scripted agent)
     grading_latency: float = 0.0  # mean seconds of verification after a trajectory's last turn (get_reward)
     grading_cv: float = 0.25  # coefficient of variation of the grading time between trajectories
+    reward_scope: str = "auto"  # ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
