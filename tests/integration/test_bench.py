@@ -63,3 +63,44 @@ def test_pinned_runs_record_their_core_split(tmp_path, capsys):
         assert len(pinning["learner"]) == 1 and pinning["rollout"]
         assert not set(pinning["learner"]) & set(pinning["rollout"])
         assert point["runs"][schedule][0]["learner_thread_cpus"] == pinning["learner"]
+
+
+def test_release_points_with_grading_latency(tmp_path, capsys):
+    """`--release reward,content` runs one ThunderSync schedule per release point; every learner item of their
+    traces carries its trajectory's content-ready and reward times, and each is predicted from the sync trace."""
+    from trl_thundersync.trace.export import read_jsonl
+
+    out = tmp_path / "release.json"
+    main(["--preset", "smoke", "--release", "reward,content", "--schedules", "sync,thundersync",
+          "--grading-latency", "0.05", "--out", str(out)])
+    printed = capsys.readouterr().out
+    names = ("sync", "thundersync:reward", "thundersync:content")
+    table = [line.split()[0] for line in printed.splitlines() if line.split()]
+    for schedule in names:
+        assert schedule in table, f"no table row for {schedule}:\n{printed}"
+    assert "overlap cost per side" in printed and "(replay of sync)" in printed
+
+    data = json.loads(out.read_text())
+    point = data["points"][0]
+    assert data["schedules"] == list(names) and point["workload"]["grading_latency"] == 0.05
+    c = point["compare"]
+    assert set(c["predicted_from_sync"]) == set(c["predicted_from_reward"]) == set(names[1:])
+    assert all(v > 0 for v in c["predicted_from_sync"].values())
+    assert set(c["overlap_vs_sync"]) == set(names[1:])
+    for schedule in names:
+        assert set(point["schedules"][schedule]["replay_release_s"]) == {"reward", "content", "turn"}
+    assert {r["release"] for r in point["runs"]["thundersync:content"]} == {"content"}
+
+    kinds = {}
+    for schedule in names:
+        steps = read_jsonl(point["runs"][schedule][0]["trace"])
+        learner = [e for s in steps for e in s.events if e.lane == "learner" and e.index >= 0]
+        kinds[schedule] = {e.kind for e in learner}
+        for e in learner:  # every per-trajectory item knows its content-ready time; a reward-time item its reward
+            assert e.content_ready is not None, (schedule, e)
+            assert e.reward_at is not None or e.kind == "content_backward", (schedule, e)
+        assert any(e.kind == "reward" for s in steps for e in s.events), schedule
+    assert kinds["sync"] == kinds["thundersync:reward"] == {"source_backward"}
+    assert {"content_backward", "bind"} <= kinds["thundersync:content"]
+    trace = json.loads(open(data["files"]["chrome_trace"]).read())
+    assert {e["args"]["schedule"] for e in trace["traceEvents"] if e.get("cat") == "step"} == set(names)

@@ -85,3 +85,39 @@ def test_a_closed_writer_refuses_to_append(tmp_path):
     writer.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         writer.append(step(0))
+
+
+def test_learner_events_carry_content_and_reward_times_and_name_every_release_kind():
+    from trl_thundersync.streaming.learner_records import WorkItem
+    from trl_thundersync.trace.recorder import learner_events
+
+    work = [WorkItem("trajectory", 0, 0, 3, 2.0, 2.0, 2.5, 7, content_ready=1.0, reward_at=2.0),
+            WorkItem("content", 1, 0, 3, 1.5, 2.5, 3.0, 8, content_ready=1.5),
+            WorkItem("turn", 2, 1, 3, 0.7, 3.0, 3.1, 4, turn=1),
+            WorkItem("close", 2, 1, 3, 1.8, 3.1, 3.2, 9, content_ready=1.8),
+            WorkItem("bind", 1, 0, 3, 2.9, 3.2, 3.3, 0, content_ready=1.5, reward_at=2.9),
+            WorkItem("group_fold", -1, 0, 3, 3.3, 3.3, 3.4, 0)]
+    events = learner_events(work, {0: 100, 1: 120, 2: 90}, lambda tokens: 6.0 * tokens)
+    assert [e.kind for e in events] == ["source_backward", "content_backward", "turn_backward", "turn_close", "bind",
+                                        "group_fold"]
+    assert [(e.content_ready, e.reward_at) for e in events] == [(1.0, 2.0), (1.5, None), (None, None), (1.8, None),
+                                                                (1.5, 2.9), (None, None)]
+    assert [e.flops for e in events] == [600.0, 720.0, 24.0, 0.0, 0.0, 0.0]  # whole trajectories: full context
+    assert events[2].turn == 1 and events[0].ready == 2.0
+
+
+def test_rollout_events_show_turn_action_tokens_and_the_reward_interval():
+    from trl_thundersync.trace.recorder import action_runs, rollout_events
+    from trl_thundersync.types import AgentStats, Rollout, ScoredRollout
+
+    assert action_runs([1, 1, 0, 0, 1, 1, 1, 0], 8) == [2, 3] and action_runs(None, 5) == [5]
+    agent = AgentStats(turns=2, tool_calls=1, tool_failures=0, parse_errors=0, observation_truncations=0,
+                       tool_intervals=((1.0, 2.0),), turn_intervals=((0.0, 1.0), (2.0, 3.0)), wall_seconds=3.0,
+                       stop_reason="answered")
+    rollout = Rollout(index=4, group=2, policy_version=0, prompt_ids=(1,), completion_ids=(5, 6, 7, 8, 9, 10),
+                      env_mask=(1, 1, 0, 0, 1, 1), started_at=0.0, finished_at=3.0, agent=agent)
+    events = rollout_events([ScoredRollout(rollout, (0.5,), 0.5, scored_at=4.5)])
+    turns = [e for e in events if e.kind == "turn"]
+    assert [(e.turn, e.tokens, e.start, e.end) for e in turns] == [(0, 2, 0.0, 1.0), (1, 2, 2.0, 3.0)]
+    reward = [e for e in events if e.kind == "reward"]
+    assert [(e.start, e.end, e.content_ready, e.reward_at) for e in reward] == [(3.0, 4.5, 3.0, 4.5)]

@@ -4,23 +4,31 @@
     python -m trl_thundersync.bench --preset quick --pin           # learner on one core, rollout on the other
     python -m trl_thundersync.bench --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
     python -m trl_thundersync.bench --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
+    python -m trl_thundersync.bench --preset quick-grading         # + 1.2 s grading; reward vs content release
+    python -m trl_thundersync.bench --preset quick --release reward,content,turn --grading-latency 2
     python -m trl_thundersync.bench --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
 
 Each run (one schedule, one repeat) is its own process (`bench.run_one`), so peak RSS is per schedule and runs
 share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so machine noise hits every schedule, and
-the first step of every run is dropped as warm-up. Workload and knobs: `bench/workload.py`. With `--balance ρ` the
-tool-latency mean is calibrated first (`bench/calibration.py`, one short `sync` probe without sleeps).
+the first step of every run is dropped as warm-up. `--release reward,content` replaces the ThunderSync schedule by
+one per GRPO release point (`thundersync:reward`, `thundersync:content`, ...: `ThunderSyncGRPOConfig.release`);
+`--grading-latency g` makes every trajectory's reward take ~g s of verification after its last turn. Workload and
+knobs: `bench/workload.py`. With `--balance ρ` the tool-latency mean is calibrated first (`bench/calibration.py`,
+one short `sync` probe without sleeps).
 
 Prints a table per point (mean step wall ± stdev, speedup vs sync, R, L, realized ρ, learner idle fraction, learner
 tail, learner TFLOP/s and MFU with `--peak-flops`, peak RSS, gradient-statistics memory, CPU used by this run and by
-other processes meanwhile) and the measured speedup next to the trace-replay prediction (paper Eq. 14 on the *sync*
-traces). Writes `<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json`
-(the same steps for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
+other processes meanwhile), the measured speedup of every ThunderSync schedule next to the trace-replay prediction of
+its release point (paper Eq. 14 on the *sync* traces, and on the reward-release traces), and the overlap cost per
+side (backward during vs after R, rollout turns and tool calls with the learner busy vs idle, and vs sync). Writes
+`<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json` (the same steps
+for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -34,9 +42,10 @@ from typing import Any
 
 from ..trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
 from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
-from .report import SpreadPoint, describe, machine, plot_spread, print_point
-from .stats import RunSteps, compare, measured_run, side_by_side, summarize
-from .workload import Workload
+from .report import SpreadPoint, describe, machine, plot_spread, print_overlap, print_point
+from ..trace.model import RELEASE_MODES
+from .stats import RunSteps, compare, measured_run, side_by_side, summarize, thundersync_schedules
+from .workload import Workload, split_schedule
 
 SCHEDULES = ("sync", "thundersync", "trl")
 
@@ -55,6 +64,9 @@ def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
         # R is the slowest trajectory, so the spread decides how early the learner gets work.
         "spread-sweep": ([_QUICK.with_(name=f"cv={c:g}", latency_cv=c)
                           for c in (0.0, 0.25, 0.5, 1.0, 1.5)], 1, ("sync", "thundersync")),
+        # The issue-10 point: quick plus 1.2 s mean grading per trajectory (about a third of R here), reward vs content.
+        "quick-grading": ([_QUICK.with_(name="quick-grading", grading_latency=1.2)], 2,
+                          ("sync", "thundersync:reward", "thundersync:content", "trl")),
         "smoke": ([Workload(name="smoke", batch=4, group=2, turns=1, concurrency=2, latency_mean=0.02,
                             balance=None, hidden=32, layers=1, steps=2)], 1, SCHEDULES),
     }
@@ -101,7 +113,7 @@ def calibrate(w: Workload, work: Path, cache: dict[str, dict], pin: bool) -> Cal
     """Probe the learner cost and rollout overhead of `w` (cached per shape in the work dir)."""
     key = _calibration_key(w, pin)
     if key not in cache:
-        probe = w.with_(name=f"calibration-{key}", latency_mean=0.0, steps=3)
+        probe = w.with_(name=f"calibration-{key}", latency_mean=0.0, grading_latency=0.0, steps=3)
         started = time.perf_counter()
         print(f"calibrating {key}: one sync run without tool latency ...", flush=True)
         result = run_child("sync", probe, work / "calibration" / key, _model_dir(work, w), pin)
@@ -133,10 +145,11 @@ def run_point(w: Workload, schedules: tuple[str, ...], repeats: int, work: Path,
     for r in range(repeats):
         for schedule in schedules:
             done += 1
-            result = run_child(schedule, w, work / w.name / f"{schedule}-{r}", _model_dir(work, w), pin)
+            run_dir = work / w.name / f"{schedule.replace(':', '-')}-{r}"
+            result = run_child(schedule, w, run_dir, _model_dir(work, w), pin)
             runs[schedule].append(result)
             walls = [b - a for a, b in result["step_intervals"][1:]]
-            print(f"[{done}/{total}] {w.name} {schedule:<11} repeat {r + 1}: {len(walls)} measured steps, mean "
+            print(f"[{done}/{total}] {w.name} {schedule:<19} repeat {r + 1}: {len(walls)} measured steps, mean "
                   f"{sum(walls) / len(walls):.2f} s, run {result['run_seconds']:.0f} s, other processes "
                   f"{result['foreign_cpu_cores']:.2f} cores  (elapsed {time.perf_counter() - started:.0f} s)",
                   flush=True)
@@ -151,19 +164,27 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
     files: dict[str, str] = {}
     focus = min(points, key=lambda p: abs(math.log(p["schedules"].get("sync", {}).get("balance_ratio", 1.0) or 1.0)))
     steps = []
-    for schedule in SCHEDULES:
-        if schedule in focus["runs"]:
-            traces = read_jsonl(focus["runs"][schedule][-1]["trace"])
-            steps.append(traces[1] if len(traces) > 1 else traces[0])
+    for schedule, runs in focus["runs"].items():
+        traces = read_jsonl(runs[-1]["trace"])
+        steps.append(dataclasses.replace(traces[1] if len(traces) > 1 else traces[0], schedule=schedule))
     steps = side_by_side(steps)
     title = f"{focus['name']}: one step each of {', '.join(s.schedule for s in steps)} (same trajectories)"
     files["timeline_png"] = str(plot_timeline(steps, out.with_name(f"{out.stem}-timeline.png"), title=title))
     files["chrome_trace"] = str(write_chrome_trace(steps, out.with_name(f"{out.stem}-trace.json")))
     compared = [p for p in points if p["compare"]["predicted_speedup"] is not None]
     if compared:
-        speed = [SpeedupPoint(balance_ratio=p["schedules"]["sync"]["balance_ratio"],
-                              measured=p["compare"]["measured_speedup_step"],
-                              predicted=p["compare"]["predicted_speedup"], label=p["name"]) for p in compared]
+        speed = []
+        for p in compared:
+            c, rho = p["compare"], p["schedules"]["sync"]["balance_ratio"]
+            names = thundersync_schedules(list(p["schedules"]))
+            if len(names) <= 1:
+                speed.append(SpeedupPoint(balance_ratio=rho, measured=c["measured_speedup_step"],
+                                          predicted=c["predicted_speedup"], label=p["name"]))
+                continue
+            for n in names:  # one point per release point
+                speed.append(SpeedupPoint(balance_ratio=rho, measured=c["speedup"][n],
+                                          predicted=(c.get("predicted_from_sync") or {}).get(n),
+                                          label=f"{p['name']} {n.partition(':')[2] or 'reward'}"))
         files["speedup_png"] = str(plot_speedup(speed, out.with_name(f"{out.stem}-speedup.png"),
                                                 title=f"ThunderSync speedup over Sync ({name})"))
     if preset == "spread-sweep" and len(compared) > 1:
@@ -176,7 +197,25 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "hidden", "layers", "seed")
+          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "hidden", "layers", "seed")
+
+
+def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
+    """Replace the ThunderSync schedule(s) by one `thundersync:<release>` per release point, where the first stood
+    (after sync when there was none); without `releases`, `schedules` unchanged."""
+    if not releases:
+        return schedules
+    out: list[str] = []
+    added = [f"thundersync:{r}" for r in releases]
+    for s in schedules:
+        if s.partition(":")[0] == "thundersync":
+            out += [a for a in added if a not in out]
+        elif s not in out:
+            out.append(s)
+    if not any(a in out for a in added):
+        at = out.index("sync") + 1 if "sync" in out else 0
+        out[at:at] = added
+    return tuple(out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,7 +227,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="JSON path (default outputs/bench/<name>.json); plots are written beside it")
     p.add_argument("--work-dir", help="runs, traces and logs (default <out stem>-runs beside the JSON)")
     p.add_argument("--repeats", type=int, help="runs per schedule (interleaved)")
-    p.add_argument("--schedules", help="comma-separated subset of sync,thundersync,trl")
+    p.add_argument("--schedules", help="comma-separated subset of sync,thundersync,trl (or thundersync:<release>)")
+    p.add_argument("--release", help="comma-separated GRPO release points, e.g. reward,content,turn: one ThunderSync "
+                   "schedule per point (thundersync:<release>) instead of the plain one")
     p.add_argument("--peak-flops", type=float, help="peak FLOP/s of the learner's device (for MFU), e.g. 1e11")
     p.add_argument("--pin", action="store_true",
                    help="pin the learner thread to one CPU and the rollout side (agent loops, tools, sandboxes) to "
@@ -204,15 +245,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--latency-cv", type=float, help="CV of a trajectory's total tool latency")
     knobs.add_argument("--turn-jitter", type=float, help="CV of each turn's share of it")
     knobs.add_argument("--gen-delay", type=float, help="simulated decode seconds per turn")
+    knobs.add_argument("--grading-latency", type=float,
+                       help="mean seconds of verification after a trajectory's last turn before its reward is known")
+    knobs.add_argument("--grading-cv", type=float, help="CV of the grading time between trajectories")
+    knobs.add_argument("--reward-scope", choices=("auto", "trajectory", "group", "batch"),
+                       help="ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules (stock TRL: always batch)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)
     args = p.parse_args(argv)
     if args.schedules:
         args.schedules = tuple(s.strip() for s in args.schedules.split(","))
-        unknown = set(args.schedules) - set(SCHEDULES)
+        for name in args.schedules:
+            try:
+                split_schedule(name)
+            except ValueError:
+                p.error(f"--schedules: unknown {name!r}; choose from {', '.join(SCHEDULES)} or thundersync:<release>")
+        if not {split_schedule(n)[1] for n in args.schedules} <= set(RELEASE_MODES):
+            p.error(f"--schedules: release points are {', '.join(RELEASE_MODES)}")
+    if args.release:
+        args.release = tuple(r.strip() for r in args.release.split(","))
+        unknown = [r for r in args.release if r not in RELEASE_MODES]
         if unknown:
-            p.error(f"--schedules: unknown {sorted(unknown)}; choose from {', '.join(SCHEDULES)}")
+            p.error(f"--release: unknown {unknown}; choose from {', '.join(RELEASE_MODES)}")
+    if args.grading_latency is not None and args.grading_latency < 0:
+        p.error(f"--grading-latency={args.grading_latency}: use ≥ 0")
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats={args.repeats}: use ≥ 1")
     if args.steps is not None and args.steps < 2:
@@ -231,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides["latency_mean"] = None
     points = [w.with_(**overrides) for w in points]
     repeats = args.repeats or repeats
-    schedules = args.schedules or schedules
+    schedules = with_releases(args.schedules or schedules, args.release)
     name = args.name or (preset + ("-pinned" if args.pin else "") + ("-custom" if overrides else ""))
     out = Path(args.out or f"outputs/bench/{name}.json")
     work = Path(args.work_dir or out.with_name(f"{out.stem}-runs"))
@@ -252,12 +309,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     for k, (w, cal) in enumerate(resolved):
         runs = run_point(w, schedules, repeats, work, args.pin, (k * repeats * len(schedules), total), started)
-        stats = {s: summarize([load_run(r) for r in runs[s]], args.peak_flops) for s in schedules}
-        cmp = compare(stats)
+        loaded = {s: [load_run(r) for r in runs[s]] for s in schedules}
+        stats = {s: summarize(loaded[s], args.peak_flops) for s in schedules}
+        cmp = compare(stats, {s: [t for r in loaded[s] for t in r.traces] for s in schedules})
         results.append({"name": w.name, "workload": w.to_dict(), "calibration": None if cal is None else cal.to_dict(),
                         "schedules": {s: v.to_dict() for s, v in stats.items()}, "compare": cmp.to_dict(),
                         "runs": runs})
         print_point(w.name, describe(w, cal is not None, args.pin), stats, cmp)
+        print_overlap(stats, cmp)
 
     files = write_plots(results, out, name, preset)
     files["json"] = str(out)

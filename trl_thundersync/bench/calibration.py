@@ -4,6 +4,8 @@ A probe run (`sync`, tool latency 0) measures the learner's seconds per trajecto
 without any sleep (sandbox start-up, agent loop, turns). The workload's seeded trajectory durations,
 `overhead + mean × units_i`, are then list-scheduled on the rollout slots (the agent engine's thread pool starts
 trajectories in index order as slots free up), and the mean is bisected until the predicted R equals L/ρ.
+With a grading latency, each trajectory's seeded grading time is added after its slot ends (grading holds no
+slot), so R — the last reward — includes it and the tool latency shrinks to keep ρ.
 The realized R, L and ρ of every run are measured and reported; calibration only aims.
 """
 
@@ -16,16 +18,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..trace.records import StepTrace
-from .workload import Workload, trajectory_latency_units
+from .workload import Workload, grading_seconds, trajectory_latency_units
 
 
-def makespan(durations: Sequence[float], slots: int) -> float:
-    """Greedy FIFO list scheduling of `durations` on `slots` (the agent engine's thread pool): the batch's R."""
+def makespan(durations: Sequence[float], slots: int, grading: Sequence[float] | None = None) -> float:
+    """Greedy FIFO list scheduling of `durations` on `slots` (the agent engine's thread pool): the batch's R.
+
+    `grading[i]`: seconds trajectory i is graded after it ends, outside the slots (R is its last reward)."""
     free = [0.0] * max(1, min(slots, len(durations)))
     end = 0.0
-    for d in durations:
+    for i, d in enumerate(durations):
         start = heapq.heappop(free)
-        end = max(end, start + d)
+        end = max(end, start + d + (grading[i] if grading is not None else 0.0))
         heapq.heappush(free, start + d)
     return end
 
@@ -35,7 +39,7 @@ def predicted_rollout(w: Workload, latency_mean: float, overhead_per_trajectory:
     """Mean R over `steps` (default: the measured steps 1..steps−1) for a tool-latency mean."""
     steps = steps if steps is not None else range(1, max(2, w.steps))
     spans = [makespan([overhead_per_trajectory + latency_mean * u for u in trajectory_latency_units(w, s)],
-                      w.concurrency) for s in steps]
+                      w.concurrency, [grading_seconds(w, s, i) for i in range(w.batch)]) for s in steps]
     return sum(spans) / len(spans)
 
 

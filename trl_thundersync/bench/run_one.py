@@ -3,9 +3,10 @@
     python -m trl_thundersync.bench.run_one --json-args '{"schedule": "sync", "workload": {...},
         "out_dir": "...", "model_dir": "...", "result": "...", "pin": false}'
 
-Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`), "trl" (stock `trl.GRPOTrainer`; with the scripted
-agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox for the
-whole batch). Every run uses one torch thread for the learner. Per step it records the wall time from
+Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`; "thundersync:<release>" sets
+`ThunderSyncGRPOConfig.release`, plain "thundersync" is reward release), "trl" (stock `trl.GRPOTrainer`; with the
+scripted agent it gets the very same trajectories through a `rollout_func` that runs the same agent loop and sandbox
+for the whole batch). Every run uses one torch thread for the learner. Per step it records the wall time from
 `on_step_begin` to `on_step_end` (after the new weights are published) and a `StepTrace`: ThunderSync writes its own
 (`<out_dir>/thundersync_trace/steps.jsonl`); for TRL this module writes one in the same format with schedule "trl"
 (rollout = TRL's generation call, one learner item = scoring + loss + backward of the whole batch). The process's
@@ -36,7 +37,7 @@ from ..trace.flops import ModelShape, learner_flops  # noqa: E402
 from ..trace.recorder import TraceWriter  # noqa: E402
 from ..trace.records import StepTrace, TraceEvent  # noqa: E402
 from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
-from .workload import ShellBenchEnv, Workload, bench_dataset, bench_delay, bench_script  # noqa: E402
+from .workload import Workload, bench_dataset, bench_delay, bench_script, env_factory, split_schedule  # noqa: E402
 
 TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"
 
@@ -87,20 +88,20 @@ def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
 
 
 def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
-                      plan: CorePlan | None):
+                      plan: CorePlan | None, release: str = "reward"):
     from ..testing.scripted import ScriptedTurnGenerator
     from ..trainers.grpo_config import ThunderSyncGRPOConfig
     from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
     # agent_protocol="paper": the published BENCHMARKS.md figures were measured with it (its stock-TRL side below
     # runs the same paper loop through rollout_func)
-    extra = dict(schedule=schedule, agent_protocol="paper", agent_max_turns=w.turns + 1, learner_num_threads=1,
-                 rollout_num_threads=1,
+    extra = dict(schedule=schedule, release=release, reward_scope=w.reward_scope, agent_protocol="paper",
+                 agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
                  rollout_max_in_flight=w.concurrency)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,
-                                     environment_factory=ShellBenchEnv)
+                                     environment_factory=env_factory(w))
     step = lambda: trainer.state.global_step  # noqa: E731
     generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
                                       workers=max(8, w.concurrency))
@@ -147,7 +148,7 @@ class ScriptedBatchRollout:
                              max_context_tokens=8192, max_observation_tokens=256, tool_timeout_s=60.0)
         self.engine = AgentRolloutEngine(
             generator, tokenizer=self.tokenizer, render_prompt=render_prompt, limits=limits,
-            environments=EnvironmentSpec(factories={None: ShellBenchEnv}, standalone_tools=[]),
+            environments=EnvironmentSpec(factories={None: env_factory(w)}, standalone_tools=[]),
             tool_runner=ToolRunner(), chat_template=template, chat_template_kwargs=template_kwargs,
             max_concurrent=w.concurrency)
         use_rollout_pools(self.engine, w.concurrency, self.plan)
@@ -262,12 +263,14 @@ def run(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     timer = StepTimer()
     started, busy0, own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
-    if schedule == "trl":
+    try:
+        trainer_schedule, release = split_schedule(schedule)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    if trainer_schedule == "trl":
         trainer = build_trl(w, model_path, tokenizer, out_dir, timer, plan)
-    elif schedule in ("sync", "thundersync"):
-        trainer = build_thundersync(w, schedule, model_path, tokenizer, out_dir, plan)
     else:
-        raise SystemExit(f"unknown schedule {schedule!r}")
+        trainer = build_thundersync(w, trainer_schedule, model_path, tokenizer, out_dir, plan, release)
     trainer.add_callback(timer)
     trainer.train()
     if hasattr(trainer, "close"):
@@ -276,7 +279,7 @@ def run(spec: dict) -> dict:
     own = _own_cpu_seconds() - own0
     # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
     foreign = max(0.0, _busy_cpu_seconds() - busy0 - own) / wall
-    return {"schedule": schedule, "workload": w.to_dict(), "step_intervals": timer.intervals,
+    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "step_intervals": timer.intervals,
             "trace": str(out_dir / TRACE_FILE), "peak_rss_mb": peak_rss_mb(),
             "num_params": sum(p.numel() for p in trainer.model.parameters()),
             "torch_threads": torch.get_num_threads(), "run_seconds": wall, "cpu_cores_used": own / wall,

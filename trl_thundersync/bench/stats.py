@@ -7,7 +7,16 @@ Pure functions over `StepTrace`s and per-step wall times, so they are unit-teste
 The prediction: ThunderSync's time on a step is predicted from the **sync** trace of the same step (paper Eq. 14):
 the sync run records when every source became ready (reward known) and how long its backward took; replaying those
 items through one learner lane that may start each at its ready time gives what streaming should take. The measured
-ThunderSync speedup is then compared with `sync replay R + L + P` ÷ `predicted T`.
+ThunderSync speedup is then compared with `sync replay R + L + P` ÷ `predicted T`. With several release points
+(`thundersync:reward`, `thundersync:content`, ...), each one's prediction replays the sync trace (and the reward-
+release trace) with that release point's ready times (`trace.model.predict_release`).
+
+Overlap cost per side (issue 10 item 4), measured, not modelled:
+- learner: the median whole-trajectory backward that ran before R vs after R within the run, and each backward that
+  ran before R against the same trajectory's backward in the sync runs (where the rollout side was idle);
+- rollout: the median turn (generation request → action complete) and tool call that ran while the learner was busy
+  (≥ half of its interval covered by learner items) vs while it was idle (no overlap at all), within the run, and
+  each busy one against the same (step, trajectory, turn) in the sync runs, whose rollout phase has the learner idle.
 """
 
 from __future__ import annotations
@@ -18,8 +27,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..trace.model import Replay, predicted_vs_measured, replay
-from ..trace.records import StepTrace
+from ..trace.model import RELEASE_MODES, Replay, predict_release, predicted_vs_measured, replay
+from ..trace.records import StepTrace, TraceEvent
+from .workload import split_schedule
+
+WHOLE_BACKWARD_KINDS = ("source_backward", "content_backward")  # one trajectory's full forward + backward
+BUSY_FRACTION = 0.5  # a rollout interval "ran while the learner was busy" when learner items cover ≥ this share
 
 
 @dataclass(frozen=True)
@@ -67,10 +80,112 @@ def backward_medians(steps: Sequence[StepTrace]) -> tuple[float | None, float | 
     rollout side (its threads share the process and the GIL; its sandboxes share the cores) costs the learner.
     """
     during = [e.end - e.start for s in steps for e in s.events
-              if e.kind == "source_backward" and e.end <= s.rollout_end]
+              if e.kind in WHOLE_BACKWARD_KINDS and e.end <= s.rollout_end]
     after = [e.end - e.start for s in steps for e in s.events
-             if e.kind == "source_backward" and e.start >= s.rollout_end]
-    return (statistics.median(during) if during else None, statistics.median(after) if after else None)
+             if e.kind in WHOLE_BACKWARD_KINDS and e.start >= s.rollout_end]
+    return _median(during), _median(after)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _covered(a: float, b: float, merged: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged)
+
+
+def _learner_cover(step: StepTrace) -> list[tuple[float, float]]:
+    return _merged([(e.start, e.end) for e in step.events if e.lane == "learner"])
+
+
+def _rollout_items(step: StepTrace, lane: str, kind: str) -> list[tuple[tuple[int, int, int], TraceEvent]]:
+    """(key, event) of the step's rollout turns or tool calls; key = (step, trajectory, turn or ordinal)."""
+    events = sorted((e for e in step.events if e.lane == lane and e.kind == kind), key=lambda e: (e.index, e.start))
+    out, ordinal, last = [], 0, None
+    for e in events:
+        ordinal = ordinal + 1 if e.index == last else 0
+        last = e.index
+        out.append(((step.step, e.index, e.turn if e.turn >= 0 else ordinal), e))
+    return out
+
+
+def overlap_split(steps: Sequence[StepTrace], lane: str, kind: str) -> tuple[list[float], list[float]]:
+    """Durations of the steps' `lane`/`kind` intervals (rollout turns, tool calls) that ran while the learner was
+    busy (≥ `BUSY_FRACTION` covered by learner items) and while it was idle (not covered at all)."""
+    busy, idle = [], []
+    for step in steps:
+        cover = _learner_cover(step)
+        for _, e in _rollout_items(step, lane, kind):
+            d = e.end - e.start
+            if d <= 0:
+                continue
+            share = _covered(e.start, e.end, cover) / d
+            if share >= BUSY_FRACTION:
+                busy.append(d)
+            elif share == 0.0:
+                idle.append(d)
+    return busy, idle
+
+
+def _keyed_durations(steps: Sequence[StepTrace], lane: str, kind: str) -> dict[tuple[int, int, int], float]:
+    by_key: dict[tuple[int, int, int], list[float]] = {}
+    for step in steps:
+        for key, e in _rollout_items(step, lane, kind):
+            by_key.setdefault(key, []).append(e.end - e.start)
+    return {k: statistics.median(v) for k, v in by_key.items()}
+
+
+@dataclass(frozen=True)
+class PairedSlowdown:
+    """The same work measured under overlap and in the sync runs: medians over the matched pairs."""
+
+    relative: float | None  # median (overlapped / sync − 1)
+    seconds: float | None  # median (overlapped − sync), s
+    pairs: int
+
+
+def _paired(values: Sequence[tuple[float, float]]) -> PairedSlowdown:
+    pairs = [(x, ref) for x, ref in values if ref > 0]
+    return PairedSlowdown(_median([x / ref - 1.0 for x, ref in pairs]), _median([x - ref for x, ref in pairs]),
+                          len(pairs))
+
+
+def rollout_slowdown_vs(reference: Sequence[StepTrace], steps: Sequence[StepTrace], lane: str,
+                        kind: str) -> PairedSlowdown:
+    """Each `lane`/`kind` interval of `steps` that ran while the learner was busy, against the same (step,
+    trajectory, turn) in `reference` (the sync runs: median over their repeats)."""
+    ref = _keyed_durations(reference, lane, kind)
+    values = []
+    for step in steps:
+        cover = _learner_cover(step)
+        for key, e in _rollout_items(step, lane, kind):
+            d = e.end - e.start
+            if d > 0 and key in ref and _covered(e.start, e.end, cover) / d >= BUSY_FRACTION:
+                values.append((d, ref[key]))
+    return _paired(values)
+
+
+def backward_slowdown_vs(reference: Sequence[StepTrace], steps: Sequence[StepTrace]) -> PairedSlowdown:
+    """Each whole-trajectory backward of `steps` that ran before R against the same trajectory's in `reference`."""
+    by_key: dict[tuple[int, int], list[float]] = {}
+    for s in reference:
+        for e in s.events:
+            if e.kind in WHOLE_BACKWARD_KINDS:
+                by_key.setdefault((s.step, e.index), []).append(e.end - e.start)
+    ref = {k: statistics.median(v) for k, v in by_key.items()}
+    values = [(e.end - e.start, ref[(s.step, e.index)]) for s in steps for e in s.events
+              if e.kind in WHOLE_BACKWARD_KINDS and e.end <= s.rollout_end and (s.step, e.index) in ref]
+    return _paired(values)
 
 
 def trajectory_duration_cv(step: StepTrace) -> float:
@@ -109,6 +224,15 @@ class ScheduleSummary:
     replay_abs_error: float | None  # ThunderSync/sync only: mean |measured − replay of own schedule| / replay
     backward_during_rollout_s: float | None  # median backward that ran before R (None: no such item)
     backward_after_rollout_s: float | None  # median backward that ran after R
+    replay_release_s: dict[str, float] | None = None  # release mode → mean predicted T (`predict_release`)
+    turn_busy_s: float | None = None  # median rollout turn while the learner was busy (`overlap_split`)
+    turn_idle_s: float | None = None  # median rollout turn while the learner was idle
+    turn_busy_n: int = 0
+    turn_idle_n: int = 0
+    tool_busy_s: float | None = None  # median tool call while the learner was busy
+    tool_idle_s: float | None = None  # median tool call while the learner was idle
+    tool_busy_n: int = 0
+    tool_idle_n: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +252,9 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
     tflops = [sum(e.flops for e in t.events) / t.wall / 1e12 for t in traces]
     own_schedule = traces[0].schedule in ("sync", "thundersync")
     during, after = backward_medians(traces)
+    turn_busy, turn_idle = overlap_split(traces, "rollout", "turn")
+    tool_busy, tool_idle = overlap_split(traces, "tool", "tool_call")
+    release = {mode: _mean([predict_release(t, mode).thundersync_time for t in traces]) for mode in RELEASE_MODES}
     return ScheduleSummary(
         steps=len(traces), step_wall_s=_mean(walls), step_wall_stdev_s=statistics.stdev(walls) if len(walls) > 1
         else 0.0, step_walls_s=tuple(walls), trace_wall_s=_mean([t.wall for t in traces]),
@@ -145,42 +272,101 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
         replay_thundersync_s=_mean([r.thundersync_time for r in reps]),
         replay_sync_s=_mean([r.sync_time for r in reps]),
         replay_abs_error=predicted_vs_measured(traces).mean_abs_relative_error if own_schedule else None,
-        backward_during_rollout_s=during, backward_after_rollout_s=after,
+        backward_during_rollout_s=during, backward_after_rollout_s=after, replay_release_s=release,
+        turn_busy_s=_median(turn_busy), turn_idle_s=_median(turn_idle), turn_busy_n=len(turn_busy),
+        turn_idle_n=len(turn_idle), tool_busy_s=_median(tool_busy), tool_idle_s=_median(tool_idle),
+        tool_busy_n=len(tool_busy), tool_idle_n=len(tool_idle),
     )
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Speedups over `sync` at one point, and ThunderSync's measured speedup next to the replay prediction."""
+    """Speedups over `sync` at one point, and each ThunderSync schedule's measured speedup next to the replay
+    predictions. The scalar fields are about the primary ThunderSync schedule (plain "thundersync", else the
+    reward-release one, else the first)."""
 
     speedup: dict[str, float]  # schedule → sync mean step wall ÷ its mean step wall
     predicted_speedup: float | None  # sync's (R + L + P) ÷ Eq. 14 prediction, both from the sync traces
-    measured_speedup_step: float | None  # = speedup["thundersync"] (callback step walls)
+    measured_speedup_step: float | None  # = speedup[primary] (callback step walls)
     measured_speedup_trace: float | None  # the same on traced walls (admission → publication)
     prediction_gap: float | None  # measured_speedup_step ÷ predicted − 1 (< 0: slower than the model)
+    primary: str | None = None  # the ThunderSync schedule the scalar fields describe
+    predicted_from_sync: dict[str, float] | None = None  # thundersync schedule → its release mode replayed on sync
+    predicted_from_reward: dict[str, float] | None = None  # ... replayed on the reward-release schedule's traces
+    prediction_gaps: dict[str, float] | None = None  # measured ÷ predicted_from_sync − 1
+    overlap_vs_sync: dict[str, dict[str, Any]] | None = None  # schedule → paired slowdowns vs the sync runs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def compare(stats: dict[str, ScheduleSummary]) -> Comparison:
-    """Speedups vs `sync` (none without a sync summary); the prediction needs sync and thundersync."""
+def thundersync_schedules(names: Sequence[str]) -> list[str]:
+    """The ThunderSync schedules among `names` (plain "thundersync" and "thundersync:<release>"), in order."""
+    return [n for n in names if n.partition(":")[0] == "thundersync"]
+
+
+def primary_schedule(names: Sequence[str]) -> str | None:
+    ts = thundersync_schedules(names)
+    for preferred in ("thundersync", "thundersync:reward"):
+        if preferred in ts:
+            return preferred
+    return ts[0] if ts else None
+
+
+def _speedup_of(summary: ScheduleSummary, mode: str) -> float | None:
+    if not summary.replay_release_s or mode not in summary.replay_release_s:
+        return None
+    return summary.replay_sync_s / summary.replay_release_s[mode]
+
+
+def compare(stats: dict[str, ScheduleSummary], traces: dict[str, Sequence[StepTrace]] | None = None) -> Comparison:
+    """Speedups vs `sync` (none without a sync summary); predictions need sync and a ThunderSync schedule.
+    With `traces` (schedule → its measured steps) also the paired overlap slowdowns of every schedule vs sync."""
     sync = stats.get("sync")
     if sync is None:
         return Comparison({}, None, None, None, None)
     speedup = {name: sync.step_wall_s / s.step_wall_s for name, s in stats.items()}
-    ts = stats.get("thundersync")
-    if ts is None:
+    primary = primary_schedule(list(stats))
+    if primary is None:
         return Comparison(speedup, None, None, None, None)
+    ts = stats[primary]
     predicted = sync.replay_sync_s / sync.replay_thundersync_s
-    measured = speedup["thundersync"]
-    return Comparison(speedup, predicted, measured, sync.trace_wall_s / ts.trace_wall_s, measured / predicted - 1.0)
+    measured = speedup[primary]
+    reward_name = next((n for n in ("thundersync:reward", "thundersync") if n in stats), None)
+    from_sync, from_reward, gaps = {}, {}, {}
+    for name in thundersync_schedules(list(stats)):
+        mode = split_schedule(name)[1]
+        p = _speedup_of(sync, mode)
+        if p is not None:
+            from_sync[name] = p
+            gaps[name] = speedup[name] / p - 1.0
+        if reward_name is not None:
+            q = _speedup_of(stats[reward_name], mode)
+            if q is not None:
+                from_reward[name] = q
+    overlap = None
+    if traces is not None and "sync" in traces:
+        overlap = {}
+        for name, steps in traces.items():
+            if name == "sync":
+                continue
+            overlap[name] = {
+                "backward_during_vs_sync": asdict(backward_slowdown_vs(traces["sync"], steps)),
+                "turn_busy_vs_sync": asdict(rollout_slowdown_vs(traces["sync"], steps, "rollout", "turn")),
+                "tool_busy_vs_sync": asdict(rollout_slowdown_vs(traces["sync"], steps, "tool", "tool_call")),
+            }
+    return Comparison(speedup, predicted, measured, sync.trace_wall_s / ts.trace_wall_s, measured / predicted - 1.0,
+                      primary=primary, predicted_from_sync=from_sync, predicted_from_reward=from_reward,
+                      prediction_gaps=gaps, overlap_vs_sync=overlap)
 
 
 def shift(step: StepTrace, delta: float) -> StepTrace:
     """The same step with every time moved by `delta` seconds (to lay steps of different runs side by side)."""
-    events = tuple(replace(e, start=e.start + delta, end=e.end + delta,
-                           ready=None if e.ready is None else e.ready + delta) for e in step.events)
+    def moved(x: float | None) -> float | None:
+        return None if x is None else x + delta
+
+    events = tuple(replace(e, start=e.start + delta, end=e.end + delta, ready=moved(e.ready),
+                           content_ready=moved(e.content_ready), reward_at=moved(e.reward_at)) for e in step.events)
     return replace(step, start=step.start + delta, rollout_end=step.rollout_end + delta,
                    learner_end=step.learner_end + delta, barrier_end=step.barrier_end + delta,
                    publish_end=step.publish_end + delta, events=events)

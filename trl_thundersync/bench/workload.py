@@ -14,6 +14,16 @@ Every schedule of a benchmark point runs exactly this workload:
   (seed, step, trajectory[, turn]) so every schedule sees identical trajectories, latencies and rewards. Optional
   `gen_delay` seconds of simulated decode per turn. At most `concurrency` trajectories are in flight (rollout slots),
   so a batch runs in about batch / concurrency waves;
+- reward scope: `reward_scope` is passed to the ThunderSync schedules (stock TRL always calls once per batch);
+- grading: with `grading_latency` > 0 the environment's `get_reward()` verifies for g_i = `grading_latency` × k_i
+  seconds after the trajectory's last turn (as SWE tasks run their tests) before returning the hash reward;
+  k_i ~ LogNormal(mean 1, CV `grading_cv`), seeded per (seed, step, trajectory). Its own, narrower spread: a test
+  suite takes about as long whatever the agent did, and with the tool-latency CV (0.6) one of 32 trajectories
+  grades 5× the mean, so grading, not the agent, would define R. Grading runs as if in the background from the
+  end of the last turn: `get_reward` sleeps until (end of the last tool call + the last turn's decode delay + g_i),
+  so trainers that grade one trajectory at a time (ThunderSync's scoring thread, TRL's environment-reward loop) do
+  not add the g_i up.
+  Every schedule sees the same g_i, and R (last reward known) includes the last trajectory's grading;
 
 Balance ρ = L/R is set by `latency_mean`; `bench.calibration` picks it from a measured learner cost per
 trajectory and a measured per-trajectory rollout overhead, by replaying the seeded durations through the slots.
@@ -25,8 +35,10 @@ import atexit
 import hashlib
 import math
 import random
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -48,6 +60,9 @@ class Workload:
     latency_cv: float = 0.5  # coefficient of variation of a trajectory's total tool latency
     turn_jitter: float = 0.2  # coefficient of variation of each turn's share
     gen_delay: float = 0.0  # simulated decode seconds per turn (scripted agent)
+    grading_latency: float = 0.0  # mean seconds of verification after a trajectory's last turn (get_reward)
+    grading_cv: float = 0.25  # coefficient of variation of the grading time between trajectories
+    reward_scope: str = "auto"  # ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
@@ -103,6 +118,36 @@ def trajectory_latency_units(w: Workload, step: int) -> list[float]:
     return [trajectory_multiplier(w, step, i) * sum(turn_shares(w, step, i)) for i in range(w.batch)]
 
 
+def grading_seconds(w: Workload, step: int, index: int) -> float:
+    """g_i: seconds the grading of (step, trajectory) takes after its last turn (mean `grading_latency`, CV
+    `grading_cv`), the same for every schedule."""
+    if w.grading_latency <= 0:
+        return 0.0
+    return w.grading_latency * _lognormal(random.Random(f"bench-grade|{w.seed}|{step}|{index}"), w.grading_cv)
+
+
+def decode_seconds(w: Workload, step: int, index: int, turn: int) -> float:
+    """Simulated decode time of one turn (`gen_delay` with the turn jitter), 0 without `gen_delay`."""
+    if w.gen_delay <= 0:
+        return 0.0
+    return w.gen_delay * _lognormal(random.Random(f"bench-gen|{w.seed}|{step}|{index}|{turn}"), w.turn_jitter)
+
+
+SCHEDULE_NAMES = ("sync", "thundersync", "trl")  # plus "thundersync:<release>" for each GRPO release point
+
+
+def split_schedule(name: str) -> tuple[str, str]:
+    """A benchmark schedule name → (trainer schedule, release point): "thundersync:content" → ("thundersync",
+    "content"); "thundersync" is reward release (the paper), "sync" and "trl" have none (reported as "reward")."""
+    schedule, _, release = name.partition(":")
+    if schedule not in SCHEDULE_NAMES or (release and schedule != "thundersync"):
+        raise ValueError(f"unknown schedule {name!r}: use sync, thundersync, thundersync:<release> or trl")
+    return schedule, release or "reward"
+
+
+_TRAJECTORY_KEY = re.compile(r"traj %d turn %d\\n' (\d+) (\d+) (\d+)")  # command_for's printf arguments
+
+
 def command_for(w: Workload, step: int, index: int, turn: int) -> str:
     """The real command of one tool call: a seeded sleep and a little real work."""
     return (f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
@@ -122,7 +167,12 @@ def _remove_workspaces() -> None:
 
 
 class ShellBenchEnv:
-    """A TRL `environment_factory` environment: one sandboxed shell tool and a deterministic reward."""
+    """A TRL `environment_factory` environment: one sandboxed shell tool and a deterministic reward.
+
+    `workload` (a class attribute, set by `env_factory`) gives the grading latency; the trajectory's (step, index)
+    is read off the commands it ran (`command_for`)."""
+
+    workload: Workload | None = None
 
     def __init__(self) -> None:
         from ..envs.sandbox import make_sandbox
@@ -134,9 +184,12 @@ class ShellBenchEnv:
         (workspace / "data.txt").write_text("1 2 3\n")
         self.sandbox = make_sandbox(workspace, SandboxLimits(timeout_s=120.0, cpu_time_s=60))
         self.transcript: list[str] = []
+        self._key: tuple[int, int] | None = None  # (step, trajectory index) of the episode
+        self._last_tool_end = 0.0
 
     def reset(self, **row) -> str | None:
         self.transcript = [str(row.get("prompt", ""))]
+        self._key = None
         return None
 
     def run_shell(self, command: str) -> str:
@@ -148,12 +201,33 @@ class ShellBenchEnv:
         result = self.sandbox.run(command)
         observation = f"exit code: {result.exit_code}\n{result.stdout}{result.stderr}"
         self.transcript.append(command + "\n" + observation)
+        key = _TRAJECTORY_KEY.search(command)
+        if key is not None:
+            self._key = (int(key.group(1)), int(key.group(2)))
+        self._last_tool_end = time.perf_counter()
         return observation
 
+    def _grading_deadline(self) -> float | None:
+        w = self.workload
+        if w is None or w.grading_latency <= 0 or self._key is None:
+            return None
+        step, index = self._key
+        return self._last_tool_end + decode_seconds(w, step, index, w.turns) + grading_seconds(w, step, index)
+
     def get_reward(self) -> float:
-        """A hash of the trajectory in [0, 1): deterministic, different between trajectories of a group."""
+        """A hash of the trajectory in [0, 1): deterministic, different between trajectories of a group; with a
+        grading latency, returned once the trajectory's grading is done (module docstring)."""
+        deadline = self._grading_deadline()
+        if deadline is not None:
+            time.sleep(max(0.0, deadline - time.perf_counter()))
         digest = hashlib.sha256("\x00".join(self.transcript).encode()).digest()
         return int.from_bytes(digest[:4], "big") / 2**32
+
+
+def env_factory(w: Workload) -> type[ShellBenchEnv]:
+    """The `environment_factory` of workload `w`: `ShellBenchEnv` (same name, so the same reward column) grading
+    with `w.grading_latency`."""
+    return type("ShellBenchEnv", (ShellBenchEnv,), {"workload": w, "__doc__": ShellBenchEnv.__doc__})
 
 
 def bench_dataset(n: int = 64):
@@ -181,7 +255,6 @@ def bench_delay(w: Workload, step_fn: Callable[[], int]) -> Callable[[int, int],
         return None
 
     def delay(index: int, turn: int) -> float:
-        rng = random.Random(f"bench-gen|{w.seed}|{step_fn()}|{index}|{turn}")
-        return w.gen_delay * _lognormal(rng, w.turn_jitter)
+        return decode_seconds(w, step_fn(), index, turn)
 
     return delay

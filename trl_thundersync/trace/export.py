@@ -144,7 +144,8 @@ def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]
 
 # Timeline rows, top to bottom: (label, y).
 _ROWS = (("rollout busy", 3), ("tool calls", 2), ("learner busy", 1), ("barrier / publish", 0))
-_LEARNER_COLORS = {"source_backward": "tab:green", "group_fold": "tab:purple"}
+_LEARNER_COLORS = {"source_backward": "tab:green", "group_fold": "tab:purple", "content_backward": "limegreen",
+                   "turn_backward": "seagreen", "turn_close": "darkslategray", "bind": "tab:pink"}
 
 
 def plot_timeline(steps: Sequence[StepTrace], path: str | Path, title: str | None = None) -> Path:

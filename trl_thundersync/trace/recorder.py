@@ -19,20 +19,50 @@ from ..types import ScoredRollout
 from .records import StepTrace, TraceEvent
 
 
+# WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them).
+LEARNER_KINDS = {"trajectory": "source_backward", "content": "content_backward", "turn": "turn_backward",
+                 "close": "turn_close", "bind": "bind", "group_fold": "group_fold"}
+# Learner kinds that run a whole trajectory's forward + backward (their FLOPs count the full context).
+WHOLE_TRAJECTORY_KINDS = ("source_backward", "content_backward")
+
+
+def action_runs(env_mask: Sequence[int] | None, n_tokens: int) -> list[int]:
+    """Lengths of the contiguous runs of model tokens (mask 1) of a completion: one per generated turn."""
+    if env_mask is None:
+        return [n_tokens] if n_tokens else []
+    runs, current = [], 0
+    for m in env_mask:
+        if m:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    if current:
+        runs.append(current)
+    return runs
+
+
 def rollout_events(scored: Sequence[ScoredRollout]) -> list[TraceEvent]:
+    """Per trajectory: its generation interval, each turn (request → action complete, with the turn's action tokens
+    when the completion's env_mask splits into one run per turn), its tool calls, and its reward interval
+    (finished → scored: grading and waiting for its reward call)."""
     events = []
     for s in scored:
         r = s.rollout
         events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group, -1,
                                  r.policy_version, None, len(r.completion_ids)))
         if r.agent is not None:
-            for turn, (start, end) in enumerate(r.agent.turn_intervals):
-                events.append(TraceEvent("rollout", "turn", start, end, r.index, r.group, turn, r.policy_version))
+            runs = action_runs(r.env_mask, len(r.completion_ids))
+            if len(runs) != len(r.agent.turn_intervals):
+                runs = [0] * len(r.agent.turn_intervals)  # unknown split (0 tokens: the replay splits evenly)
+            for turn, ((start, end), tokens) in enumerate(zip(r.agent.turn_intervals, runs)):
+                events.append(TraceEvent("rollout", "turn", start, end, r.index, r.group, turn, r.policy_version,
+                                         tokens=tokens))
             for start, end in r.agent.tool_intervals:
                 events.append(TraceEvent("tool", "tool_call", start, end, r.index, r.group, -1, r.policy_version))
         if s.scored_at > r.finished_at:
             events.append(TraceEvent("rollout", "reward", r.finished_at, s.scored_at, r.index, r.group, -1,
-                                     r.policy_version))
+                                     r.policy_version, content_ready=r.finished_at, reward_at=s.scored_at))
     return events
 
 
@@ -40,11 +70,16 @@ def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
                    flops_of: Callable[[int], float] | None) -> list[TraceEvent]:
     events = []
     for w in work:
-        kind = "source_backward" if w.kind == "trajectory" else w.kind
-        tokens = context_tokens.get(w.index, 0) if w.kind == "trajectory" else 0
+        kind = LEARNER_KINDS.get(w.kind, w.kind)
+        if kind in WHOLE_TRAJECTORY_KINDS:
+            tokens = context_tokens.get(w.index, 0)
+        elif kind == "turn_backward":
+            tokens = w.tokens
+        else:
+            tokens = 0
         flops = flops_of(tokens) if flops_of is not None and tokens else 0.0
-        events.append(TraceEvent("learner", kind, w.start, w.end, w.index, w.group, -1, w.policy_version, w.ready,
-                                 w.tokens, flops))
+        events.append(TraceEvent("learner", kind, w.start, w.end, w.index, w.group, w.turn, w.policy_version, w.ready,
+                                 w.tokens, flops, content_ready=w.content_ready, reward_at=w.reward_at))
     return events
 
 

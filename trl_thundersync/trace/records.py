@@ -4,6 +4,13 @@ One `StepTrace` per optimizer step. Lanes: "rollout" (trajectory generation, per
 "learner" (per-source backward passes and group folds), "barrier" (normalize, clip, optimizer step) and
 "publish" (weights to the rollout engine, acknowledged). The scheduling model (paper Appendix F) reads the learner
 lane's (ready, start, end) and the step landmarks; exports turn a list of steps into Chrome/Perfetto JSON and a PNG.
+
+Learner kinds: "source_backward" (a trajectory's backward at reward release), "content_backward" (its backward at
+content readiness, before the reward), "turn_backward" (one agentic turn's backward while its tool runs),
+"turn_close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered H_i folded into
+its group once the reward is known) and "group_fold"; stock TRL's whole-batch item is "score_loss_backward". Each
+per-trajectory item carries its trajectory's content-ready and reward times, so one trace replays every release
+point (`model.predict_release`). Traces written before these fields existed load with them None.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ class TraceEvent:
     group: int = -1  # GRPO group (-1: none)
     turn: int = -1  # agent turn (-1: none)
     policy_version: int = -1  # version the work was bound to
-    ready: float | None = None  # learner items: τ, when the inputs were fixed (reward known)
-    tokens: int = 0  # scored tokens of a learner item / generated tokens of a rollout item
+    ready: float | None = None  # learner items: τ, when this item's inputs were fixed (the release point it ran at)
+    tokens: int = 0  # scored tokens of a learner item / generated tokens of a rollout item (a turn's action tokens)
     flops: float = 0.0  # estimated FLOPs of a learner item (paper Appendix B: 6·N·tokens for forward+backward)
+    content_ready: float | None = None  # per-trajectory learner items: when its last turn ended (tokens fixed)
+    reward_at: float | None = None  # per-trajectory learner items: when its reward was known (None: not yet / never)
 
 
 @dataclass(frozen=True)
