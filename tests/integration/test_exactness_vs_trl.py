@@ -32,7 +32,7 @@ CASES = PARITY_CASES
 
 # Release points × reward scopes: the paper's reward release with per-trajectory calls, and content release (every
 # H_i computed before any reward, bound when TRL's own batch call returns).
-RELEASES = {"reward": dict(), "content_batch_scope": dict(release="content", reward_scope="batch")}
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))

@@ -45,14 +45,17 @@ def test_schedules_sample_the_same_trajectories_and_reach_the_same_parameters(tm
     assert sorted(order) == list(range(8))
 
 
-def test_trajectories_arrive_in_completion_order(tmp_path, tokenizer, tiny_model_path):
+@pytest.mark.parametrize("release, kind", [("reward", "trajectory"), ("content", "content")])
+def test_trajectories_arrive_in_completion_order(release, kind, tmp_path, tokenizer, tiny_model_path):
     trainer, _ = train(tiny_model_path, tokenizer, tmp_path, max_steps=1, rollout_max_in_flight=8,
-                       max_completion_length=24)
+                       max_completion_length=24, release=release)
     totals, timing = trainer.last_batch
-    work = [w for w in totals.work if w.kind == "trajectory"]
+    work = [w for w in totals.work if w.kind == kind]
     assert [w.index for w in work] == list(timing.arrival_order)
-    # ready times are non-decreasing in service order: each source was served after its reward arrived
+    # each source was served after its inputs were fixed: its reward (reward release) or its tokens (content)
     assert all(w.start >= w.ready for w in work)
+    if release == "content":
+        assert all(w.ready == w.content_ready and w.content_ready <= w.reward_at for w in work)
 
 
 def test_resume_with_the_embedded_engine(tmp_path, tokenizer, tiny_model_path):

@@ -73,18 +73,25 @@ def test_sync_and_thundersync_schedules_give_the_same_parameters(tmp_path, token
     assert torch.equal(results["sync"], results["thundersync"])
 
 
-def test_admission_cap_bounds_open_groups_and_keeps_the_update(tmp_path, tokenizer, tiny_model_path):
+@pytest.mark.parametrize("release, buffers", [("reward", 0), ("content", 2)])
+def test_admission_cap_bounds_open_groups_and_keeps_the_update(release, buffers, tmp_path, tokenizer,
+                                                               tiny_model_path):
+    caps = dict(max_buffered_trajectories=buffers) if buffers else {}
     _, free, t_free = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "free", tokenizer,
                           tiny_model_path, max_steps=1, optim="sgd", per_device_train_batch_size=8,
-                          wrap_engine=lambda e: ShuffledEngine(e, 7))
+                          wrap_engine=lambda e: ShuffledEngine(e, 7), release=release)
     _, capped, t_cap = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "cap", tokenizer,
                            tiny_model_path, max_steps=1, optim="sgd", per_device_train_batch_size=8,
-                           max_open_groups=1, wrap_engine=lambda e: ShuffledEngine(e, 7))
+                           max_open_groups=1, wrap_engine=lambda e: ShuffledEngine(e, 7), release=release, **caps)
     assert rel(capped, free) <= TOL
     num_params = sum(p.numel() for p in t_cap.model.parameters() if p.requires_grad)
     peak_free, peak_cap = t_free.last_batch[0].peak_stats_bytes, t_cap.last_batch[0].peak_stats_bytes
-    assert peak_cap <= 4 * (2 * 1 + 1) * num_params
+    assert peak_cap <= 4 * (2 * 1 + 1) * num_params + 4 * buffers * num_params  # groups + batch buffer + H_i buffers
     assert peak_cap < peak_free
+    log = next(h for h in t_cap.state.log_history if "thundersync/stats_bound_mb" in h)
+    assert log["thundersync/stats_bound_mb"] * 2**20 == pytest.approx(4 * (3 + buffers) * num_params)
+    if buffers:
+        assert t_cap.last_batch[0].peak_held <= buffers and log["thundersync/buffered_peak"] <= buffers
 
 
 def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_model_path):

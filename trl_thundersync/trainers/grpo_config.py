@@ -99,13 +99,13 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         },
     )
     release: str = field(
-        default="reward",
+        default="content",
         metadata={
-            "help": "When a trajectory's backward runs under schedule='thundersync'. 'reward': once its reward is "
-            "known (the paper). 'content': when its last turn ended, before grading and before its group's or the "
-            "batch's reward call; the score gradient waits in an FP32 buffer (P floats) until the reward binds. "
-            "'turn': each agentic turn's action tokens while that turn's tool runs (boundary-cut backward, linear in "
-            "the turns), then as 'content'. Same update in every mode."
+            "help": "When a trajectory's backward runs under schedule='thundersync'. 'content' (default): when its "
+            "last turn ended, before grading and before its group's or the batch's reward call; the score gradient "
+            "waits in an FP32 buffer (P floats) until the reward binds. 'reward': once its reward is known (the "
+            "paper; no buffers). 'turn': each agentic turn's action tokens while that turn's tool runs (boundary-cut "
+            "backward, linear in the turns), then as 'content'. Same update in every mode."
         },
     )
     max_buffered_trajectories: int | None = field(
