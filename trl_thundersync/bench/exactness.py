@@ -4,8 +4,8 @@
 
 For every case of `testing.parity.PARITY_CASES` both trainers take one step from the same tiny model on the same
 scripted rollouts; the relative error ‖g_ts − g_trl‖ / ‖g_trl‖ of the batch direction is printed and saved.
-`--reward-scopes` adds the reward_scope table: 3 SGD steps with call-dependent rewards, the relative error of the
-parameter displacement ‖Δθ_ts − Δθ_trl‖ / ‖Δθ_trl‖ per scope, next to the floor (stock TRL against itself with each
+`--reward-scopes` adds the reward_scope × release table: 3 SGD and 3 AdamW steps with call-dependent rewards, the
+relative error of the parameter displacement ‖Δθ_ts − Δθ_trl‖ / ‖Δθ_trl‖ per scope, next to the floor (stock TRL against itself with each
 group's members reversed / rotated).
 """
 
@@ -70,27 +70,35 @@ SCOPE_CASES = (
 )
 
 
+RELEASES = ("reward", "content")  # "turn" needs agentic turns; without them it is "content"
+
+
 def reward_scope_table(work: Path, tokenizer, model_path: str) -> list[dict]:
-    base = dict(max_steps=3, optim="sgd", learning_rate=1e-2, num_generations=4, per_device_train_batch_size=8,
-                logging_steps=100)
+    """Every reward_scope × release point, 3 steps with SGD and with AdamW, against the permuted-member floor."""
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(model_path).parameters()])
-    scopes = ("trajectory", "group", "batch")
-    print(f"\n{'reward (3 SGD steps), rel. error of Δθ':<52} {'floor':>9}" + "".join(f" {s:>10}" for s in scopes))
+    columns = [(s, r) for s in ("trajectory", "group", "batch") for r in RELEASES]
+    print(f"\n{'reward (3 steps), rel. error of Δθ':<44} {'optim':<6} {'floor':>9}"
+          + "".join(f" {s[:5] + '/' + r[:4]:>11}" for s, r in columns))
     rows = []
-    for name, reward, overrides in SCOPE_CASES:
-        kw = dict(base, **overrides)
-        out = work / "scopes" / name.split(",")[0]
-        with contextlib.redirect_stdout(io.StringIO()):
-            ref = run_trainer(GRPOTrainer, GRPOConfig, out / "trl", tokenizer, model_path, rewards=(reward,), **kw)
-            delta = ref.params - initial
-            floor = max(relative_error(run_trainer(GRPOTrainer, GRPOConfig, out / o, tokenizer, model_path,
-                                                   rewards=(reward,), member_order=o, **kw).params - initial, delta)
-                        for o in ("reverse", "rotate"))
-            errors = {s: relative_error(run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, out / s, tokenizer,
-                                                    model_path, rewards=(reward,), reward_scope=s, **kw).params
-                                        - initial, delta) for s in scopes}
-        rows.append({"reward": name, "overrides": overrides, "floor": floor, "relative_error": errors})
-        print(f"{name:<52} {floor:>9.2e}" + "".join(f" {errors[s]:>10.2e}" for s in scopes))
+    for optim, lr in (("sgd", 1e-2), ("adamw_torch", 1e-4)):
+        base = dict(max_steps=3, optim=optim, learning_rate=lr, num_generations=4, per_device_train_batch_size=8,
+                    logging_steps=100)
+        for name, reward, overrides in SCOPE_CASES:
+            kw = dict(base, **overrides)
+            out = work / "scopes" / optim / name.split(",")[0]
+            with contextlib.redirect_stdout(io.StringIO()):
+                ref = run_trainer(GRPOTrainer, GRPOConfig, out / "trl", tokenizer, model_path, rewards=(reward,), **kw)
+                delta = ref.params - initial
+                floor = max(relative_error(run_trainer(GRPOTrainer, GRPOConfig, out / o, tokenizer, model_path,
+                                                       rewards=(reward,), member_order=o, **kw).params - initial,
+                                           delta) for o in ("reverse", "rotate"))
+                errors = {f"{s}/{r}": relative_error(run_trainer(
+                    ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, out / f"{s}-{r}", tokenizer, model_path,
+                    rewards=(reward,), reward_scope=s, release=r, **kw).params - initial, delta) for s, r in columns}
+            rows.append({"reward": name, "optim": optim, "overrides": overrides, "floor": floor,
+                         "relative_error": errors})
+            print(f"{name[:44]:<44} {optim[:6]:<6} {floor:>9.2e}" + "".join(f" {errors[f'{s}/{r}']:>11.2e}"
+                                                                          for s, r in columns))
     return rows
 
 
