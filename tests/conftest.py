@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 
 import pytest
 import torch
@@ -24,3 +26,17 @@ def tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """A tool runner with its own event loop thread (async tools), as the trainers build one."""
+    from trl_thundersync.envs.agent_loop import ToolRunner
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    r = ToolRunner(loop=loop)
+    yield r
+    r.close()
+    loop.call_soon_threadsafe(loop.stop)

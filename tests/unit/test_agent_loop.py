@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
 
-from trl_thundersync.envs.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+from trl_thundersync.envs.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, parse_turn,
                                              truncate_observation)
 from trl_thundersync.testing.scripted import tool_call_text
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first
-        b: second
-    """
-    return a + b
+from tests.tools import add
 
 
 def explode(reason: str) -> str:
@@ -54,17 +44,6 @@ def shout(text: str) -> str:
 
 
 TOOLS = {f.__name__: f for f in (add, explode, sleepy, shout)}
-
-
-@pytest.fixture(scope="module")
-def runner():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    r = ToolRunner(loop=loop)
-    yield r
-    r.close()
-    loop.call_soon_threadsafe(loop.stop)
 
 
 def scripted(tokenizer, actions, version=0, close_with_eos=True):

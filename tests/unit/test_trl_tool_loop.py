@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
-from trl_thundersync.envs.agent_loop import ToolRunner
 from trl_thundersync.envs.tool_messages import ToolMessagesRenderer
 from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from trl_thundersync.testing.scripted import tool_call_text
+from tests.tools import echo
 
 ORDER: list[str] = []
 
@@ -46,27 +45,7 @@ async def fetch(key: str) -> str:
     return f"value-of-{key}"
 
 
-def echo(text: str) -> str:
-    """Echo a text.
-
-    Args:
-        text: what to return
-    """
-    return text
-
-
 TOOLS = {f.__name__: f for f in (add, explode, fetch, echo)}
-
-
-@pytest.fixture(scope="module")
-def runner():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    r = ToolRunner(loop=loop)
-    yield r
-    r.close()
-    loop.call_soon_threadsafe(loop.stop)
 
 
 @pytest.fixture(scope="module")

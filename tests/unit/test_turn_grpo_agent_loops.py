@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +11,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from trl_thundersync.envs.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+from trl_thundersync.envs.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.tool_calls import ToolResponseRenderer
 from trl_thundersync.envs.tool_messages import ToolMessagesRenderer
 from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
@@ -24,39 +22,10 @@ from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.testing.scripted import tool_call_text
 from trl_thundersync.testing.tiny import build_tiny_model
 from trl_thundersync.types import Rollout, ScoredRollout
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first
-        b: second
-    """
-    return a + b
-
-
-def echo(text: str) -> str:
-    """Echo a text.
-
-    Args:
-        text: what to return
-    """
-    return text
+from tests.tools import add, echo
 
 
 TOOLS = {"add": add, "echo": echo}
-
-
-@pytest.fixture(scope="module")
-def runner():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    r = ToolRunner(loop=loop)
-    yield r
-    r.close()
-    loop.call_soon_threadsafe(loop.stop)
 
 
 @pytest.fixture(scope="module")
