@@ -260,3 +260,11 @@ def test_config_refuses_unknown_release_points_caps_and_turn_release_with_checkp
     with pytest.raises(ConfigurationError, match="release='turn' with gradient_checkpointing=True.*release='content'"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, release="turn", gradient_checkpointing=True)
     assert cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", gradient_checkpointing=True).release == "content"
+
+
+def test_a_rollout_without_a_finish_time_is_ready_when_it_reaches_the_learner():
+    learner, _ = make("content", batch=2)
+    before = time.perf_counter()
+    learner.submit_content(rollout(0))  # finished_at = 0.0: an engine that does not stamp its rollouts
+    item = learner.work[-1]
+    assert item.ready == item.content_ready >= before and learner.buffered[0].content_ready == item.ready

@@ -142,6 +142,7 @@ class GRPOBatchLearner:
             return
         bucket = self.bucket_of(rollout.index)
         start = time.perf_counter()
+        ready = rollout.finished_at or start  # an engine that does not stamp its rollouts: ready when it arrived
         if rollout.index in self.turning:
             self.turning.discard(rollout.index)
             grads, kind = self.turn_source.finish(rollout, bucket), "close"
@@ -155,9 +156,9 @@ class GRPOBatchLearner:
         if grads.free_grad is not None:
             self.accumulator.add_free(grads.free_grad, bucket)
         self._record(rollout.index, grads)
-        self.buffered[rollout.index] = Buffered(grads, rollout.finished_at)
-        self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, rollout.finished_at,
-                                  start, time.perf_counter(), grads.scored_tokens, content_ready=rollout.finished_at))
+        self.buffered[rollout.index] = Buffered(grads, ready)
+        self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, ready, start,
+                                  time.perf_counter(), grads.scored_tokens, content_ready=ready))
         self._track_memory()
 
     def submit(self, source: ScoredRollout) -> None:
