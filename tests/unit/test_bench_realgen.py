@@ -47,3 +47,26 @@ def test_schedules_are_checked():
     assert parse_args(["--schedules", "sync,gkd"]).schedules == ("sync", "gkd")
     with pytest.raises(SystemExit):
         parse_args(["--schedules", "sync,thundersync:late"])
+
+
+def test_distillation_traces_are_summarized_without_release_replay():
+    """A ThunderSyncGKDTrainer trace has no rewards: stats.summarize (which replays the GRPO release points) refuses
+    it, summarize_distill gives R, L, ρ and the tail."""
+    from trl_thundersync.bench.realgen import summarize_distill
+    from trl_thundersync.bench.stats import RunSteps, summarize
+    from trl_thundersync.trace.records import StepTrace, TraceEvent
+
+    events = (TraceEvent("rollout", "trajectory", 0.0, 2.0, index=0),
+              TraceEvent("rollout", "turn", 0.0, 1.0, index=0, turn=0),
+              TraceEvent("learner", "turn_backward", 1.0, 1.5, index=0, turn=0, ready=1.0),
+              TraceEvent("learner", "context_replay", 2.0, 2.5, index=0, ready=2.0),
+              TraceEvent("barrier", "optimizer", 2.5, 2.6))
+    step = StepTrace(step=1, schedule="thundersync", start=0.0, rollout_end=2.0, learner_end=2.5, barrier_end=2.6,
+                     publish_end=2.6, events=events)
+    run = RunSteps(walls=(2.6,), traces=(step,), peak_rss_mb=1.0, peak_rss_with_children_mb=1.0, cpu_cores_used=1.0,
+                   foreign_cpu_cores=0.0)
+    with pytest.raises(ValueError):
+        summarize([run])
+    s = summarize_distill([run])
+    assert (s.rollout_s, s.learner_busy_s, s.learner_tail_s) == pytest.approx((2.0, 1.0, 0.5))
+    assert s.balance_ratio == pytest.approx(0.5)

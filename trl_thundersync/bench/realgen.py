@@ -1,7 +1,8 @@
 """Benchmark with real generation: the warm-started tiny agent on the bundled SWE repair tasks (issue 10).
 
-    python -m trl_thundersync.bench.realgen                    # ~10 min on 2 CPU cores, one run per schedule
-    python -m trl_thundersync.bench.realgen --schedules sync,thundersync:content --steps 3 --repeats 2
+    python -m trl_thundersync.bench.realgen          # ~8 min on 2 CPU cores (+ ~2-5 min once for the tiny agents)
+    python -m trl_thundersync.bench.realgen --schedules sync,thundersync:content --steps 3 --repeats 1
+    python -m trl_thundersync.bench.realgen --reuse  # only redo the analysis of the runs already in the work dir
 
 The workload of `examples/swe_grpo.py`: the tool-calling tiny agent (`testing/tiny_agent.py`, built once in the work
 dir), the bundled SWE-style repair tasks with bubblewrap-sandboxed shell tools, the environment's pass/fail reward
@@ -35,7 +36,6 @@ import datetime
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +52,7 @@ LENGTH_PENALTY = 0.001  # examples/swe_grpo.py's default weight of shorter_is_be
 class RealgenWorkload:
     """Knobs of the real-generation workload (defaults: the issue-10 user workload)."""
 
-    steps: int = 3  # optimizer steps per run; the first is warm-up
+    steps: int = 4  # optimizer steps per run; the first is warm-up
     batch: int = 16
     group: int = 8
     max_completion_length: int = 256  # tokens per trajectory (TRL's budget: all turns and tool results)
@@ -295,6 +295,45 @@ def realgen_rows(stats: dict[str, Any], cmp: Any) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class DistillSummary:
+    """The distillation run's figures realgen reports (its traces have no rewards, so `stats.summarize`, which
+    replays every GRPO release point, does not apply): means over the measured steps, s."""
+
+    steps: int
+    step_wall_s: float
+    rollout_s: float  # R: batch admitted → last trajectory scored by the teacher
+    learner_busy_s: float  # L
+    balance_ratio: float  # L/R
+    learner_tail_s: float  # [c_n − R]⁺
+    turn_busy_s: float | None  # median rollout turn with the learner busy (`stats.overlap_split`)
+    turn_idle_s: float | None
+    replay_thundersync_s: float  # Eq. 14 replay of its own steps (`stats.predict_thundersync`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize_distill(runs: list[Any]) -> DistillSummary:
+    """`DistillSummary` of `stats.RunSteps` (warm-up dropped) from the distillation trainer."""
+    from .stats import overlap_split, predict_thundersync
+
+    walls = [w for r in runs for w in r.walls]
+    traces = [t for r in runs for t in r.traces]
+    if not traces:
+        raise ValueError("summarize_distill needs at least one measured step")
+    reps = [predict_thundersync(t) for t in traces]
+    busy, idle = overlap_split(traces, "rollout", "turn")
+    return DistillSummary(
+        steps=len(traces), step_wall_s=statistics.fmean(walls),
+        rollout_s=statistics.fmean(r.rollout_end for r in reps),
+        learner_busy_s=statistics.fmean(r.learner_service for r in reps),
+        balance_ratio=statistics.fmean(r.balance_ratio for r in reps),
+        learner_tail_s=statistics.fmean(max(0.0, t.learner_end - t.rollout_end) for t in traces),
+        turn_busy_s=statistics.median(busy) if busy else None, turn_idle_s=statistics.median(idle) if idle else None,
+        replay_thundersync_s=statistics.fmean(r.thundersync_time for r in reps))
+
+
 def _f(x: float | None, spec: str, suffix: str = "") -> str:
     return "-" if x is None else format(x, spec) + suffix
 
@@ -323,7 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                    help=f"comma-separated subset of {', '.join(DEFAULT_SCHEDULES)}")
-    p.add_argument("--repeats", type=int, default=1, help="runs per schedule (interleaved)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per schedule (interleaved)")
     p.add_argument("--steps", type=int, default=RealgenWorkload.steps, help="optimizer steps per run (first dropped)")
     p.add_argument("--batch", type=int, default=RealgenWorkload.batch)
     p.add_argument("--group", type=int, default=RealgenWorkload.group)
@@ -332,6 +371,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/bench/realgen.json", help="JSON path; timeline PNG beside it")
     p.add_argument("--work-dir", help="runs, traces, logs and the tiny agents (default <out stem>-runs)")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the runs whose result.json is already in the work dir (same knobs!) and only redo "
+                        "the analysis and the missing runs")
     args = p.parse_args(argv)
     if args.child is None:
         args.schedules = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
@@ -372,7 +414,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for r in range(args.repeats):
         for schedule in args.schedules:
             done += 1
-            result = run_child(schedule, w, work / f"{schedule.replace(':', '-')}-{r}", models)
+            run_dir = work / f"{schedule.replace(':', '-')}-{r}"
+            if args.reuse and (run_dir / "result.json").exists():  # a finished run of an earlier invocation
+                result = json.loads((run_dir / "result.json").read_text())
+                result["log"] = str(run_dir / "log.txt")
+            else:
+                result = run_child(schedule, w, run_dir, models)
             runs[schedule].append(result)
             walls = [b - a for a, b in result["step_intervals"][1:]]
             print(f"[{done}/{total}] {schedule:<19} repeat {r + 1}: mean step {statistics.fmean(walls):.2f} s, run "
@@ -384,14 +431,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return measured_run(walls, read_jsonl(result["trace"]), result)
 
     loaded = {s: [load(r) for r in runs[s]] for s in args.schedules}
-    stats = {s: summarize(loaded[s]) for s in args.schedules}
-    grpo = {s: v for s, v in stats.items() if s != "gkd"}
+    grpo = {s: summarize(loaded[s]) for s in args.schedules if s != "gkd"}
     cmp = compare(grpo, {s: [t for r in loaded[s] for t in r.traces] for s in grpo})
+    stats: dict[str, Any] = dict(grpo)
+    if "gkd" in loaded:
+        stats["gkd"] = summarize_distill(loaded["gkd"])
     description = (f"B={w.batch} G={w.group} steps={w.steps}, tiny agent, bundled SWE tasks, TRL tool loop "
                    f"(≤ {w.max_tool_calling_iterations} tool rounds, {w.max_completion_length} tokens), real "
                    f"generation (embedded server; stock TRL: generate in-process), real grading (tests)")
-    print_point("realgen", description, stats, cmp)
-    print_overlap(stats, cmp)
+    print_point("realgen", description, grpo, cmp)
+    print_overlap(grpo, cmp)
     rows = realgen_rows(stats, cmp)
     rho_sync = stats["sync"].balance_ratio if "sync" in stats else None
     print("\n" + "\n".join(format_rows(rows, rho_sync)))
