@@ -225,14 +225,19 @@ def test_remove_path_opens_up_directories_the_agent_locked() -> None:
         (tree / "read_only" / "g").touch()
         (tree / "locked").chmod(0)  # what `chmod 000 locked` by the agent (same uid) leaves
         (tree / "read_only").chmod(0o500)
+        # the package as the other user can read it: a checkout under a private directory (a fresh `mktemp -d`
+        # clone, a home directory) is not traversable by uid 65534
+        shutil.copytree(Path(__file__).parents[2] / "trl_thundersync", base / "src" / "trl_thundersync",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(["chown", "-R", "65534:65534", str(base)], check=True)
         code = ("import shutil, sys\nfrom pathlib import Path\n"
                 "from trl_thundersync.envs.tasks.grading import remove_path\n"
                 "try:\n    shutil.rmtree(sys.argv[1])\nexcept PermissionError:\n    pass\n"
                 "else:\n    sys.exit('shutil.rmtree alone removed it: the test locked nothing')\n"
                 "remove_path(Path(sys.argv[1]))\n")
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-                               code, str(tree)], env={"PYTHONPATH": str(Path(__file__).parents[2])},
+        python = getattr(sys, "_base_executable", sys.executable)  # the interpreter itself, not a private venv's link
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                               code, str(tree)], env={"PYTHONPATH": str(base / "src")},
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert not tree.exists()
