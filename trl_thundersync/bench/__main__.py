@@ -32,15 +32,14 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
+from .child import spawn_run
 from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
 from .report import SpreadPoint, describe, machine, plot_spread, print_overlap, print_point
 from ..trace.model import RELEASE_MODES
@@ -77,19 +76,10 @@ def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
 
 def run_child(schedule: str, w: Workload, run_dir: Path, model_dir: Path, pin: bool) -> dict[str, Any]:
     """One run in its own process; returns run_one's result JSON (with the log path)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(model_dir),
             "result": str(run_dir / "result.json"), "pin": pin}
-    log = run_dir / "run.log"
-    with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "trl_thundersync.bench.run_one", "--json-args", json.dumps(spec)],
-                              stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark run {schedule} ({w.name}) failed with exit code {proc.returncode}; "
-                         f"log {log}:\n{log.read_text()[-3000:]}")
-    result = json.loads((run_dir / "result.json").read_text())
-    result["log"] = str(log)
-    return result
+    return spawn_run("trl_thundersync.bench.run_one", "--json-args", spec, run_dir, "run.log",
+                     f"benchmark run {schedule} ({w.name})")
 
 
 def load_run(result: dict[str, Any]) -> RunSteps:

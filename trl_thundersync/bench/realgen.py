@@ -34,10 +34,8 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -209,7 +207,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from .run_one import TRACE_FILE, StepTimer, _busy_cpu_seconds, _own_cpu_seconds, peak_rss_mb
+    from .run_one import TRACE_FILE, RunMeter, StepTimer
     from .workload import split_schedule
 
     w = RealgenWorkload(**spec["workload"])
@@ -220,7 +218,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)
     timer = StepTimer()
-    started, busy0, own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+    meter = RunMeter()
     release = None
     if schedule == "gkd":
         trainer = build_gkd(w, spec["model_dir"], spec["teacher_dir"], out_dir)
@@ -229,17 +227,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         trainer_schedule, release = split_schedule(schedule)
         trainer = build_grpo(w, trainer_schedule, release, spec["model_dir"], out_dir)
-    trainer.add_callback(timer)
-    trainer.train()
-    if hasattr(trainer, "close"):
-        trainer.close()
-    wall = time.perf_counter() - started
-    own = _own_cpu_seconds() - own0
-    foreign = max(0.0, _busy_cpu_seconds() - busy0 - own) / wall
-    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "step_intervals": timer.intervals,
-            "trace": str(out_dir / TRACE_FILE), "peak_rss_mb": peak_rss_mb(),
-            "num_params": sum(p.numel() for p in trainer.model.parameters()), "run_seconds": wall,
-            "cpu_cores_used": own / wall, "foreign_cpu_cores": foreign}
+    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "trace": str(out_dir / TRACE_FILE),
+            **meter.train(trainer, timer)}
 
 
 # --- the benchmark (parent) -----------------------------------------------------------------------------------------
@@ -253,19 +242,11 @@ def prepare_models(work: Path) -> tuple[Path, Path]:
 
 
 def run_child(schedule: str, w: RealgenWorkload, run_dir: Path, models: tuple[Path, Path]) -> dict[str, Any]:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from .child import spawn_run
+
     spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(models[0]),
             "teacher_dir": str(models[1]), "result": str(run_dir / "result.json")}
-    log = run_dir / "log.txt"
-    with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "trl_thundersync.bench.realgen", "--child", json.dumps(spec)],
-                              stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(f"realgen run {schedule} failed with exit code {proc.returncode}; log {log}:\n"
-                         f"{log.read_text()[-3000:]}")
-    result = json.loads((run_dir / "result.json").read_text())
-    result["log"] = str(log)
-    return result
+    return spawn_run("trl_thundersync.bench.realgen", "--child", spec, run_dir, "log.txt", f"realgen run {schedule}")
 
 
 def realgen_rows(stats: dict[str, Any], cmp: Any) -> list[dict[str, Any]]:

@@ -247,6 +247,27 @@ def _own_cpu_seconds() -> float:
     return sum(u.ru_utime + u.ru_stime for u in usage)
 
 
+class RunMeter:
+    """Wall time and CPU accounting of one benchmark run: started before the trainer is built."""
+
+    def __init__(self) -> None:
+        self.started, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+
+    def train(self, trainer, timer: StepTimer) -> dict:
+        """Train with `timer` attached, close the trainer, and return the result fields every benchmark run has."""
+        trainer.add_callback(timer)
+        trainer.train()
+        if hasattr(trainer, "close"):
+            trainer.close()
+        wall = time.perf_counter() - self.started
+        own = _own_cpu_seconds() - self.own0
+        # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
+        foreign = max(0.0, _busy_cpu_seconds() - self.busy0 - own) / wall
+        return {"step_intervals": timer.intervals, "peak_rss_mb": peak_rss_mb(),
+                "num_params": sum(p.numel() for p in trainer.model.parameters()), "run_seconds": wall,
+                "cpu_cores_used": own / wall, "foreign_cpu_cores": foreign}
+
+
 def run(spec: dict) -> dict:
     w = Workload.from_dict(spec["workload"])
     schedule = spec["schedule"]
@@ -262,7 +283,7 @@ def run(spec: dict) -> dict:
     model_path = str(save_tiny_model(spec["model_dir"], w.hidden, w.layers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     timer = StepTimer()
-    started, busy0, own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+    meter = RunMeter()
     try:
         trainer_schedule, release = split_schedule(schedule)
     except ValueError as err:
@@ -271,19 +292,9 @@ def run(spec: dict) -> dict:
         trainer = build_trl(w, model_path, tokenizer, out_dir, timer, plan)
     else:
         trainer = build_thundersync(w, trainer_schedule, model_path, tokenizer, out_dir, plan, release)
-    trainer.add_callback(timer)
-    trainer.train()
-    if hasattr(trainer, "close"):
-        trainer.close()
-    wall = time.perf_counter() - started
-    own = _own_cpu_seconds() - own0
-    # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
-    foreign = max(0.0, _busy_cpu_seconds() - busy0 - own) / wall
-    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "step_intervals": timer.intervals,
-            "trace": str(out_dir / TRACE_FILE), "peak_rss_mb": peak_rss_mb(),
-            "num_params": sum(p.numel() for p in trainer.model.parameters()),
-            "torch_threads": torch.get_num_threads(), "run_seconds": wall, "cpu_cores_used": own / wall,
-            "foreign_cpu_cores": foreign,
+    measured = meter.train(trainer, timer)
+    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "trace": str(out_dir / TRACE_FILE),
+            **measured, "torch_threads": torch.get_num_threads(),
             "pinning": None if plan is None else {"learner": sorted(plan.learner), "rollout": sorted(plan.rollout)},
             "learner_thread_cpus": sorted(os.sched_getaffinity(0))}
 
