@@ -12,7 +12,7 @@ from trl_thundersync.envs.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, parse_turn,
                                              truncate_observation)
 from trl_thundersync.testing.scripted import tool_call_text
-from tests.tools import add
+from tests.tools import add, observation_spans
 
 
 def explode(reason: str) -> str:
@@ -81,17 +81,6 @@ def run(tokenizer, runner, actions, limits=AgentLimits(max_turns=4), tools=TOOLS
                                 render_tool=ToolResponseRenderer(tokenizer, template), run_tool=runner,
                                 limits=limits, environment=environment, on_turn=events.append)
     return traj, calls, events
-
-
-def observation_spans(traj):
-    spans, start = [], None
-    for i, m in enumerate(traj.env_mask + [1]):
-        if m == 0 and start is None:
-            start = i
-        if m == 1 and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
 
 
 def test_tool_call_runs_and_observation_is_masked(tokenizer, runner):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import shlex
@@ -41,7 +40,7 @@ from typing import Any
 from ..trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
 from .child import spawn_run
 from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
-from .report import SpreadPoint, describe, machine, plot_spread, print_overlap, print_point
+from .report import SpreadPoint, describe, plot_spread, print_overlap, print_point, write_report
 from ..trace.model import RELEASE_MODES
 from .stats import RunSteps, compare, measured_run, side_by_side, summarize, thundersync_schedules
 from .workload import Workload, split_schedule
@@ -310,14 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     files = write_plots(results, out, name, preset)
     files["json"] = str(out)
-    report = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "machine": machine(), "preset": preset, "pin": args.pin, "repeats": repeats,
-              "schedules": list(schedules), "points": results, "files": files,
-              "seconds": time.perf_counter() - started}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {', '.join(files.values())}  ({report['seconds']:.0f} s)")
-    return report
+    return write_report(out, command, started, files, preset=preset, pin=args.pin, repeats=repeats,
+                        schedules=list(schedules), points=results)
 
 
 if __name__ == "__main__":

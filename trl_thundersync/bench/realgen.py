@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import shlex
 import statistics
@@ -376,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
 
     from ..trace.export import plot_timeline, read_jsonl
-    from .report import machine, print_overlap, print_point
+    from .report import print_overlap, print_point, write_report
     from .stats import compare, measured_run, side_by_side, summarize
 
     w = RealgenWorkload(steps=args.steps, batch=args.batch, group=args.group,
@@ -441,15 +440,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                                                   title="realgen: one step of each schedule"))
     except Exception as exc:  # a plot must not lose the measurements
         print(f"timeline not written: {exc}")
-    report = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "machine": machine(), "workload": w.to_dict(), "repeats": args.repeats,
-              "schedules": list(args.schedules), "summaries": {s: v.to_dict() for s, v in stats.items()},
-              "compare": cmp.to_dict(), "rows": rows, "runs": runs, "files": files,
-              "seconds": time.perf_counter() - started}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {', '.join(files.values())}  ({report['seconds']:.0f} s)")
-    return report
+    return write_report(out, command, started, files, workload=w.to_dict(), repeats=args.repeats,
+                        schedules=list(args.schedules), summaries={s: v.to_dict() for s, v in stats.items()},
+                        compare=cmp.to_dict(), rows=rows, runs=runs)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ measured speedup with the trace-replay prediction. Plots draw on a bare matplotl
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
+import time
 import os
 import platform
 import subprocess
@@ -205,3 +208,13 @@ def machine() -> dict[str, Any]:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {"nproc": os.cpu_count(), "cpu": model, "memory_gib": round(mem, 1), "python": platform.python_version(),
             "platform": platform.platform()}
+
+
+def write_report(out: Path, command: str, started: float, files: dict[str, str], **fields: Any) -> dict[str, Any]:
+    """The benchmark's JSON report: command, date, machine, the run's own `fields`, its files and duration."""
+    report = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "machine": machine(), **fields, "files": files, "seconds": time.perf_counter() - started}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {', '.join(files.values())}  ({report['seconds']:.0f} s)")
+    return report
