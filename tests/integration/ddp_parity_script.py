@@ -6,6 +6,7 @@ Launched by test_distributed.py.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -51,3 +52,10 @@ if torch.distributed.get_rank() == 0:
     torch.save(results, out / "results.pt")
 torch.distributed.barrier()
 torch.distributed.destroy_process_group()
+# Leave without interpreter teardown: the results are saved and every rank passed the barrier. One full CI run in
+# four this session saw rank 1 abort with "terminate called without an active exception" (a C++ thread destroyed
+# while joinable — what torch/gloo runtime threads do at a messy exit; not reproduced in 28 reruns, cause not found).
+# If that was teardown, this avoids it; if it happens earlier, the test still fails (non-zero exit, no results.pt).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
