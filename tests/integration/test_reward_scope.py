@@ -220,3 +220,47 @@ def test_unknown_reward_scope_is_refused_naming_the_field(tmp_path):
 
     with pytest.raises(ConfigurationError, match="reward_scope='episode' is not one of"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, reward_scope="episode")
+
+
+def reward_that_logs(completion_ids, log_extra, log_metric, **kwargs) -> list[float]:
+    """A TRL reward that uses both log hooks: a table column per completion and one scalar per call."""
+    sums = [float(sum(c)) for c in completion_ids]
+    log_extra("id_sum", sums)
+    log_metric("custom/mean_len", sum(len(c) for c in completion_ids) / len(completion_ids))
+    return [float(len(c)) for c in completion_ids]
+
+
+def logged(trainer):
+    """The completions table's rows (completion text, id_sum) and the logged custom metric of every step."""
+    table = list(zip(trainer._logs["completion"], trainer._logs["extra"]["id_sum"], strict=True))
+    metric = [entry["custom/mean_len"] for entry in trainer.state.log_history if "custom/mean_len" in entry]
+    return table, metric
+
+
+@pytest.mark.parametrize("scope", ["trajectory", "batch"])
+def test_log_extra_and_log_metric_reach_the_logs_as_in_trl(tmp_path, tokenizer, tiny_model_path, scope):
+    kw = dict(max_steps=2, num_generations=4, per_device_train_batch_size=8, logging_steps=1)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path,
+                      rewards=(reward_that_logs,), **kw)
+    run = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / scope, tokenizer, tiny_model_path,
+                      rewards=(reward_that_logs,), reward_scope=scope, **kw)
+    ref_table, ref_metric = logged(ref.trainer)
+    table, metric = logged(run.trainer)
+    assert len(ref_table) == 8 and len(ref_metric) == 2  # TRL keeps the last generation batch in the table
+    # every row's column value belongs to that row's completion (one call per trajectory or one per batch)
+    assert sorted(table) == sorted(ref_table)
+    sum_of = {text: s for text, s in ref_table}
+    assert all(sum_of[text] == s for text, s in table)
+    # per-call means averaged over the step: the batch mean either way for this metric, as TRL logs it
+    assert metric == pytest.approx(ref_metric, rel=1e-6)
+
+
+def test_log_extra_with_the_wrong_number_of_values_names_the_function(tmp_path, tokenizer, tiny_model_path):
+    def reward_logs_too_much(completion_ids, log_extra, **kwargs):
+        log_extra("col", [0.0, 1.0])
+        return [0.0] * len(completion_ids)
+
+    trainer = make(tmp_path, tokenizer, tiny_model_path, [reward_logs_too_much], reward_scope="trajectory",
+                   max_steps=1, num_generations=4, per_device_train_batch_size=8)
+    with pytest.raises(RewardFunctionError, match=r"reward_logs_too_much.*log_extra\('col'.*2 values.*1 completions"):
+        trainer.train()

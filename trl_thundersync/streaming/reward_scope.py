@@ -38,7 +38,7 @@ REWARD_SCOPES = ("auto", "trajectory", "group", "batch")
 PROBE_RTOL = 1e-6
 
 
-def _no_log_extra(column: str, values: list) -> None:  # the probe's extra call must not log twice
+def _no_log_extra(column: str, rows: Sequence[int], values: list) -> None:  # the probe's extra call must not log twice
     pass
 
 

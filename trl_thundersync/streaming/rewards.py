@@ -33,8 +33,10 @@ class RewardContext:
     """Per-call extras TRL hands to reward functions (the same for every call of a batch)."""
 
     trainer_state: Any
-    log_extra: Callable[[str, list], None]
-    log_metric: Callable[[str, float], None]
+    # (column, trajectory indices of the call's rows, one value per row): TRL's `log_extra` bound to the call's rows,
+    # so a column logged one trajectory or one group at a time lands on the right rows of the completions table
+    log_extra: Callable[[str, Sequence[int], list], None]
+    log_metric: Callable[[str, float], None]  # TRL's `log_metric`: averaged over the step's calls
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class RewardScorer:
                   for x in items]
         kwargs: dict[str, Any] = {key: [m.get(key) for m in merged] for key in merged[0]}
         kwargs["trainer_state"] = context.trainer_state
-        kwargs["log_extra"] = context.log_extra
+        kwargs["log_extra"] = _rows_bound(context.log_extra, tuple(x.rollout.index for x in items))
         kwargs["log_metric"] = context.log_metric
         if any(x.environment is not None for x in items):
             kwargs["environments"] = [x.environment for x in items]
@@ -138,6 +140,20 @@ class RewardScorer:
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         with torch.inference_mode():
             return model(**inputs).logits[:, 0].float().cpu().tolist()
+
+
+def _rows_bound(log_extra: Callable[[str, Sequence[int], list], None],
+               rows: tuple[int, ...]) -> Callable[[str, list], None]:
+    """TRL's `log_extra(column, values)` for one call: `values` has one entry per completion of the call."""
+
+    def bound(column: str, values: list) -> None:
+        values = list(values)
+        if len(values) != len(rows):  # TRL would misalign the completions table; say so where it happens
+            raise ValueError(f"log_extra({column!r}, ...) got {len(values)} values for a call with {len(rows)} "
+                             "completions; pass one value per completion")
+        log_extra(column, rows, values)
+
+    return bound
 
 
 def _checked_values(output: Any, expected: int, name: str, where: str) -> list[float]:

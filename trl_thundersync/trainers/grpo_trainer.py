@@ -137,6 +137,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
         self.last_trace = None  # StepTrace of the latest optimizer step
+        self._pending_extra_rows: defaultdict[str, dict] = defaultdict(dict)  # log_extra: column → {trajectory: value}
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self.add_callback(_PublishCallback(self))
 
@@ -207,7 +208,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         rewards = RewardStage(self._reward_scorer(), self.args.reward_scope, batch_size=len(rows),
                               num_generations=self.num_generations, prepare=prepare, probe=self._scope_probe,
-                              context=RewardContext(self.state, self._log_completion_extra, self._log_metric))
+                              context=RewardContext(self.state, self._log_extra_rows, self._log_metric))
         scored = []
         progress = _RolloutProgress(len(rows), version, disable=self.args.disable_tqdm
                                     or not self.accelerator.is_local_main_process)
@@ -484,6 +485,24 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         for i, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
         self._logs["advantages"].extend(advantages)
+        self._flush_reward_logs(scored)
+
+    def _log_extra_rows(self, column: str, rows, values: list) -> None:
+        """`log_extra` of one reward call (`RewardContext`): values keyed by trajectory until `_log_batch`."""
+        self._pending_extra_rows[column].update(zip(rows, values))
+
+    def _flush_reward_logs(self, scored) -> None:
+        """What reward functions logged this step, as TRL flushes it once per generation batch: `log_extra` columns
+        into the completions table in row order (None on rows no call logged), `log_metric` values averaged."""
+        for column in sorted(self._pending_extra_rows):
+            by_row = self._pending_extra_rows[column]
+            self._logs["extra"][column].extend(by_row.get(s.rollout.index) for s in scored)
+        self._pending_extra_rows.clear()
+        for name in sorted(self._pending_metrics):
+            values = self._pending_metrics[name]
+            if values:
+                self._metrics["train"][name].append(sum(values) / len(values))
+        self._pending_metrics.clear()
 
     def close(self) -> None:
         """Stop the rollout engine's worker and release the trace (also done at interpreter exit)."""
