@@ -1,0 +1,95 @@
+"""MoE policies: TRL 1.16's router load-balancing auxiliary loss, streamed exactly (issue 11 item 5).
+
+A tiny Qwen3-MoE built offline declares `router_aux_loss_coef=0.001` in its config, so TRL enables the term on
+default settings. Stock `trl.GRPOTrainer` and ThunderSync run on identical scripted rollouts (FP32); the batch
+direction, the parameters after three steps, the `aux_loss` metric and the reported loss must agree. The term is
+not separable per sequence (its expert counts are micro-batch totals), so the tests use several micro-batches:
+a wrong partition changes the direction by ~2e-2 relative, a dropped term by ~5e-2 (coefficient 0.5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import load_model, relative_error, run_trainer
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+
+CASES = {
+    "model_config_coef": dict(),  # router_aux_loss_coef=None: TRL reads the model's 0.001
+    "field_coef": dict(router_aux_loss_coef=0.5),
+    "ga4_field_coef": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=4, per_device_train_batch_size=2),
+    "ga2_bnpo_beta": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                          loss_type="bnpo", beta=0.1),
+    "ga2_mask_truncated_grpo": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
+                                    per_device_train_batch_size=2, mask_truncated_completions=True, loss_type="grpo"),
+}
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+
+
+@pytest.fixture(scope="module")
+def moe_model_path(tmp_path_factory):
+    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+
+    return str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
+
+
+@pytest.fixture(scope="module")
+def moe_tokenizer(moe_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(moe_model_path)
+
+
+def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **overrides):
+    return run_trainer(trainer_cls, config_cls, tmp_path / trainer_cls.__name__, tokenizer, model_path, **overrides)
+
+
+def first_log(trainer) -> dict:
+    return trainer.state.log_history[0]
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batch_direction_with_router_aux_loss_matches_trl(case, release, tmp_path, moe_tokenizer, moe_model_path):
+    overrides = dict(CASES[case], max_steps=1, max_grad_norm=0.0)
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides,
+              **RELEASES[release])
+    assert ref.trainer.aux_loss_enabled and got.trainer.aux_loss_enabled
+    work = got.trainer.last_batch[0].work
+    assert sum(w.kind == "router_aux" for w in work) == got.trainer.args.steps_per_generation
+    err = relative_error(got.directions[0], ref.directions[0])
+    assert err <= TOL, f"{case}: relative error {err:.2e}"
+    ref_log, got_log = first_log(ref.trainer), first_log(got.trainer)
+    assert got_log["aux_loss"] == pytest.approx(ref_log["aux_loss"], rel=1e-6)
+    assert got_log["loss"] == pytest.approx(ref_log["loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_parameters_after_three_steps_with_router_aux_loss_match_trl(release, tmp_path, moe_tokenizer,
+                                                                      moe_model_path):
+    overrides = dict(CASES["ga4_field_coef"], max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides,
+              **RELEASES[release])
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(moe_model_path).parameters()])
+    assert (ref.params - initial).norm() > 0
+    assert relative_error(got.params - initial, ref.params - initial) <= TOL
+    assert len(got.directions) == len(ref.directions) == 3
+    for a, b in zip(got.directions, ref.directions):
+        assert relative_error(a, b) <= TOL
+
+
+def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, moe_model_path):
+    overrides = dict(router_aux_loss_coef=0.0, max_steps=1, max_grad_norm=0.0)
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides)
+    assert not got.trainer.aux_loss_enabled
+    assert "aux_loss" not in first_log(got.trainer) and "aux_loss" not in first_log(ref.trainer)
+    assert all(w.kind != "router_aux" for w in got.trainer.last_batch[0].work)
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
