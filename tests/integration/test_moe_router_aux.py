@@ -93,3 +93,42 @@ def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, 
     assert "aux_loss" not in first_log(got.trainer) and "aux_loss" not in first_log(ref.trainer)
     assert all(w.kind != "router_aux" for w in got.trainer.last_batch[0].work)
     assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+
+
+@pytest.mark.parametrize("release", ["reward", "content", "turn"])
+def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_path, moe_tokenizer, moe_model_path):
+    """Agent trajectories (tool tokens attended, not scored) through every release point, vs TRL's rollout_func."""
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, make_trainer
+    from trl_thundersync.testing.parity import CaptureGrads, cpu_config
+
+    trainer, capture, captured, _ = make_trainer(tmp_path / "ts", moe_tokenizer, moe_model_path,
+                                                 delay=lambda i, t: 0.002 * ((7 * i + t) % 5), release=release,
+                                                 router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
+                                                 per_device_train_batch_size=2)
+    trainer.train()
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert "router_aux" in kinds and (release != "turn" or "turn" in kinds)
+    by_step = {step: {r.index: (r, reward) for r, reward in pairs} for step, pairs in enumerate(captured)}
+
+    def rollout_func(prompts, trl_trainer):
+        rs = [by_step[trl_trainer.state.global_step][i] for i in range(len(prompts))]
+        return {"prompt_ids": [list(r.prompt_ids) for r, _ in rs],
+                "completion_ids": [list(r.completion_ids) for r, _ in rs],
+                "logprobs": [list(r.sampling_logprobs) for r, _ in rs], "env_mask": [list(r.env_mask) for r, _ in rs],
+                "env_reward": [reward for _, reward in rs]}
+
+    def env_reward(env_reward, **kwargs):
+        return env_reward
+
+    ref_capture = CaptureGrads()
+    args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd",
+                      router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2)
+    ref = GRPOTrainer(model=load_model(moe_model_path), reward_funcs=[env_reward], args=args, train_dataset=dataset(),
+                      processing_class=moe_tokenizer, rollout_func=rollout_func, callbacks=[ref_capture])
+    ref.train()
+    assert len(capture.directions) == len(ref_capture.directions) == 2
+    for got, want in zip(capture.directions, ref_capture.directions):
+        assert relative_error(got, want) <= TOL
+    aux = [h["aux_loss"] for h in trainer.state.log_history if "aux_loss" in h]
+    ref_aux = [h["aux_loss"] for h in ref.state.log_history if "aux_loss" in h]
+    assert aux == pytest.approx(ref_aux, rel=1e-6)

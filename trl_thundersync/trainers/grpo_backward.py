@@ -86,7 +86,8 @@ def router_aux_backward(trainer: Any, module: Any) -> ChunkBackward:
     def attended(rollout) -> list[int]:
         # TRL's completion_mask: every completion token (tool tokens too), all 0 for a masked truncated completion;
         # the truncation rule is loss_mask's (the one the policy term uses), applied without the env mask
-        return loss_mask(replace(rollout, env_mask=None), eos_and_pad, trainer.mask_truncated_completions).int().tolist()
+        whole = replace(rollout, env_mask=None)
+        return loss_mask(whole, eos_and_pad, trainer.mask_truncated_completions).int().tolist()
 
     def backward(rollouts, scale: float) -> tuple[torch.Tensor, float]:
         ids, mask, keep = padded_micro_batch(rollouts, trainer._tokenizer.pad_token_id, attended,
