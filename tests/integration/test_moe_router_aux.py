@@ -14,20 +14,12 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import load_model, relative_error, run_trainer
+from trl_thundersync.testing.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
 
-CASES = {
-    "model_config_coef": dict(),  # router_aux_loss_coef=None: TRL reads the model's 0.001
-    "field_coef": dict(router_aux_loss_coef=0.5),
-    "ga4_field_coef": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=4, per_device_train_batch_size=2),
-    "ga2_bnpo_beta": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2,
-                          loss_type="bnpo", beta=0.1),
-    "ga2_mask_truncated_grpo": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
-                                    per_device_train_batch_size=2, mask_truncated_completions=True, loss_type="grpo"),
-}
+CASES = MOE_PARITY_CASES
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
 
 
@@ -68,6 +60,7 @@ def test_batch_direction_with_router_aux_loss_matches_trl(case, release, tmp_pat
     ref_log, got_log = first_log(ref.trainer), first_log(got.trainer)
     assert got_log["aux_loss"] == pytest.approx(ref_log["aux_loss"], rel=1e-6)
     assert got_log["loss"] == pytest.approx(ref_log["loss"], rel=1e-5, abs=1e-7)
+    assert 0 < got_log["thundersync/stats_peak_mb"] <= got_log["thundersync/stats_bound_mb"]
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -132,3 +125,27 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
     aux = [h["aux_loss"] for h in trainer.state.log_history if "aux_loss" in h]
     ref_aux = [h["aux_loss"] for h in ref.state.log_history if "aux_loss" in h]
     assert aux == pytest.approx(ref_aux, rel=1e-6)
+
+
+def test_two_processes_with_router_aux_loss_match_trl(tmp_path, moe_model_path):
+    """DDP over gloo: each process's micro-batches carry their own term, averaged at the barrier as DDP averages."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.test_distributed import free_port
+
+    script = Path(__file__).with_name("ddp_parity_script.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), str(tmp_path), moe_model_path, "moe_router_aux_ga2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = torch.load(tmp_path / "results.pt")
+    ref, got = results["trl"], results["ts"]
+    assert len(ref["directions"]) == len(got["directions"]) == 2
+    for a, b in zip(got["directions"], ref["directions"]):
+        assert relative_error(a, b) <= TOL
+    assert relative_error(got["params"], ref["params"]) <= TOL
