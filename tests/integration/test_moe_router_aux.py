@@ -78,6 +78,20 @@ def test_parameters_after_three_steps_with_router_aux_loss_match_trl(release, tm
         assert relative_error(a, b) <= TOL
 
 
+def test_lora_adapter_with_router_aux_loss_matches_trl(tmp_path, moe_tokenizer, moe_model_path):
+    """Only the adapter trains: the term reaches it through the hidden states the routers read."""
+    from peft import LoraConfig
+
+    overrides = dict(CASES["ga4_field_coef"], max_steps=1, max_grad_norm=0.0)
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, moe_tokenizer, moe_model_path, peft_config=LoraConfig(**lora),
+              **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, moe_tokenizer, moe_model_path,
+              peft_config=LoraConfig(**lora), **overrides)
+    assert got.directions[0].numel() < 10_000  # the adapter, not the model
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+
+
 def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, moe_model_path):
     overrides = dict(router_aux_loss_coef=0.0, max_steps=1, max_grad_norm=0.0)
     ref = run(GRPOTrainer, GRPOConfig, tmp_path, moe_tokenizer, moe_model_path, **overrides)

@@ -189,4 +189,6 @@ MOE_PARITY_CASES: dict[str, dict] = {
                           loss_type="bnpo", beta=0.1),
     "ga2_mask_truncated_grpo": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
                                     per_device_train_batch_size=2, mask_truncated_completions=True, loss_type="grpo"),
+    "ga2_gradient_checkpointing": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
+                                       per_device_train_batch_size=2, gradient_checkpointing=True),
 }
