@@ -10,6 +10,10 @@ Admission: at most `max_open_groups` groups hold statistics buffers at once. A s
 and cannot open waits in `pending` (a content-released one keeps its H_i buffer) until a group closes. Members of
 open groups are always admitted, and every member's reward eventually arrives, so admission can never deadlock. At
 most `max_buffered` trajectories hold an H_i buffer or per-turn state; the others are released at their reward.
+
+With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
+when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
+members are in, whatever the group admission.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..errors import BatchIncompleteError, StalePolicyError, UnscorableGroupErro
 from ..types import Rollout, ScoredRollout, TurnEvent
 from .accumulators import BatchAccumulator, GroupStatistics
 from .learner_records import BatchTotals, SourceGradients, WorkItem
+from .moe_aux import RouterAuxLoss
 from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
@@ -51,6 +56,7 @@ class GRPOBatchLearner:
         content_backward: Callable[[Rollout, int], SourceGradients] | None = None,
         turn_source: TurnSource | None = None,
         max_buffered: int | None = None,
+        router_aux: RouterAuxLoss | None = None,
     ) -> None:
         if batch_size % num_generations:
             raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
@@ -75,6 +81,7 @@ class GRPOBatchLearner:
         self.content_backward = content_backward
         self.turn_source = turn_source
         self.max_buffered = max_buffered or batch_size
+        self.router_aux = router_aux
         self.accumulator = BatchAccumulator(num_params, device)
         self.open: dict[int, GroupStatistics] = {}
         self.closed: dict[int, GroupStatistics] = {}
@@ -138,6 +145,7 @@ class GRPOBatchLearner:
         if rollout.index in self.content_seen or rollout.index in self.seen:
             raise BatchIncompleteError(f"trajectory {rollout.index} was reported finished twice (or after its reward)")
         self.content_seen.add(rollout.index)
+        self._router_aux(rollout, rollout.finished_at or time.perf_counter())
         if self.release == "reward":
             return
         bucket = self.bucket_of(rollout.index)
@@ -169,8 +177,20 @@ class GRPOBatchLearner:
             raise BatchIncompleteError(f"trajectory index {rollout.index} was delivered twice")
         self.seen.add(rollout.index)
         self.reward_times[rollout.index] = source.scored_at
+        self._router_aux(rollout, source.scored_at)  # no-op when its content was submitted already
         self.pending.append(source)
         self._drain()
+
+    def _router_aux(self, rollout: Rollout, ready: float) -> None:
+        if self.router_aux is None:
+            return
+        start = time.perf_counter()
+        tokens = self.router_aux.add(rollout)
+        if tokens is None:
+            return
+        self.work.append(WorkItem("router_aux", -1, -1, self.policy_version, ready, start, time.perf_counter(),
+                                  tokens))
+        self._track_memory()
 
     def _admissible(self, source: ScoredRollout) -> bool:
         group = source.rollout.group
@@ -244,6 +264,8 @@ class GRPOBatchLearner:
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
         used += sum(vector_bytes(b.grads) for b in self.buffered.values())
+        if self.router_aux is not None:
+            used += self.router_aux.nbytes()
         if self.turn_source is not None:
             used += self.turn_source.held_bytes()
         self.peak_bytes = max(self.peak_bytes, used)
@@ -255,6 +277,8 @@ class GRPOBatchLearner:
             self.turn_source.discard(index)
         self.turning.clear()
         self.buffered.clear()
+        if self.router_aux is not None:
+            self.router_aux.abort()
 
     # -- barrier ------------------------------------------------------------------------------------------------
     def finish(self) -> BatchTotals:
@@ -270,6 +294,7 @@ class GRPOBatchLearner:
                 f"whose reward never arrived (first: {waiting[:5]}); refusing a partial update"
             )
         groups = [self.closed[g] for g in range(self.num_groups)]
+        router_aux = self.router_aux.finish() if self.router_aux is not None else None
         return BatchTotals(
             accumulator=self.accumulator,
             rewards=tuple(self.rewards),
@@ -283,4 +308,5 @@ class GRPOBatchLearner:
             peak_stats_bytes=self.peak_bytes,
             peak_held=self.peak_held,
             turn_fallbacks=self.turn_fallbacks,
+            router_aux=router_aux,
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .accumulators import BatchAccumulator
+from .moe_aux import RouterAuxResult
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,9 @@ class WorkItem:
 
     kind: str  # "trajectory" (backward at reward release), "content" (backward before the reward), "turn" (one
     # turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered
-    # H_i folded into its group once the reward is known) or "group_fold"
-    index: int  # trajectory index in the batch, or -1 for a group fold
+    # H_i folded into its group once the reward is known), "group_fold" or "router_aux" (the MoE load-balancing term
+    # of one TRL micro-batch, once its last member's tokens are final)
+    index: int  # trajectory index in the batch, or -1 for a group fold or a micro-batch term
     group: int
     policy_version: int
     ready: float  # τ: when its inputs were fixed (reward known / content fixed / turn complete / last member folded)
@@ -54,3 +56,4 @@ class BatchTotals:
     peak_stats_bytes: int  # high-water mark of group statistics + batch buffers (+ release buffers, per-turn state)
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
+    router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)

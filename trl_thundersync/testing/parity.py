@@ -178,3 +178,17 @@ PARITY_CASES: dict[str, dict] = {
     "multi_reward_weights_none": dict(reward_weights=[0.5, 2.0]),
     "gradient_checkpointing": dict(gradient_checkpointing=True),
 }
+
+# MoE policies (`testing/tiny_moe.py`): TRL's router load-balancing term with the model's coefficient, a large one
+# set in the field (so a wrong term shows), several micro-batches (the term is per micro-batch), KL, masking.
+MOE_PARITY_CASES: dict[str, dict] = {
+    "model_config_coef": dict(),  # router_aux_loss_coef=None: TRL reads the model config's 0.001
+    "field_coef": dict(router_aux_loss_coef=0.5),
+    "ga4_field_coef": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=4, per_device_train_batch_size=2),
+    "ga2_bnpo_beta": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                          loss_type="bnpo", beta=0.1),
+    "ga2_mask_truncated_grpo": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
+                                    per_device_train_batch_size=2, mask_truncated_completions=True, loss_type="grpo"),
+    "ga2_gradient_checkpointing": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
+                                       per_device_train_batch_size=2, gradient_checkpointing=True),
+}

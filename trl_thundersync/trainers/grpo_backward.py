@@ -2,19 +2,23 @@
 
 `trajectory_backward`: one forward + backward per finished trajectory (release at the reward or at content
 readiness), through TRL's own `_get_per_token_logps_and_entropies`. `turn_backward`: the per-turn boundary-cut
-backward of `release="turn"`, with the same normalization, masking, KL and importance-sampling settings. Both run on
+backward of `release="turn"`, with the same normalization, masking, KL and importance-sampling settings.
+`router_aux_backward`: the MoE load-balancing term of one whole TRL micro-batch (`streaming/moe_aux.py`). All run on
 the unwrapped module: DDP's reducer must not see per-source passes (the barrier averages the batch direction once).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import torch
 from trl.trainer.grpo_trainer import use_adapter
 
 from ..streaming.importance import SamplingCorrection
+from ..streaming.moe_aux import ChunkBackward, RouterAuxLoss, padded_micro_batch
 from ..streaming.normalization import LossNormalization
-from ..streaming.source import TrajectoryBackward
+from ..streaming.source import TrajectoryBackward, flatten_grads, loss_mask
 from ..streaming.turn_grpo import TurnScoreBackward
 
 
@@ -60,3 +64,38 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization) -
         correction=SamplingCorrection.from_config(trainer.args), device=trainer.accelerator.device,
         policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast,
     )
+
+
+def router_aux_loss(trainer: Any, module: Any, permutation: list[int]) -> RouterAuxLoss | None:
+    """TRL's MoE router auxiliary term for one generation batch (None when TRL would not add it)."""
+    if not trainer.aux_loss_enabled:
+        return None
+    # TRL divides the term by `current_gradient_accumulation_steps` (= steps_per_generation, which ThunderSync requires)
+    scale = trainer.router_aux_loss_coef / trainer.current_gradient_accumulation_steps
+    return RouterAuxLoss(
+        permutation=permutation, micro_batches=trainer.args.steps_per_generation, scale=scale,
+        chunk_backward=router_aux_backward(trainer, module),
+        num_params=sum(p.numel() for p in trainer._trainable), device=trainer.accelerator.device,
+    )
+
+
+def router_aux_backward(trainer: Any, module: Any) -> ChunkBackward:
+    """∇(scale · aux_b) of one micro-batch, with TRL's own forward (`compute_aux_loss=True`) over TRL's tensors."""
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+
+    def attended(rollout) -> list[int]:
+        # TRL's completion_mask: every completion token (tool tokens too), all 0 for a masked truncated completion;
+        # the truncation rule is loss_mask's (the one the policy term uses), applied without the env mask
+        whole = replace(rollout, env_mask=None)
+        return loss_mask(whole, eos_and_pad, trainer.mask_truncated_completions).int().tolist()
+
+    def backward(rollouts, scale: float) -> tuple[torch.Tensor, float]:
+        ids, mask, keep = padded_micro_batch(rollouts, trainer._tokenizer.pad_token_id, attended,
+                                             trainer.args.pad_to_multiple_of, trainer.accelerator.device)
+        _, _, aux = trainer._get_per_token_logps_and_entropies(module, ids, mask, keep, compute_aux_loss=True)
+        if not aux.requires_grad:  # no trainable parameter reaches the routers (e.g. an adapter elsewhere)
+            return torch.zeros(sum(p.numel() for p in trainer._trainable), device=ids.device), float(aux)
+        grads = torch.autograd.grad(scale * aux, trainer._trainable, allow_unused=True)
+        return flatten_grads(grads, trainer._trainable), float(aux.detach())
+
+    return backward

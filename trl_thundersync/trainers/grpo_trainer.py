@@ -39,7 +39,7 @@ from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import write_flat_grads
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
-from .grpo_backward import trajectory_backward, turn_backward
+from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
@@ -128,8 +128,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                 "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
-        if self.aux_loss_enabled:
-            raise UnsupportedOptionError("router_aux_loss_coef: the MoE auxiliary loss is not streamed yet; set it to 0")
+        # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
+        # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
         self.policy_version = 0
         self._engine: RolloutEngine | None = None
         self._turns = TurnRouter(required=False)  # agent turns → the open batch's learner (release="turn")
@@ -196,7 +196,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
             release=self._release(), content_backward=backward.content,
             turn_source=turn_backward(self, module, normalization) if self._release() == "turn" else None,
-            max_buffered=self.args.max_buffered_trajectories,
+            max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
         )
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -240,6 +240,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._release() != "reward":  # one H_i per buffered trajectory (and K_i under 'turn' with β ≠ 0)
             vectors = 2 if self._release() == "turn" and self.beta != 0.0 else 1
             bound += 4 * vectors * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
+        if totals.router_aux is not None:  # the MoE router term's batch buffer
+            bound += 4 * num_params
         return bound
 
     def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
@@ -252,6 +254,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         scales = normalization.bucket_scales(dict(per_bucket), global_tokens)
         advantages, policy_scale, zero_std_fraction = self._advantages(totals)
         direction = totals.accumulator.direction(scales, policy_scale)
+        if totals.router_aux is not None:  # coef·aux_b/GA per micro-batch: already final, no barrier scalar
+            direction.add_(totals.router_aux.direction)
         if self.accelerator.num_processes > 1:
             direction = self.accelerator.reduce(direction, reduction="mean")
         if not torch.isfinite(direction).all():
@@ -269,7 +273,16 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             loss += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
         if self.beta != 0.0:
             self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
+        if totals.router_aux is not None:
+            loss += totals.router_aux.loss
+            self._log_router_aux(totals.router_aux.values)
         return torch.tensor(loss, device=self.args.device)
+
+    def _log_router_aux(self, values) -> None:
+        """TRL's `aux_loss` metric: one entry per micro-batch, each the mean over processes of that micro-batch's."""
+        local = torch.tensor(values, dtype=torch.float32, device=self.accelerator.device)
+        gathered = self.accelerator.gather(local).view(-1, len(values)).mean(dim=0)
+        self._metrics["train"]["aux_loss"].extend(gathered.tolist())
 
     def _advantages(self, totals: BatchTotals) -> tuple[list[float], float, float]:
         """Per-trajectory advantages (for logs and the loss value), the barrier-time policy scale, and the fraction

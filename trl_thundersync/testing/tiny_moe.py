@@ -1,0 +1,75 @@
+"""Tiny offline Qwen3-MoE model (random weights, the tiny tokenizer of `tiny.py`), for the MoE router-loss tests.
+
+Its config declares `router_aux_loss_coef` (Qwen3-MoE's default 0.001, or the value given) and
+`output_router_logits=False`, like the published Qwen3-MoE checkpoints: TRL 1.16 then enables the load-balancing
+auxiliary loss on default settings (`GRPOConfig.router_aux_loss_coef=None` reads the model's coefficient).
+
+    python -m trl_thundersync.testing.tiny_moe ./tiny-qwen3-moe
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, num_experts: int = 4,
+                         experts_per_token: int = 2, router_aux_loss_coef: float = 0.001, seed: int = 0):
+    """A Qwen3-MoE causal LM sized for a CPU test: every layer sparse, `num_experts` experts, top-k routing."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size,
+        num_experts=num_experts,
+        num_experts_per_tok=experts_per_token,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        router_aux_loss_coef=router_aux_loss_coef,
+        output_router_logits=False,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attention_dropout=0.0,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_tiny_moe_model(path: str | Path, router_aux_loss_coef: float = 0.001, seed: int = 0) -> Path:
+    """Create (or reuse) a tiny MoE model folder at `path` and return it."""
+    from .tiny import build_tiny_tokenizer
+
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_moe_model(tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", nargs="?", default="tiny-qwen3-moe", help="output folder")
+    parser.add_argument("--router-aux-loss-coef", type=float, default=0.001)
+    args = parser.parse_args(argv)
+    print(f"tiny MoE model and tokenizer written to {save_tiny_moe_model(args.path, args.router_aux_loss_coef)}")
+
+
+if __name__ == "__main__":
+    main()
