@@ -33,6 +33,7 @@ from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
+from ..streaming.grading import grading_workers
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
@@ -138,6 +139,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
         self.last_trace = None  # StepTrace of the latest optimizer step
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
+        self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
         self.add_callback(_PublishCallback(self))
 
     def _check_distributed(self) -> None:
@@ -207,7 +209,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         rewards = RewardStage(self._reward_scorer(), self.args.reward_scope, batch_size=len(rows),
                               num_generations=self.num_generations, prepare=prepare, probe=self._scope_probe,
-                              context=RewardContext(self.state, self._log_completion_extra, self._log_metric))
+                              context=RewardContext(self.state, self._log_completion_extra, self._log_metric),
+                              environment_rewards=self._environment_rewards,
+                              grading_workers=grading_workers(self.args.grading_workers, len(rows)))
         scored = []
         progress = _RolloutProgress(len(rows), version, disable=self.args.disable_tqdm
                                     or not self.accelerator.is_local_main_process)
@@ -218,8 +222,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
-                                               on_source=on_source, turns=self._turns)
+                                               on_source=on_source, turns=self._turns,
+                                               grade=rewards.start if rewards.grades_ahead else None)
         finally:
+            rewards.close()
             progress.close()
         self.last_batch = (totals, timing)
         self._open_step = (version, scored)
