@@ -56,3 +56,35 @@ def test_concurrent_grading_trains_what_serial_grading_trains(scope, release, tm
     # the same update; only the learner's summation order may follow a different arrival order (FP32 rounding)
     assert relative_error(params[BATCH] - initial, params[1] - initial) < 1e-5
     assert not [t for t in threading.enumerate() if t.name.startswith("thundersync-grading")]
+
+
+@pytest.mark.parametrize("scope", ["trajectory", "batch"])
+def test_a_get_reward_that_raises_stops_training_before_any_step_naming_it(scope, tmp_path, tokenizer,
+                                                                           tiny_model_path):
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from trl_thundersync.errors import RewardFunctionError
+
+    calls, lock = [], threading.Lock()
+
+    class CrashingEnv(CounterEnv):
+        def get_reward(self) -> float:
+            with lock:
+                calls.append(self)
+                third = len(calls) == 3
+            if third:  # the third grading of the first batch, whichever trajectory that is
+                raise RuntimeError("pytest crashed")
+            return super().get_reward()
+
+    CrashingEnv.__name__ = "CounterEnv"
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=256, agent_protocol="paper",
+                      agent_max_turns=4, optim="sgd", reward_scope=scope, grading_workers=BATCH)
+    model = load_model(tiny_model_path)
+    initial = flat(model)
+    trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[], args=args, train_dataset=dataset(),
+                                     processing_class=tokenizer, environment_factory=CrashingEnv)
+    trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    with pytest.raises(RewardFunctionError, match=r"reward function 'CounterEnv' raised RuntimeError: pytest crashed "
+                                                  r"on trajectory \d+ \(group \d+\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and torch.equal(flat(trainer.model), initial)
+    assert not [t for t in threading.enumerate() if t.name.startswith("thundersync-grading")]

@@ -223,7 +223,8 @@ def test_a_get_reward_that_raises_names_the_function_and_the_trajectory_and_leav
     assert not grading_threads()
 
 
-def test_an_aborted_batch_cancels_waiting_gradings_and_leaves_no_thread():
+@pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])  # a learner failure, Ctrl-C
+def test_an_aborted_batch_cancels_waiting_gradings_and_leaves_no_thread(failure):
     class Slow(GradedEnv):
         calls = 0
 
@@ -233,13 +234,13 @@ def test_an_aborted_batch_cancels_waiting_gradings_and_leaves_no_thread():
             return 0.0
 
     def failing_content(r, bucket):
-        raise RuntimeError("learner failed")
+        raise failure("learner failed")
 
     st, _ = stage("batch", 2, [Slow(i) for i in range(B)], env_rewards=[trl_env_reward(Slow)])
     batch_learner = learner("content")
     batch_learner.content_backward = failing_content
     requests = [RolloutRequest(i, i // G, (1,), seed=i) for i in range(B)]
-    with pytest.raises(RuntimeError, match="learner failed"):
+    with pytest.raises(failure, match="learner failed"):
         try:
             run_logical_batch(FakeEngine(), requests, 0, st.add, batch_learner, grade=st.start)
         finally:
