@@ -107,10 +107,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "reward functions are still called from one thread, in the same calls, after their rows' environments "
             "are graded (so a user function that reads environment state sees it after get_reward; TRL calls a sync "
             "get_reward after the user's functions). Values are identical to serial grading. 1: one trajectory at a "
-            "time on the scoring thread, after the user's functions (serial, as before). None (default): min(CPU cores, 8), never more than the batch's trajectories: "
-            "graders are usually sandboxed test runs (CPU-bound processes), so more workers than cores only "
-            "time-share, and 8 bounds the threads and concurrent sandboxes on large machines; raise it for I/O-bound "
-            "graders (remote judges)."
+            "time on the scoring thread, after the user's functions (serial, as before). None (default): min(CPU "
+            "cores, 8), never more than the batch's trajectories: graders are usually sandboxed test runs (CPU-bound "
+            "processes), so more workers than cores only time-share, and 8 bounds the threads and concurrent "
+            "sandboxes on large machines; raise it for I/O-bound graders (remote judges)."
         },
     )
     release: str = field(

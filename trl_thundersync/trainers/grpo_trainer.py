@@ -31,9 +31,9 @@ from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
+from ..streaming.grading import grading_workers
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
-from ..streaming.grading import grading_workers
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
