@@ -271,7 +271,7 @@ def test_an_async_get_reward_runs_concurrently_on_the_trainers_event_loop(scope)
 
 
 def test_default_workers_are_bounded_by_cores_eight_and_the_batch(tmp_path):
-    assert grading_workers(None, 64) == min(available_cores(), 8)
+    assert grading_workers(None, 64) == min(2 * available_cores(), 8)
     assert grading_workers(None, 1) == 1 and grading_workers(16, 4) == 4 and grading_workers(1, 64) == 1
     base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
                 num_generations=2)
