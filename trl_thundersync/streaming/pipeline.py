@@ -4,7 +4,9 @@ The producer thread drains `engine.results()` in completion order; it first hand
 tokens: content readiness) to the learner's queue, then to `score`, which returns the trajectories it releases (the
 trajectory itself, or nothing until its group's / the batch's reward call is complete: `reward_scope.py`). Turn
 events of agentic engines reach the same queue through a `TurnRouter` while the episode is still running. The
-caller's thread runs the learner, in queue order: a trajectory's turns, then its content, then its reward. Under
+caller's thread runs the learner, in queue order: a trajectory's turns, then its content, then its reward. With a
+`grade` callback (environment rewards graded concurrently, `grading.py`), the producer calls it on each trajectory
+the moment it is delivered, and scoring always runs on its own thread, so gradings overlap. Under
 `schedule="thundersync"` each item is handed to the learner as soon as it arrives (what the learner does with turns
 and content depends on its release point, `release.py`); under `"sync"` the learner waits until the batch has
 closed, then processes the scored sources in the same arrival order — the same code path, only the release time
@@ -70,11 +72,14 @@ class TurnRouter:
 
 
 def _produce(engine: RolloutEngine, score: Callable[[Rollout], Sequence[ScoredRollout]], out: queue.Queue,
-             stop: threading.Event, delivered: list, content: bool) -> None:
+             stop: threading.Event, delivered: list, content: bool,
+             grade: Callable[[Rollout], None] | None = None) -> None:
     """Rollout thread: trajectories in completion order → scoring. With `content`, each trajectory's tokens go to the
     learner the moment the engine delivers it, and scoring runs on its own thread, so a slow grader (SWE tests, a
-    judge, a group or batch call) never holds back the content of the trajectories finishing behind it."""
-    if not content:
+    judge, a group or batch call) never holds back the content of the trajectories finishing behind it. With
+    `grade`, each delivered trajectory's grading starts at once, and scoring runs on its own thread in any case, so
+    the next trajectory's grading never waits for this one's reward call."""
+    if not content and grade is None:
         try:
             for rollout in engine.results():
                 if stop.is_set():  # the learner failed: the batch is void, stop scoring
@@ -96,7 +101,10 @@ def _produce(engine: RolloutEngine, score: Callable[[Rollout], Sequence[ScoredRo
             if stop.is_set():
                 break
             delivered.append(rollout.index)
-            out.put(rollout)  # before its scoring is queued: the learner sees content, then the reward
+            if content:
+                out.put(rollout)  # before its scoring is queued: the learner sees content, then the reward
+            if grade is not None:
+                grade(rollout)
             to_score.put(rollout)
     except BaseException as exc:
         out.put(exc)
@@ -149,7 +157,10 @@ def run_logical_batch(
     schedule: str = "thundersync",
     on_source: Callable[[ScoredRollout], None] | None = None,
     turns: TurnRouter | None = None,
+    grade: Callable[[Rollout], None] | None = None,
 ) -> tuple[BatchTotals, BatchTiming]:
+    """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
+    its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises."""
     start = time.perf_counter()
     inbox: queue.Queue = queue.Queue()
     early = schedule == "thundersync" and learner.release != "reward"  # work before the reward
@@ -158,7 +169,7 @@ def run_logical_batch(
     engine.start_batch(requests, policy_version)
     stop = threading.Event()
     delivered: list[int] = []
-    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered, early),
+    producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered, early, grade),
                                 name="thundersync-rollouts", daemon=True)
     producer.start()
 

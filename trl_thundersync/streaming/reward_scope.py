@@ -16,6 +16,10 @@ learner and releases scored trajectories as soon as their scope is complete:
   values differ from its per-trajectory ones, `RewardScopeError` stops training before the first optimizer step.
 
 The accumulators are exact for any arrival order, so the scope changes only *when* learner work is released.
+
+Environment rewards (the `get_reward` wrappers TRL appends after the user's functions) are per episode in every
+scope. With `grading_workers` > 1 they are graded ahead, on a `GradingPool`, from the moment each trajectory is
+delivered (`start`); the trajectory's, group's or batch's call then takes those values (`grading.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from ..errors import RewardScopeError
 from ..types import Rollout, ScoredRollout
+from .grading import GradingPool
 from .rewards import RewardContext, RewardScorer, ScoringInput, describe_call
 
 REWARD_SCOPES = ("auto", "trajectory", "group", "batch")
@@ -98,14 +103,18 @@ def _short(values: Sequence[float]) -> str:
 class RewardStage:
     """Scores one logical batch's trajectories per `scope` and releases them as their scope completes.
 
-    `add(rollout)` is called in arrival order (from the rollout thread) and returns the trajectories it releases —
+    `add(rollout)` is called in arrival order (from one scoring thread) and returns the trajectories it releases —
     none while a group or the batch is still incomplete. `prepare` turns a rollout into its `ScoringInput`
-    (decoded completion, prompt, dataset row, environment).
+    (decoded completion, prompt, dataset row, environment). With `grading_workers` > 1 and `environment_rewards`
+    (indices of the scorer's environment `get_reward` wrappers), `start(rollout)` — called from the delivering thread
+    as soon as the trajectory is delivered, before its `add` — grades its environment on the pool, and `add` waits
+    for the grades of its call's rows before calling the user's functions. `close()` ends the pool (always call it).
     """
 
     def __init__(self, scorer: RewardScorer, scope: str, *, batch_size: int, num_generations: int,
                  prepare: Callable[[Rollout], ScoringInput], context: RewardContext,
-                 probe: ScopeProbe | None = None) -> None:
+                 probe: ScopeProbe | None = None, environment_rewards: Sequence[int] = (),
+                 grading_workers: int = 1) -> None:
         if scope not in REWARD_SCOPES:
             raise ValueError(f"reward_scope={scope!r} is not one of {REWARD_SCOPES}")
         self.scorer = scorer
@@ -117,11 +126,34 @@ class RewardStage:
         self.probe = probe if scope == "auto" else None
         self._waiting: dict[int, list[ScoringInput]] = {}  # group (or -1 for the batch) -> its arrived members
         self._scored: dict[int, list[tuple[ScoringInput, ScoredRollout]]] = {}  # "auto": members scored so far
+        self._grading = (GradingPool(scorer, environment_rewards, grading_workers, context)
+                         if grading_workers > 1 and environment_rewards else None)
+        self._started: dict[int, ScoringInput] = {}  # delivered and being graded, not yet added
+
+    @property
+    def grades_ahead(self) -> bool:
+        """Whether `start` grades environments concurrently (else it need not be called)."""
+        return self._grading is not None
+
+    def start(self, rollout: Rollout) -> None:
+        if self._grading is None:
+            return
+        item = self.prepare(rollout)
+        self._started[rollout.index] = item
+        self._grading.start(item)
+
+    def close(self) -> None:
+        if self._grading is not None:
+            self._grading.close()
 
     def add(self, rollout: Rollout) -> list[ScoredRollout]:
-        item = self.prepare(rollout)
+        item = self._started.pop(rollout.index, None)
+        if item is None:
+            item = self.prepare(rollout)
+            if self._grading is not None:  # not started at delivery: grade it now
+                self._grading.start(item)
         if self.scope in ("trajectory", "auto"):
-            scored = self.scorer.score([item], self.context)
+            scored = self._score([item])
             if self.probe is not None and not self.probe.done:
                 self._probe_when_group_closes(item, scored[0])
             return scored
@@ -131,7 +163,14 @@ class RewardStage:
         if len(members) < (self.num_generations if self.scope == "group" else self.batch_size):
             return []
         del self._waiting[key]
-        return self.scorer.score(sorted(members, key=lambda x: x.rollout.index), self.context)
+        return self._score(sorted(members, key=lambda x: x.rollout.index))
+
+    def _score(self, items: list[ScoringInput]) -> list[ScoredRollout]:
+        """One reward call on `items`; environment rewards graded ahead are waited for first, then taken as they are."""
+        if self._grading is None:
+            return self.scorer.score(items, self.context)
+        grades = [self._grading.result(x.rollout.index) for x in items]
+        return self.scorer.score(items, self.context, {i: [g[i] for g in grades] for i in self._grading.funcs})
 
     def _probe_when_group_closes(self, item: ScoringInput, scored: ScoredRollout) -> None:
         members = self._scored.setdefault(item.rollout.group, [])

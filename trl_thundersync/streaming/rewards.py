@@ -81,9 +81,14 @@ class RewardScorer:
         self.render_text = render_text  # (prompt, completion, processing_class) -> text, for reward models
         self.device = torch.device(device)
 
-    def score(self, items: Sequence[ScoringInput], context: RewardContext) -> list[ScoredRollout]:
-        """Call every function once on `items` (in their order) and return one `ScoredRollout` per item."""
-        columns = [self.values(i, items, context) for i in range(len(self.funcs))]
+    def score(self, items: Sequence[ScoringInput], context: RewardContext,
+              graded: Mapping[int, Sequence[float]] | None = None) -> list[ScoredRollout]:
+        """Call every function once on `items` (in their order) and return one `ScoredRollout` per item.
+
+        `graded`: function index -> its values on `items`, already computed row by row (environment rewards graded
+        concurrently, `grading.py`); those functions are not called again."""
+        graded = graded or {}
+        columns = [list(graded[i]) if i in graded else self.values(i, items, context) for i in range(len(self.funcs))]
         per_row = torch.tensor(columns, dtype=torch.float32).T.reshape(len(items), len(self.funcs))
         scored_at = time.perf_counter()
         out = []

@@ -98,6 +98,22 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "(RewardScopeError) before the first optimizer step if the values differ."
         },
     )
+    grading_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "How many environments' get_reward() run at once. Each environment's reward depends only on its "
+            "own finished episode, so its grading starts the moment its trajectory is delivered, on a pool of this "
+            "many threads, in every reward_scope (a group or batch call takes the values already graded); user "
+            "reward functions are still called from one thread, in the same calls, after their rows' environments "
+            "are graded (so a user function that reads environment state sees it after get_reward; TRL calls a sync "
+            "get_reward after the user's functions). Values are identical to serial grading. 1: one trajectory at a "
+            "time on the scoring thread, after the user's functions (serial, as before). None (default): min(2 × CPU "
+            "cores, 8), never more than the batch's trajectories: a sandboxed test run is part CPU, part waiting "
+            "(process and sandbox start-up), so two per core keep the cores busy (8 SWE gradings on 2 cores: ~5 s "
+            "serial, ~3.5 s with 2 workers, ~2 s with 4), and 8 bounds the threads and concurrent sandboxes on "
+            "large machines; raise it for graders that only wait (remote judges)."
+        },
+    )
     release: str = field(
         default="content",
         metadata={
@@ -143,6 +159,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if self.reward_scope not in REWARD_SCOPES:
             raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
+        if self.grading_workers is not None and self.grading_workers < 1:
+            raise ConfigurationError(f"grading_workers={self.grading_workers} must be ≥ 1 (1 = serial grading, None = "
+                                     "min(2 × CPU cores, 8))")
         if self.release not in RELEASE_POINTS:
             raise ConfigurationError(f"release={self.release!r} is not one of {RELEASE_POINTS}")
         if self.release == "turn" and self.gradient_checkpointing:

@@ -31,6 +31,7 @@ from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
+from ..streaming.grading import grading_workers
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
@@ -139,6 +140,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self.last_trace = None  # StepTrace of the latest optimizer step
         self._pending_extra_rows: defaultdict[str, dict] = defaultdict(dict)  # log_extra: column → {trajectory: value}
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
+        self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
         self.add_callback(_PublishCallback(self))
 
     def _check_distributed(self) -> None:
@@ -208,7 +210,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         rewards = RewardStage(self._reward_scorer(), self.args.reward_scope, batch_size=len(rows),
                               num_generations=self.num_generations, prepare=prepare, probe=self._scope_probe,
-                              context=RewardContext(self.state, self._log_extra_rows, self._log_metric))
+                              context=RewardContext(self.state, self._log_extra_rows, self._log_metric),
+                              environment_rewards=self._environment_rewards,
+                              grading_workers=grading_workers(self.args.grading_workers, len(rows)))
         scored = []
         progress = _RolloutProgress(len(rows), version, disable=self.args.disable_tqdm
                                     or not self.accelerator.is_local_main_process)
@@ -219,8 +223,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
-                                               on_source=on_source, turns=self._turns)
+                                               on_source=on_source, turns=self._turns,
+                                               grade=rewards.start if rewards.grades_ahead else None)
         finally:
+            rewards.close()
             progress.close()
         self.last_batch = (totals, timing)
         self._open_step = (version, scored)
