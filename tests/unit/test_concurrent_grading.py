@@ -131,7 +131,7 @@ def stage(scope, workers, envs, *, env_rewards=None, loop=None, user=None):
     def prepare(r):
         return ScoringInput(r, f"prompt{r.group}", {"prompt": "p", "answer": f"a{r.index}"}, envs[r.index])
 
-    context = RewardContext(trainer_state="state", log_extra=lambda c, v: None, log_metric=lambda n, v: None)
+    context = RewardContext(trainer_state="state", log_extra=lambda c, rows, v: None, log_metric=lambda n, v: None)
     return RewardStage(scorer, scope, batch_size=B, num_generations=G, prepare=prepare, context=context,
                        probe=ScopeProbe([0]) if scope == "auto" else None,
                        environment_rewards=range(1, len(funcs)), grading_workers=workers), user
