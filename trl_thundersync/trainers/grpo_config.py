@@ -117,10 +117,13 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         },
     )
     allow_unscorable_groups: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "If every reward function returns None for a whole group, raise (default) or, when True, give the "
-            "group zero advantage as trl.GRPOTrainer does."
+            "help": "A row on which every reward function returned None is unscorable: as in trl.GRPOTrainer it is "
+            "left out of its group's mean and std, gets zero advantage (its tokens still count in the loss "
+            "normalizers) and TRL's warning is logged once per batch. True (default, TRL's behaviour): a group whose "
+            "rows are all unscorable trains with zero advantage. False: such a group stops training with "
+            "UnscorableGroupError before the optimizer step."
         },
     )
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import torch
 import transformers
+from accelerate.logging import get_logger
 from packaging.version import Version
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -37,12 +38,14 @@ from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import write_flat_grads
+from ..streaming.unscorable import unscorable_warning
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
+logger = get_logger(__name__)
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
     """Sampling seed of one trajectory, independent of arrival order and schedule."""
@@ -223,8 +226,11 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             progress.close()
         self.last_batch = (totals, timing)
         self._open_step = (version, scored)
-        return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
-                             prompts)
+        ordered = sorted(scored, key=lambda s: s.rollout.index)
+        warning = unscorable_warning([prepare(s.rollout) for s in ordered], ordered)
+        if warning is not None:  # TRL's warning, once per generation batch (the row then gets zero advantage)
+            logger.warning(warning)
+        return self._barrier(totals, timing, normalization, buckets, ordered, prompts)
 
     def _release(self) -> str:
         """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
@@ -287,7 +293,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         adv = rewards - means
         if self.scale_rewards != "none":
             adv = adv / (std + 1e-4)
-        zero_std = float(torch.isclose(std.nan_to_num(0.0), torch.zeros_like(std)).float().mean())
+        # TRL's isclose: a NaN σ (a group with fewer than two scorable members) does not count as zero
+        zero_std = float(torch.isclose(std, torch.zeros_like(std)).float().mean())
         if not math.isfinite(policy_scale):
             policy_scale = 0.0
         return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale, zero_std

@@ -1,0 +1,74 @@
+"""Drop-in behaviour of issue 11 (items 2, 3, 4, 6): what stock `trl.GRPOTrainer` does, ThunderSync does too.
+
+Exactness checks use the parity harness (identical scripted rollouts, FP32, `testing/parity.py`); behaviour checks
+(defaults, warnings, errors) compare the observable result with stock TRL's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.errors import UnscorableGroupError
+from trl_thundersync.testing.parity import relative_error, reward_len, run_trainer
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py
+
+
+def reward_len_none_on_question_4(prompts, completion_ids, **kwargs):
+    """None on every completion of question 4 (in the first batch with question 0): its group is unscorable."""
+    return [None if p.startswith("Question 4:") else float(len(c)) for p, c in zip(prompts, completion_ids)]
+
+
+def _unscorable_warnings(caplog, logger_name):
+    return [r.getMessage() for r in caplog.records
+            if r.name == logger_name and "All reward functions returned None" in r.getMessage()]
+
+
+@pytest.mark.parametrize("options, streaming", [
+    ({}, {}),  # TRL's defaults; content release, per-trajectory reward calls
+    ({"scale_rewards": "batch", "beta": 0.1}, {"release": "reward", "reward_scope": "batch"}),
+])
+def test_unscorable_group_warns_and_trains_with_zero_advantage_as_trl(options, streaming, tmp_path, tokenizer,
+                                                                      tiny_model_path, caplog):
+    overrides = dict(max_steps=1, max_grad_norm=0.0, **options)
+    rewards = (reward_len_none_on_question_4,)
+    with caplog.at_level(logging.WARNING):
+        ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, rewards=rewards,
+                          **overrides)
+        got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer,
+                          tiny_model_path, rewards=rewards, **overrides, **streaming)
+    logged = ref.trainer._logs["rewards"]["reward_len_none_on_question_4"]
+    assert 0 < sum(math.isnan(r) for r in logged) < len(logged), "the batch must mix scorable and unscorable groups"
+    assert got.trainer.state.global_step == 1
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+    trl_text = _unscorable_warnings(caplog, "trl.trainer.grpo_trainer")
+    ours = _unscorable_warnings(caplog, "trl_thundersync.trainers.grpo_trainer")
+    assert len(trl_text) == len(ours) == 1
+    assert ours == trl_text
+    assert got.trainer._logs["advantages"] == pytest.approx(list(ref.trainer._logs["advantages"]), abs=1e-5)
+    logs, ref_logs = got.trainer.state.log_history[0], ref.trainer.state.log_history[0]
+    for name in ("loss", "reward", "reward_std", "frac_reward_zero_std", "rewards/reward_len_none_on_question_4/mean"):
+        assert logs[name] == pytest.approx(ref_logs[name], rel=1e-5), name
+
+
+def test_unscorable_group_strict_mode_raises(tmp_path, tokenizer, tiny_model_path):
+    with pytest.raises(UnscorableGroupError, match="every reward function returned None"):
+        run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+                    rewards=(reward_len_none_on_question_4,), max_steps=1, allow_unscorable_groups=False)
+
+
+def test_cispo_with_default_epsilon_high_matches_trl(tmp_path, tokenizer, tiny_model_path):
+    """epsilon_high=None: TRL clamps the cispo ratio at `epsilon` (0.2), so c = min(1, 0.2)."""
+    overrides = dict(loss_type="cispo", max_steps=1, max_grad_norm=0.0)
+    assert ThunderSyncGRPOConfig(output_dir=str(tmp_path), loss_type="cispo", use_cpu=True).epsilon_high is None
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **overrides)
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
+                      **overrides)
+    assert ref.directions[0].norm() > 0
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
