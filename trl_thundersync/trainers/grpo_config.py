@@ -10,7 +10,7 @@ from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
 from ..streaming.release import RELEASE_POINTS
 from ..streaming.reward_scope import REWARD_SCOPES
-from .config_checks import require_counts
+from .config_checks import converted_config, require_counts
 from .rollout_config import RolloutFields
 
 SCHEDULES = ("thundersync", "sync")
@@ -160,6 +160,12 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         self._check_agent_fields()
         self.check_rollout_fields(ROLLOUT_ENGINES)
+
+    @classmethod
+    def from_trl(cls, config: GRPOConfig) -> "ThunderSyncGRPOConfig":
+        """A plain `trl.GRPOConfig` as a `ThunderSyncGRPOConfig`: every field carried over, the ThunderSync fields at
+        their defaults, every check and refusal applied (an unsupported option is refused by name)."""
+        return converted_config(config, cls, rederived=("generation_batch_size",))
 
     def _check_lengths(self) -> None:
         """Token budgets: positive, or None where TRL's generation decides the length itself."""

@@ -20,10 +20,10 @@ import transformers
 from accelerate.logging import get_logger
 from packaging.version import Version
 from transformers import TrainerCallback
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import parse_response
 from trl.data_utils import apply_chat_template, is_conversational
-from trl.trainer.utils import nanstd
+from trl.trainer.utils import get_config_model_id, nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
 from ..envs.metrics import agent_metrics
@@ -91,6 +91,21 @@ class _RolloutProgress:
         self.bar.close()
 
 
+def _thundersync_args(model, args) -> ThunderSyncGRPOConfig:
+    """`args` with TRL's meaning: None is TRL's default config named after the model, a plain `trl.GRPOConfig` is
+    converted (`ThunderSyncGRPOConfig.from_trl`); anything else is refused."""
+    if args is None:
+        model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return ThunderSyncGRPOConfig(output_dir=f"{model_name.split('/')[-1]}-GRPO")
+    if isinstance(args, ThunderSyncGRPOConfig):
+        return args
+    if isinstance(args, GRPOConfig):
+        return ThunderSyncGRPOConfig.from_trl(args)
+    raise UnsupportedOptionError(
+        f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig or a trl.GRPOConfig so unsupported options "
+        "are checked")
+
+
 class ThunderSyncGRPOTrainer(GRPOTrainer):
     """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
 
@@ -100,12 +115,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None,
                  environment_factory=None):
-        if args is None:
-            raise UnsupportedOptionError("ThunderSyncGRPOTrainer needs args=ThunderSyncGRPOConfig(...)")
-        if not isinstance(args, ThunderSyncGRPOConfig):
-            raise UnsupportedOptionError(
-                f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig so unsupported options are checked"
-            )
+        args = _thundersync_args(model, args)
         # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
         # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
         use_vllm, args.use_vllm = args.use_vllm, False
