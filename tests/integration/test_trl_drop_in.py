@@ -14,9 +14,10 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.errors import UnscorableGroupError, UnsupportedOptionError
+from trl_thundersync.errors import RolloutError, UnscorableGroupError, UnsupportedOptionError
 from trl_thundersync.testing.parity import (cpu_config, load_model, prompt_dataset, relative_error, reward_len,
                                            run_trainer, scripted_rollout_func)
+from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py
@@ -118,3 +119,36 @@ def test_args_none_builds_trl_default_config(tmp_path, tokenizer, tiny_model_pat
     assert type(args) is ThunderSyncGRPOConfig
     assert args.output_dir == ref.output_dir == "tiny-qwen3-GRPO"
     assert [name for name in TRL_FIELDS if getattr(args, name) != getattr(ref, name)] == []
+
+
+class EchoEnv:
+    def reset(self, **row) -> None:
+        return None
+
+    def echo(self, text: str) -> str:
+        """Echo a text.
+
+        Args:
+            text: what to echo
+        """
+        return text
+
+
+def test_unknown_environment_name_raises_trls_value_error(tmp_path, tokenizer, tiny_model_path):
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Say {i}."}] for i in range(8)],
+                              "environment": ["calculator"] * 8})
+    messages = []
+    for trainer_cls, config_cls in ((GRPOTrainer, GRPOConfig), (ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+        trainer = trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len], train_dataset=rows,
+                              args=cpu_config(config_cls, tmp_path / trainer_cls.__name__, max_steps=1),
+                              processing_class=tokenizer, environment_factory={"echo": EchoEnv})
+        if trainer_cls is ThunderSyncGRPOTrainer:  # no model generation needed: the batch fails before it starts
+            trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, lambda i, t, c: "Done."))
+        with pytest.raises(ValueError) as caught:
+            trainer.train()
+        messages.append(str(caught.value))
+    assert isinstance(caught.value, RolloutError)  # ThunderSync's typed error is both
+    assert messages[1] == messages[0]
+    assert "environment='calculator'" in messages[0] and "['echo']" in messages[0]
