@@ -40,6 +40,11 @@ class RolloutError(ThunderSyncError):
     """The rollout engine failed, returned a malformed trajectory, or lost a trajectory of the open batch."""
 
 
+class UnknownEnvironmentError(RolloutError, ValueError):
+    """A dataset row's `environment` names no factory of the `environment_factory` dict. A `ValueError` too, with
+    trl.GRPOTrainer's message, so code written for TRL catches it the same way."""
+
+
 class BatchIncompleteError(ThunderSyncError):
     """The barrier was reached while a registered trajectory or group of the batch had not closed."""
 

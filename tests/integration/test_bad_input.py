@@ -55,11 +55,11 @@ def test_bad_reward_functions_raise_and_do_not_step(func, pattern, tmp_path, tok
 
 
 def test_all_rewards_none_for_a_group(tmp_path, tokenizer, tiny_model_path):
-    trainer = make(tmp_path, tokenizer, tiny_model_path, [reward_all_none])
+    trainer = make(tmp_path, tokenizer, tiny_model_path, [reward_all_none], allow_unscorable_groups=False)
     with pytest.raises(UnscorableGroupError, match="every reward function returned None .* group 0"):
         trainer.train()
-    allowed = make(tmp_path / "ok", tokenizer, tiny_model_path, [reward_all_none], allow_unscorable_groups=True)
-    allowed.train()  # TRL semantics: zero advantage, the step still happens
+    allowed = make(tmp_path / "ok", tokenizer, tiny_model_path, [reward_all_none])
+    allowed.train()  # the default, TRL semantics: zero advantage, the step still happens
     assert allowed.state.global_step == 1
 
 

@@ -3,12 +3,13 @@ on the same on-policy samples, schedules and backward variants giving the same p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 from datasets import Dataset
-from trl.experimental.gkd import GKDTrainer
+from trl.experimental.gkd import GKDConfig, GKDTrainer
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
@@ -220,6 +221,34 @@ def test_refusals_name_the_field(tmp_path, tokenizer, tiny_model_path, teacher_p
     with pytest.raises(UnsupportedOptionError, match="lmbda"):
         ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, args=config(tmp_path, lmbda=0.5),
                               train_dataset=prompts(), processing_class=tokenizer, environment_factory=CounterEnv)
+
+
+def test_plain_trl_gkd_config_is_converted(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    """A trl GKDConfig (what stock GKDTrainer takes) trains as the ThunderSyncGKDConfig with the same values."""
+    values = dict(output_dir=str(tmp_path / "plain"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                  report_to="none", per_device_train_batch_size=4, max_steps=1, max_new_tokens=10, lmbda=1.0,
+                  beta=0.3, save_strategy="no", disable_tqdm=True, seed=0, learning_rate=1e-2, optim="sgd")
+    plain = GKDConfig(**values)
+    trl_fields = [f.name for f in dataclasses.fields(GKDConfig) if f.init]
+    assert [n for n in trl_fields if getattr(ThunderSyncGKDConfig.from_trl(plain), n) != getattr(plain, n)] == []
+    directions, trainers = [], []
+    for args in (ThunderSyncGKDConfig(**{**values, "output_dir": str(tmp_path / "native")}), plain):
+        capture = CaptureGrads()
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=args, train_dataset=messages(), processing_class=tokenizer,
+                                        callbacks=[capture])
+        trainer.train()
+        directions.append(capture.directions[0])
+        trainers.append(trainer)
+    converted, native = trainers[1].args, trainers[0].args  # as GKDTrainer left them (it sets two fields)
+    assert type(converted) is ThunderSyncGKDConfig
+    every = [f.name for f in dataclasses.fields(ThunderSyncGKDConfig) if f.init and f.name != "output_dir"]
+    assert [n for n in every if getattr(converted, n) != getattr(native, n)] == []
+    assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 1e-5  # arrival order
+    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2 is not supported"):
+        ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, train_dataset=messages(),
+                              args=GKDConfig(**{**values, "gradient_accumulation_steps": 2, "lmbda": 0.5}),
+                              processing_class=tokenizer)
 
 
 def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_model_path):

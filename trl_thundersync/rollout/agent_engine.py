@@ -28,7 +28,7 @@ from ..envs.observation_tokens import contains_control_text, encode_data, valid_
 from ..envs.tool_calls import ToolResponseRenderer
 from ..envs.tool_messages import ToolMessagesRenderer
 from ..envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
-from ..errors import RolloutError
+from ..errors import RolloutError, UnknownEnvironmentError
 from ..types import Rollout, RolloutRequest, TurnEvent
 
 # (prompt messages, tool callables) -> prompt token ids, rendered with the chat template and a generation prompt
@@ -195,10 +195,14 @@ class AgentRolloutEngine:
         if not factories:
             return out
         cursor: dict[str | None, int] = {}
-        for request in requests:
-            name = (request.row or {}).get("environment") if self.spec.multi_environment else None
+        names = [(request.row or {}).get("environment") if self.spec.multi_environment else None
+                 for request in requests]
+        for name in names:  # the whole batch is checked before any instance is drawn, as in TRL
             if name not in factories:
-                raise RolloutError(f"row {request.index} selects environment {name!r}; known: {sorted(map(str, factories))}")
+                raise UnknownEnvironmentError(  # trl.GRPOTrainer's text
+                    f"Example has `environment={name!r}`, which is not among the environments passed to "
+                    f"`environment_factory`. Expected one of: {list(factories)}.")
+        for request, name in zip(requests, names):
             pool = self._env_pool.setdefault(name, [])
             k = cursor.get(name, 0)
             if k == len(pool):

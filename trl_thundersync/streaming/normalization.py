@@ -15,7 +15,8 @@ With one iteration per generation batch the importance ratio is exactly 1 at θ_
 B is the number of trajectories in the local generation batch, GA = steps_per_generation micro-batches and W the
 number of processes; each process computes its local direction this way and the barrier averages them over W,
 exactly as TRL's per-rank losses followed by DDP's gradient averaging do.
-`c` is 1 except for cispo, where TRL's detached clamp gives `min(1, epsilon_high)`. sapo's soft gate and vespo's
+`c` is 1 except for cispo, where TRL's detached clamp gives `min(1, ε_high)`, with ε_high = `epsilon_high`, or
+`epsilon` when that is None (TRL's trainer falls back the same way). sapo's soft gate and vespo's
 gamma weight both have value 1 and unit slope at ratio 1, so they reduce to the same gradient.
 """
 
@@ -41,7 +42,8 @@ class LossNormalization:
 
     @classmethod
     def from_config(cls, args, batch_size: int, num_processes: int = 1) -> "LossNormalization":
-        coefficient = min(1.0, args.epsilon_high) if args.loss_type == "cispo" else 1.0
+        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon  # as GRPOTrainer
+        coefficient = min(1.0, epsilon_high) if args.loss_type == "cispo" else 1.0
         return cls(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length, coefficient,
                    num_processes)
 

@@ -8,7 +8,7 @@ from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
-from .config_checks import require_counts
+from .config_checks import converted_config, require_counts
 from .rollout_config import RolloutFields, TRLVLLMServerFields
 
 OBJECTIVES = ("gjsd", "opd")
@@ -129,6 +129,12 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             )
         self._check_agent_protocol()
         self._refuse_unstreamable()
+
+    @classmethod
+    def from_trl(cls, config: GKDConfig) -> "ThunderSyncGKDConfig":
+        """A plain `trl.experimental.gkd.GKDConfig` as a `ThunderSyncGKDConfig`: every field carried over, the
+        ThunderSync fields at their defaults, every check and refusal applied (an unsupported option by name)."""
+        return converted_config(config, cls)
 
     def _check_agent_protocol(self) -> None:
         if self.agent_protocol not in AGENT_PROTOCOLS:

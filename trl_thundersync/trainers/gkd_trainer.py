@@ -16,7 +16,7 @@ import random
 import time
 
 import torch
-from trl.experimental.gkd import GKDTrainer
+from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
@@ -50,6 +50,8 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                  optimizers=(None, None), preprocess_logits_for_metrics=None, peft_config=None, formatting_func=None,
                  tools=None, environment_factory=None):
         self._agentic = bool(tools) or environment_factory is not None
+        if isinstance(args, GKDConfig) and not isinstance(args, ThunderSyncGKDConfig):  # accepted by TRL: convert
+            args = ThunderSyncGKDConfig.from_trl(args)
         _refuse_combinations(args, teacher_model, eval_dataset, self._agentic)
         if processing_class is None and isinstance(model, str):
             from transformers import AutoTokenizer
@@ -285,7 +287,8 @@ def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> No
     """Argument combinations the streamed trainer cannot honour exactly, refused before anything is built."""
     if not isinstance(args, ThunderSyncGKDConfig):
         raise UnsupportedOptionError(
-            f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig so unsupported options are checked")
+            f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig or a trl GKDConfig so unsupported options "
+            "are checked (trl's GKDTrainer needs a GKDConfig too)")
     if (teacher_model is None) == (args.teacher_server_url is None):
         raise UnsupportedOptionError(
             "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "

@@ -10,7 +10,7 @@ from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
 from ..streaming.release import RELEASE_POINTS
 from ..streaming.reward_scope import REWARD_SCOPES
-from .config_checks import require_counts
+from .config_checks import converted_config, require_counts
 from .rollout_config import RolloutFields
 
 SCHEDULES = ("thundersync", "sync")
@@ -133,10 +133,13 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         },
     )
     allow_unscorable_groups: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "If every reward function returns None for a whole group, raise (default) or, when True, give the "
-            "group zero advantage as trl.GRPOTrainer does."
+            "help": "A row on which every reward function returned None is unscorable: as in trl.GRPOTrainer it is "
+            "left out of its group's mean and std, gets zero advantage (its tokens still count in the loss "
+            "normalizers) and TRL's warning is logged once per batch. True (default, TRL's behaviour): a group whose "
+            "rows are all unscorable trains with zero advantage. False: such a group stops training with "
+            "UnscorableGroupError before the optimizer step."
         },
     )
 
@@ -176,6 +179,12 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         self._check_agent_fields()
         self.check_rollout_fields(ROLLOUT_ENGINES)
+
+    @classmethod
+    def from_trl(cls, config: GRPOConfig) -> "ThunderSyncGRPOConfig":
+        """A plain `trl.GRPOConfig` as a `ThunderSyncGRPOConfig`: every field carried over, the ThunderSync fields at
+        their defaults, every check and refusal applied (an unsupported option is refused by name)."""
+        return converted_config(config, cls, rederived=("generation_batch_size",))
 
     def _check_lengths(self) -> None:
         """Token budgets: positive, or None where TRL's generation decides the length itself."""

@@ -17,12 +17,13 @@ from dataclasses import replace
 
 import torch
 import transformers
+from accelerate.logging import get_logger
 from packaging.version import Version
 from transformers import TrainerCallback
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import parse_response
 from trl.data_utils import apply_chat_template, is_conversational
-from trl.trainer.utils import nanstd
+from trl.trainer.utils import get_config_model_id, nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
 from ..envs.metrics import agent_metrics
@@ -38,12 +39,14 @@ from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
 from ..streaming.source import write_flat_grads
+from ..streaming.unscorable import unscorable_warning
 from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
+logger = get_logger(__name__)
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
     """Sampling seed of one trajectory, independent of arrival order and schedule."""
@@ -89,6 +92,21 @@ class _RolloutProgress:
         self.bar.close()
 
 
+def _thundersync_args(model, args) -> ThunderSyncGRPOConfig:
+    """`args` with TRL's meaning: None is TRL's default config named after the model, a plain `trl.GRPOConfig` is
+    converted (`ThunderSyncGRPOConfig.from_trl`); anything else is refused."""
+    if args is None:
+        model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return ThunderSyncGRPOConfig(output_dir=f"{model_name.split('/')[-1]}-GRPO")
+    if isinstance(args, ThunderSyncGRPOConfig):
+        return args
+    if isinstance(args, GRPOConfig):
+        return ThunderSyncGRPOConfig.from_trl(args)
+    raise UnsupportedOptionError(
+        f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig or a trl.GRPOConfig so unsupported options "
+        "are checked")
+
+
 class ThunderSyncGRPOTrainer(GRPOTrainer):
     """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
 
@@ -98,12 +116,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None,
                  environment_factory=None):
-        if args is None:
-            raise UnsupportedOptionError("ThunderSyncGRPOTrainer needs args=ThunderSyncGRPOConfig(...)")
-        if not isinstance(args, ThunderSyncGRPOConfig):
-            raise UnsupportedOptionError(
-                f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig so unsupported options are checked"
-            )
+        args = _thundersync_args(model, args)
         # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
         # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
         use_vllm, args.use_vllm = args.use_vllm, False
@@ -230,8 +243,11 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             progress.close()
         self.last_batch = (totals, timing)
         self._open_step = (version, scored)
-        return self._barrier(totals, timing, normalization, buckets, sorted(scored, key=lambda s: s.rollout.index),
-                             prompts)
+        ordered = sorted(scored, key=lambda s: s.rollout.index)
+        warning = unscorable_warning([prepare(s.rollout) for s in ordered], ordered)
+        if warning is not None:  # TRL's warning, once per generation batch (the row then gets zero advantage)
+            logger.warning(warning)
+        return self._barrier(totals, timing, normalization, buckets, ordered, prompts)
 
     def _release(self) -> str:
         """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
@@ -307,7 +323,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         adv = rewards - means
         if self.scale_rewards != "none":
             adv = adv / (std + 1e-4)
-        zero_std = float(torch.isclose(std.nan_to_num(0.0), torch.zeros_like(std)).float().mean())
+        # TRL's isclose: a NaN σ (a group with fewer than two scorable members) does not count as zero
+        zero_std = float(torch.isclose(std, torch.zeros_like(std)).float().mean())
         if not math.isfinite(policy_scale):
             policy_scale = 0.0
         return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale, zero_std

@@ -20,7 +20,7 @@ WEIGHT_PUBLISHERS = ("auto", "nccl", "lora", "http")
 SERVER_ENGINES = ("embedded_server", "vllm_server")
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: positional arguments stay TRL's (output_dir first)
 class RolloutFields:
     rollout_engine: str = field(
         default="auto",
@@ -180,7 +180,7 @@ def _grpo_field(name: str):
     return field(default=source.default, metadata=dict(source.metadata))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TRLVLLMServerFields:
     use_vllm: bool = _grpo_field("use_vllm")
     vllm_mode: str = _grpo_field("vllm_mode")
