@@ -152,3 +152,13 @@ def test_unknown_environment_name_raises_trls_value_error(tmp_path, tokenizer, t
     assert isinstance(caught.value, RolloutError)  # ThunderSync's typed error is both
     assert messages[1] == messages[0]
     assert "environment='calculator'" in messages[0] and "['echo']" in messages[0]
+
+
+@pytest.mark.parametrize("field, value", [("generation_kwargs", {"suppress_tokens": [5]}),
+                                          ("vllm_structured_outputs_regex", r"\d+")])
+def test_generation_fields_the_engine_cannot_honour_are_refused_by_name(tmp_path, tokenizer, tiny_model_path, field,
+                                                                          value):
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, rollout_engine="local_process", **{field: value})
+    with pytest.raises(UnsupportedOptionError, match=field):
+        ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
+                               train_dataset=prompt_dataset(), processing_class=tokenizer)

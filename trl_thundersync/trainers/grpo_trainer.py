@@ -142,6 +142,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                 "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
+        self._refuse_dropped_generation_fields()
         # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
         # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
         self.policy_version = 0
@@ -155,6 +156,19 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
         self.add_callback(_PublishCallback(self))
+
+    def _refuse_dropped_generation_fields(self) -> None:
+        """TRL forwards these into its own generation; ThunderSync's engines do not have them yet (refused by name)."""
+        if self._uses_trl_generation():
+            return
+        for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
+            value = getattr(self.args, name)
+            if value:
+                raise UnsupportedOptionError(
+                    f"{name}={value!r}: ThunderSync's rollout engine (rollout_engine="
+                    f"{self.args.resolved_rollout_engine(False)!r}) does not forward it to generation, so the samples "
+                    "would not be what TRL would draw; leave it unset (temperature, top_p, top_k, min_p and "
+                    "repetition_penalty are forwarded), or generate with TRL's own generation (rollout_engine='trl')")
 
     def _check_distributed(self) -> None:
         from accelerate.utils import DistributedType
