@@ -94,3 +94,22 @@ def test_async_reward_function_and_reward_model_match_trl(tmp_path, tokenizer, t
     assert rel(got[0], ref[0]) <= TOL
     model_rewards = trainer._logs["rewards"][trainer.reward_func_names[1]]
     assert len(set(round(r, 6) for r in model_rewards)) > 1  # the reward model really scored each completion
+
+
+def test_sync_ref_model_matches_trl(tmp_path, tokenizer, tiny_model_path):
+    """TRL's SyncRefModelCallback mixes the policy into the reference model after every `ref_model_sync_steps`
+    steps; the streamed β·KL term reads that same `trainer.ref_model`, so steps 2–3 see the mixed reference."""
+    overrides = dict(beta=0.1, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, max_steps=3,
+                     max_grad_norm=0.0, optim="sgd", learning_rate=1e-1)
+    ref_dirs, ref, trl_trainer = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, **overrides)
+    got_dirs, got, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+                                 **overrides)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    ref_weights = torch.cat([p.detach().reshape(-1) for p in trainer.ref_model.parameters()])
+    assert (ref_weights - initial).norm() > 0, "the reference model was never synced"
+    trl_ref_weights = torch.cat([p.detach().reshape(-1) for p in trl_trainer.ref_model.parameters()])
+    assert rel(ref_weights, trl_ref_weights) <= TOL
+    assert len(got_dirs) == len(ref_dirs) == 3
+    for a, b in zip(got_dirs, ref_dirs):
+        assert rel(a, b) <= TOL
+    assert rel(got - initial, ref - initial) <= TOL
