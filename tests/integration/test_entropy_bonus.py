@@ -1,8 +1,8 @@
 """TRL 1.16's entropy bonus (`entropy_coef`, `use_adaptive_entropy`), streamed exactly (issue 11).
 
 TRL subtracts `coef · Σ_t m H / max(N_b, 1) / GA` in every micro-batch b: a token mean over the micro-batch, whatever
-the loss type. ThunderSync computes E_i = ∇ Σ_t m_it (−coef) H_it per trajectory (advantage-free, like β·KL), adds it
-into its TRL micro-batch's buffer and scales each buffer by 1/(max(N_b, 1)·GA) at the barrier. Stock
+the loss type. ThunderSync computes E_i = ∇ Σ_t m_it (−coef) H_it per trajectory (advantage-free, like β·KL),
+adds it into its TRL micro-batch's buffer and scales each buffer by 1/(max(N_b, 1)·GA) at the barrier. Stock
 `trl.GRPOTrainer` and ThunderSync run on identical scripted rollouts (FP32); the batch direction, the reported loss,
 the `entropy` / `policy_loss` / `entropy_coef` metrics and (adaptive entropy) the coefficient trajectory must agree.
 """
@@ -136,3 +136,46 @@ def test_entropy_options_are_accepted_and_top_entropy_quantile_stays_refused(tmp
     assert config.entropy_coef == 0.01 and config.use_adaptive_entropy
     with pytest.raises(ConfigurationError, match="top_entropy_quantile=0.5"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, entropy_coef=0.01, top_entropy_quantile=0.5)
+
+
+@pytest.mark.parametrize("release", ["reward", "content", "turn"])
+def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_path, tokenizer, tiny_model_path):
+    """Agent trajectories (tool tokens neither scored nor in N_b) through every release point, vs TRL's rollout_func
+    on the same tokens; under release="turn" the bonus is one more per-turn channel of the boundary-cut backward."""
+    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from trl_thundersync.testing.parity import CaptureGrads, load_model
+
+    options = dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2, beta=0.1,
+                   loss_type="grpo")
+    trainer, capture, captured, _ = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
+                                                 delay=lambda i, t: 0.002 * ((7 * i + t) % 5), release=release,
+                                                 **options)
+    trainer.train()
+    totals = trainer.last_batch[0]
+    kinds = {w.kind for w in totals.work}
+    assert release != "turn" or ("turn" in kinds and totals.turn_fallbacks == 0)
+    by_step = {step: {r.index: (r, reward) for r, reward in pairs} for step, pairs in enumerate(captured)}
+
+    def rollout_func(prompts, trl_trainer):
+        rs = [by_step[trl_trainer.state.global_step][i] for i in range(len(prompts))]
+        return {"prompt_ids": [list(r.prompt_ids) for r, _ in rs],
+                "completion_ids": [list(r.completion_ids) for r, _ in rs],
+                "logprobs": [list(r.sampling_logprobs) for r, _ in rs], "env_mask": [list(r.env_mask) for r, _ in rs],
+                "env_reward": [reward for _, reward in rs]}
+
+    def env_reward(env_reward, **kwargs):
+        return env_reward
+
+    ref_capture = CaptureGrads()
+    args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd", **options)
+    ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward], args=args,
+                      train_dataset=dataset(), processing_class=tokenizer, rollout_func=rollout_func,
+                      callbacks=[ref_capture])
+    ref.train()
+    assert len(capture.directions) == len(ref_capture.directions) == 2
+    for got, want in zip(capture.directions, ref_capture.directions):
+        assert relative_error(got, want) <= TOL
+    assert logged(trainer, "entropy") == pytest.approx(logged(ref, "entropy"), rel=1e-5)
+    got_log = trainer.state.log_history[-2]
+    if release != "turn":  # under "turn" the peak also holds the retained per-turn graphs, outside the P-vector bound
+        assert 0 < got_log["thundersync/stats_peak_mb"] <= got_log["thundersync/stats_bound_mb"]

@@ -53,7 +53,8 @@ def reference_logps(trainer: Any, ids, mask, keep):
         return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
 
 
-def turn_backward(trainer: Any, module: Any, normalization: LossNormalization) -> TurnScoreBackward:
+def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
+                  entropy_coef: float | None = None) -> TurnScoreBackward:
     ref_model, ref_context = None, None
     if trainer.beta != 0.0:
         if trainer.ref_model is not None:
@@ -70,7 +71,7 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization) -
         mask_truncated=trainer.mask_truncated_completions, temperature=trainer.args.temperature, beta=trainer.beta,
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=trainer.args.use_bias_correction_kl,
         correction=SamplingCorrection.from_config(trainer.args), device=trainer.accelerator.device,
-        policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast,
+        policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast, entropy_coef=entropy_coef,
     )
 
 

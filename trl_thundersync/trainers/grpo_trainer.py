@@ -198,7 +198,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
             release=self._release(), content_backward=backward.content,
-            turn_source=turn_backward(self, module, normalization) if self._release() == "turn" else None,
+            turn_source=(turn_backward(self, module, normalization, entropy_coef) if self._release() == "turn"
+                         else None),
             max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
             entropy_micro_batch_of=(lambda i: entropy_of[i]) if entropy_of else None,
         )
@@ -235,8 +236,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
         if self.args.release == "turn" and not self._agentic():
             return "content"
-        if self.args.release == "turn" and self._entropy_bonus_enabled:
-            return "content"  # the per-turn backward has no entropy channel: whole trajectories at content readiness
         return self.args.release
 
     def _entropy_coef_for_batch(self) -> float | None:
@@ -253,8 +252,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
         num_params = totals.accumulator.num_params
         bound = stats_memory_bytes(num_params, self.args.max_open_groups or batch_size // self.num_generations)
-        if self._release() != "reward":  # one H_i per buffered trajectory (and K_i under 'turn' with β ≠ 0)
+        if self._release() != "reward":  # one H_i per buffered trajectory (and K_i / E_i under 'turn': β, coef ≠ 0)
             vectors = 2 if self._release() == "turn" and self.beta != 0.0 else 1
+            if self._release() == "turn" and totals.entropy_terms is not None:
+                vectors += 1
             bound += 4 * vectors * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
         if totals.router_aux is not None:  # the MoE router term's batch buffer
             bound += 4 * num_params
