@@ -204,3 +204,31 @@ def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path
     for a, b in zip(got["directions"], ref["directions"]):
         assert relative_error(a, b) <= TOL
     assert relative_error(got["params"], ref["params"]) <= TOL
+
+
+def test_resuming_from_a_checkpoint_continues_the_adaptive_coefficient(tmp_path, tokenizer, tiny_model_path):
+    """`train(resume_from_checkpoint=...)` restores the controller: the resumed step applies the saved coefficient."""
+    from trl_thundersync.testing.parity import CaptureGrads, load_model, prompt_dataset, reward_len, \
+        scripted_rollout_func
+
+    overrides = dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.15, entropy_coef_max=0.4,
+                     entropy_target=100.0, max_steps=3, save_strategy="steps", save_steps=1, optim="sgd",
+                     max_grad_norm=0.0)
+
+    def trainer(out):
+        capture = CaptureGrads()
+        t = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                                   args=cpu_config(ThunderSyncGRPOConfig, out, **overrides),
+                                   train_dataset=prompt_dataset(), processing_class=tokenizer,
+                                   rollout_func=scripted_rollout_func(tokenizer), callbacks=[capture])
+        return t, capture
+
+    whole, whole_capture = trainer(tmp_path / "whole")
+    whole.train()
+    resumed, resumed_capture = trainer(tmp_path / "whole")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    assert logged(whole, "entropy_coef") == pytest.approx([0.25, 0.4, 0.4])
+    assert resumed.entropy_coef == pytest.approx(whole.entropy_coef)
+    assert resumed._last_world_entropy == pytest.approx(whole._last_world_entropy, rel=1e-6)
+    assert len(resumed_capture.directions) == 1
+    assert relative_error(resumed_capture.directions[0], whole_capture.directions[2]) <= TOL
