@@ -51,6 +51,19 @@ def test_batch_direction_with_entropy_bonus_matches_trl(case, release, tmp_path,
     assert 0 < got_log["thundersync/stats_peak_mb"] <= got_log["thundersync/stats_bound_mb"]
 
 
+def test_lora_adapter_with_entropy_bonus_matches_trl(tmp_path, tokenizer, tiny_model_path):
+    from peft import LoraConfig
+
+    overrides = dict(CASES["ga2_coef_0.5_grpo_beta"], max_steps=1, max_grad_norm=0.0)
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, peft_config=LoraConfig(**lora),
+              **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+              peft_config=LoraConfig(**lora), **overrides)
+    assert got.directions[0].numel() < 10_000  # the adapter, not the model
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+
+
 def test_entropy_bonus_changes_the_direction_and_a_global_normalizer_is_caught(tmp_path, tokenizer, tiny_model_path,
                                                                                 monkeypatch):
     """The bonus is visible in the direction, and normalizing it by the batch's tokens instead of each micro-batch's

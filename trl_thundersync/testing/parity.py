@@ -205,4 +205,6 @@ ENTROPY_PARITY_CASES: dict[str, dict] = {
                               loss_type="bnpo"),
     "ga4_coef_0.5_mask_truncated": dict(entropy_coef=0.5, gradient_accumulation_steps=4,
                                         per_device_train_batch_size=2, mask_truncated_completions=True),
+    "ga2_coef_0.5_gradient_checkpointing": dict(entropy_coef=0.5, gradient_accumulation_steps=2,
+                                                per_device_train_batch_size=2, gradient_checkpointing=True),
 }
