@@ -32,7 +32,7 @@ from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
-from ..streaming.normalization import LossNormalization, entropy_scales, micro_batch_of
+from ..streaming.normalization import LossNormalization, micro_batch_of
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, RewardScorer, ScoringInput
@@ -41,6 +41,7 @@ from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
+from .grpo_entropy import add_entropy_direction, entropy_barrier, entropy_batch
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 
@@ -186,9 +187,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         # Per-source passes run on the unwrapped module: DDP's reducer must not see them. The batch direction is
         # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
         module = self.accelerator.unwrap_model(model)
-        entropy_coef = self._entropy_coef_for_batch()
-        entropy_of = micro_batch_of(permutation, self.args.steps_per_generation) if entropy_coef is not None else None
-        self._entropy_batch = (entropy_coef, entropy_of)
+        self._entropy_batch = entropy = entropy_batch(self, permutation)  # TRL's entropy bonus (None: off)
+        entropy_coef = entropy.coef if entropy is not None else None
         backward = trajectory_backward(self, module, normalization, entropy_coef)
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
@@ -201,7 +201,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             turn_source=(turn_backward(self, module, normalization, entropy_coef) if self._release() == "turn"
                          else None),
             max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
-            entropy_micro_batch_of=(lambda i: entropy_of[i]) if entropy_of else None,
+            entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
         )
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -238,16 +238,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             return "content"
         return self.args.release
 
-    def _entropy_coef_for_batch(self) -> float | None:
-        """TRL's entropy-bonus coefficient for every micro-batch of this batch (None: no bonus): the value from the
-        end of the previous optimizer step, gated to 0 by adaptive entropy while the last window's entropy is
-        above `entropy_target`."""
-        if not self._entropy_bonus_enabled:
-            return None
-        if self.use_adaptive_entropy and not self._last_world_entropy <= self.args.entropy_target:
-            return 0.0
-        return float(self.entropy_coef)
-
     def _stats_bound(self, totals, batch_size: int) -> int:
         """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
         num_params = totals.accumulator.num_params
@@ -275,11 +265,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         direction = totals.accumulator.direction(scales, policy_scale)
         if totals.router_aux is not None:  # coef·aux_b/GA per micro-batch: already final, no barrier scalar
             direction.add_(totals.router_aux.direction)
-        entropy_tokens = self._entropy_tokens(totals) if totals.entropy_terms is not None else None
-        if entropy_tokens is not None:  # −coef·Σ_{i∈b} ∇Σ_t m H / (max(N_b, 1)·GA), before DDP's average
-            entropy_scale = entropy_scales(entropy_tokens, self.args.steps_per_generation)
-            for b, vector in totals.entropy_terms.items():
-                direction.add_(vector, alpha=entropy_scale[b])
+        entropy = self._entropy_batch if totals.entropy_terms is not None else None
+        if entropy is not None:  # −coef·Σ_{i∈b} ∇Σ_t m H / (max(N_b, 1)·GA), before DDP's average
+            entropy_tokens = add_entropy_direction(entropy, totals, direction)
         if self.accelerator.num_processes > 1:
             direction = self.accelerator.reduce(direction, reduction="mean")
         if not torch.isfinite(direction).all():
@@ -297,53 +285,15 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             loss += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
         if self.beta != 0.0:
             self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
-        if entropy_tokens is not None:
-            loss += self._entropy_barrier(totals, entropy_tokens, tokens, scales, buckets, advantages, normalization)
+        if entropy is not None:  # the bonus's value and metrics; per-trajectory policy terms for `policy_loss`
+            terms = [scales[buckets[i] if buckets else 0]
+                     * (totals.free_values[i] - advantages[i] * n * normalization.sequence_weight(n))
+                     for i, n in enumerate(tokens)]
+            loss += entropy_barrier(self, entropy, totals, entropy_tokens, terms)
         if totals.router_aux is not None:
             loss += totals.router_aux.loss
             self._log_router_aux(totals.router_aux.values)
         return torch.tensor(loss, device=self.args.device)
-
-    def _entropy_tokens(self, totals) -> dict[int, int]:
-        """N_b: loss tokens of every TRL micro-batch b of this process (the entropy bonus's normalizer)."""
-        _, micro_batch = self._entropy_batch
-        counts = {b: 0 for b in range(self.args.steps_per_generation)}
-        for index, n in enumerate(totals.scored_tokens):
-            counts[micro_batch[index]] += n
-        return counts
-
-    def _entropy_barrier(self, totals, entropy_tokens, tokens, scales, buckets, advantages, normalization) -> float:
-        """TRL's entropy bonus at the barrier: its loss value, the `policy_loss` / `entropy` / `entropy_coef`
-        metrics, and (adaptive entropy) the coefficient update from the window-global token-weighted entropy."""
-        coef, micro_batch = self._entropy_batch
-        ga = self.args.steps_per_generation
-        device = self.accelerator.device
-        sums = [0.0] * ga
-        policy = [0.0] * ga  # each micro-batch's policy loss as TRL reports it (before its /GA for mean-type losses)
-        for index, n in enumerate(tokens):
-            b = micro_batch[index]
-            sums[b] += totals.entropy_sums[index]
-            scale = scales[buckets[index] if buckets else 0]
-            policy[b] += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
-        if self.loss_type not in ("cispo", "dapo", "vespo"):  # TRL divides these by GA after taking policy_loss
-            policy = [ga * v for v in policy]
-        stats = torch.tensor([[sums[b], float(entropy_tokens[b])] for b in range(ga)], dtype=torch.float64,
-                             device=device)
-        world = self.accelerator.reduce(stats.clone(), reduction="sum").cpu()
-        m = self._metrics["train"]
-        m["entropy"].extend((world[:, 0] / world[:, 1].clamp(min=1.0)).tolist())
-        gathered = self.accelerator.gather(torch.tensor(policy, dtype=torch.float32, device=device))
-        m["policy_loss"].extend(gathered.view(-1, ga).nanmean(dim=0).tolist())
-        if self.use_adaptive_entropy:  # once per optimizer step, exactly as TRL's sync_gradients branch
-            window = world.sum(dim=0)
-            world_entropy = float(window[0] / window[1].clamp(min=1.0))
-            if world_entropy <= self.args.entropy_target:
-                self.entropy_coef = min(self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max)
-            else:
-                self.entropy_coef = max(self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min)
-            self._last_world_entropy = world_entropy
-        m["entropy_coef"].append(self.entropy_coef)
-        return -coef * sum(sums[b] / max(entropy_tokens[b], 1) for b in range(ga)) / ga
 
     def _log_router_aux(self, values) -> None:
         """TRL's `aux_loss` metric: one entry per micro-batch, each the mean over processes of that micro-batch's."""
