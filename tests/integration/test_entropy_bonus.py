@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 
 CASES = ENTROPY_PARITY_CASES
-RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
+            # one buffer slot: most trajectories are released at their reward, their E_i with them (once each)
+            "content_one_slot": dict(release="content", max_buffered_trajectories=1)}
 
 
 def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **overrides):
