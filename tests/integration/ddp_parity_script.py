@@ -25,6 +25,8 @@ overrides = {
     "bnpo_ga2": dict(loss_type="bnpo", gradient_accumulation_steps=2, per_device_train_batch_size=2),
     "batch_relative_content": dict(scale_rewards="batch"),
     "moe_router_aux_ga2": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2),
+    "entropy_adaptive_ga2": dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.15,
+                                 entropy_target=100.0, gradient_accumulation_steps=2, per_device_train_batch_size=2),
 }[case]
 # ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local generation
 # batch (TRL's call on each process), every trajectory's backward released at content readiness.

@@ -14,6 +14,10 @@ most `max_buffered` trajectories hold an H_i buffer or per-turn state; the other
 With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
 when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
 members are in, whatever the group admission.
+
+With TRL's entropy bonus (`entropy_micro_batch_of` set), each trajectory's advantage-free E_i (`source.py`) is added
+once, when its K_i is, into the buffer of its TRL micro-batch: the bonus is normalized by that micro-batch's token
+count, known only at the barrier (one parameter-sized buffer per micro-batch).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class GRPOBatchLearner:
         turn_source: TurnSource | None = None,
         max_buffered: int | None = None,
         router_aux: RouterAuxLoss | None = None,
+        entropy_micro_batch_of: Callable[[int], int] | None = None,
     ) -> None:
         if batch_size % num_generations:
             raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
@@ -82,6 +87,9 @@ class GRPOBatchLearner:
         self.turn_source = turn_source
         self.max_buffered = max_buffered or batch_size
         self.router_aux = router_aux
+        self.entropy_micro_batch_of = entropy_micro_batch_of
+        self.entropy_terms: dict[int, torch.Tensor] = {}  # Σ_{i∈b} E_i per TRL micro-batch b
+        self.entropy_sums = [0.0] * batch_size
         self.accumulator = BatchAccumulator(num_params, device)
         self.open: dict[int, GroupStatistics] = {}
         self.closed: dict[int, GroupStatistics] = {}
@@ -163,8 +171,10 @@ class GRPOBatchLearner:
             return
         if grads.free_grad is not None:
             self.accumulator.add_free(grads.free_grad, bucket)
+        self._add_entropy(rollout.index, grads)
         self._record(rollout.index, grads)
-        self.buffered[rollout.index] = Buffered(grads, ready)
+        # K_i and E_i are folded already: keep only H_i, so the buffer holds one vector (release.vector_bytes)
+        self.buffered[rollout.index] = Buffered(replace(grads, free_grad=None, entropy_grad=None), ready)
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, ready, start,
                                   time.perf_counter(), grads.scored_tokens, content_ready=ready))
         self._track_memory()
@@ -211,6 +221,18 @@ class GRPOBatchLearner:
         self.tokens[index] = grads.scored_tokens
         self.free_values[index] = grads.free_value
         self.kl_sums[index] = grads.kl_sum
+        self.entropy_sums[index] = grads.entropy_sum
+
+    def _add_entropy(self, index: int, grads: SourceGradients) -> None:
+        if grads.entropy_grad is None:
+            return
+        if self.entropy_micro_batch_of is None:
+            raise ValueError("an entropy gradient arrived, but the learner has no entropy_micro_batch_of")
+        b = self.entropy_micro_batch_of(index)
+        if b in self.entropy_terms:
+            self.entropy_terms[b].add_(grads.entropy_grad)
+        else:
+            self.entropy_terms[b] = grads.entropy_grad.clone()
 
     def _serve(self, source: ScoredRollout) -> None:
         rollout = source.rollout
@@ -230,6 +252,7 @@ class GRPOBatchLearner:
             grads = self.source_backward(source, bucket)
             if grads.free_grad is not None:
                 self.accumulator.add_free(grads.free_grad, bucket)
+            self._add_entropy(rollout.index, grads)
             group.add(source.reward, grads.score_grad, bucket)
             self._record(rollout.index, grads)
             kind, tokens, content_ready = "trajectory", grads.scored_tokens, rollout.finished_at
@@ -266,6 +289,7 @@ class GRPOBatchLearner:
         used += sum(vector_bytes(b.grads) for b in self.buffered.values())
         if self.router_aux is not None:
             used += self.router_aux.nbytes()
+        used += sum(v.numel() * 4 for v in self.entropy_terms.values())
         if self.turn_source is not None:
             used += self.turn_source.held_bytes()
         self.peak_bytes = max(self.peak_bytes, used)
@@ -277,6 +301,7 @@ class GRPOBatchLearner:
             self.turn_source.discard(index)
         self.turning.clear()
         self.buffered.clear()
+        self.entropy_terms.clear()
         if self.router_aux is not None:
             self.router_aux.abort()
 
@@ -309,4 +334,6 @@ class GRPOBatchLearner:
             peak_held=self.peak_held,
             turn_fallbacks=self.turn_fallbacks,
             router_aux=router_aux,
+            entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
+            entropy_sums=tuple(self.entropy_sums),
         )

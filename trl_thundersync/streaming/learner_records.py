@@ -19,6 +19,8 @@ class SourceGradients:
     scored_tokens: int  # Σ_t m_it: tokens that count in loss normalizers
     free_value: float = 0.0  # value of the advantage-free loss term (Σ_t m_it u_i β KL_it), for logging
     kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
+    entropy_grad: torch.Tensor | None = None  # E_i = ∇ Σ_t m_it (−coef) H_it, FP32 (P,); None without the bonus
+    entropy_sum: float = 0.0  # Σ_t m_it H_it (the entropy bonus's value before its normalizer)
 
 
 @dataclass(frozen=True)
@@ -57,3 +59,5 @@ class BatchTotals:
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)
+    entropy_terms: dict[int, torch.Tensor] | None = None  # Σ_{i∈b} E_i per TRL micro-batch b (None: no bonus)
+    entropy_sums: tuple[float, ...] = ()  # per trajectory index: SourceGradients.entropy_sum

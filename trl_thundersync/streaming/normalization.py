@@ -78,6 +78,15 @@ class LossNormalization:
         raise ValueError(f"unsupported loss_type {self.loss_type!r}; supported: {SUPPORTED_LOSS_TYPES}")
 
 
+def entropy_scales(tokens_per_micro_batch: dict[int, int], micro_batches: int) -> dict[int, float]:
+    """TRL's entropy-bonus normalizer of micro-batch b, for every loss type: 1 / (max(N_b, 1) · GA).
+
+    TRL subtracts `coef · Σ_t m H / max(N_b, 1) / GA` in every micro-batch (a token mean over the micro-batch, never
+    a loss-type normalizer), so the bonus needs the micro-batch partition even where the policy term does not.
+    """
+    return {b: 1.0 / (max(n, 1) * micro_batches) for b, n in tokens_per_micro_batch.items()}
+
+
 def micro_batch_of(permutation: list[int], micro_batches: int) -> dict[int, int]:
     """Row → micro-batch index under TRL's shuffle-then-split (`shuffle_sequence_dict`, `split_tensor_dict`)."""
     size = len(permutation) // micro_batches

@@ -6,6 +6,15 @@
 `m_it` is the loss mask (environment tokens and masked truncated completions are 0), `u_i` the loss type's
 per-trajectory weight. With TRL's vLLM importance-sampling correction the policy term is weighted by the detached
 c_it of `importance.py` (the KL term is not, as in TRL). One forward; two vector-Jacobian products only when β ≠ 0.
+
+With TRL's entropy bonus (`entropy_coef`, `use_adaptive_entropy`) the forward also returns the per-token entropies
+H_it of the temperature-scaled logits, and one more vector-Jacobian product gives
+
+    E_i = ∇ Σ_t m_it · (−coef) · H_it                              (advantage-free, like K_i)
+
+which the learner adds into its TRL micro-batch's buffer; the barrier scales each buffer by 1/(max(N_b, 1)·GA)
+(`normalization.entropy_scales`). `coef` is the one applied to the whole batch; with coef = 0 (adaptive entropy
+gated off) only the entropy value Σ_t m_it H_it is kept, for the controller and the `entropy` metric.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from .normalization import LossNormalization
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# the same, with the per-token entropies (1, logits_to_keep) of TRL's `compute_entropy=True`
+LogProbEntropyFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def flatten_grads(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -76,6 +87,8 @@ class TrajectoryBackward:
         bias_correction_kl: bool = True,
         device: torch.device | str = "cpu",
         correction: SamplingCorrection | None = None,
+        logps_entropy_fn: LogProbEntropyFn | None = None,
+        entropy_coef: float | None = None,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -89,6 +102,10 @@ class TrajectoryBackward:
         self.bias_correction_kl = bias_correction_kl
         self.device = torch.device(device)
         self.correction = correction  # TRL's vLLM importance-sampling weight on the policy term (None: off)
+        if entropy_coef is not None and logps_entropy_fn is None:
+            raise ValueError("the entropy bonus needs per-token entropies (logps_entropy_fn)")
+        self.logps_entropy_fn = logps_entropy_fn
+        self.entropy_coef = entropy_coef  # the batch's applied coefficient; None: no entropy bonus
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
@@ -112,10 +129,14 @@ class TrajectoryBackward:
 
         need_score = score and tokens > 0
         need_free = self.beta != 0.0 and tokens > 0
-        if not (need_score or need_free):
+        need_entropy = self.entropy_coef is not None and tokens > 0
+        if not (need_score or need_free or need_entropy):
             return SourceGradients(None, None, tokens)
 
-        logps = self.logps_fn(ids, attention, keep)
+        if need_entropy:
+            logps, entropies = self.logps_entropy_fn(ids, attention, keep)
+        else:
+            logps, entropies = self.logps_fn(ids, attention, keep), None
         if not torch.isfinite(logps[mask.bool()]).all():
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
@@ -138,6 +159,13 @@ class TrajectoryBackward:
             outputs.append((kl * mask).sum() * weight * self.beta)
             free_value = float(outputs[-1].detach())
             kinds.append("free")
+        entropy_sum = 0.0
+        if need_entropy:
+            bonus = (entropies * mask).sum()
+            entropy_sum = float(bonus.detach())
+            if self.entropy_coef != 0.0 and bonus.requires_grad:
+                outputs.append(bonus * -self.entropy_coef)
+                kinds.append("entropy")
 
         vectors: dict[str, torch.Tensor] = {}
         for n, (kind, out) in enumerate(zip(kinds, outputs)):
@@ -148,7 +176,8 @@ class TrajectoryBackward:
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
-        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum)
+        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
+                               vectors.get("entropy"), entropy_sum)
 
     def _sampling_logps(self, rollout) -> torch.Tensor:
         values = rollout.sampling_logprobs

@@ -1,11 +1,14 @@
 """GRPO learner work per agentic turn (content-ready release): each turn's backward while that turn's tool runs.
 
 For trajectory i, turn j appends tokens whose last |a_j| are the action a_j. Through the boundary-cut core
-(`segment_backward.BoundaryCut`, linear cost in the number of turns) two channels accumulate, each into its own
+(`segment_backward.BoundaryCut`, linear cost in the number of turns) up to three channels accumulate, each into its own
 per-trajectory FP32 P-vector (`source.flatten_grads` order):
 
     score:  s_i = ∇ Σ_j Σ_{t∈a_j} c_t · log π(a_t)        c_t: TRL's token-mode vLLM importance weight, else 1
     free:   k_i = ∇ Σ_j Σ_{t∈a_j} β · KL_t · ratio_t       k3 KL to the reference; ratio ≡ 1 with unit slope (β ≠ 0)
+    entropy: e_i = ∇ Σ_j Σ_{t∈a_j} (−coef) · H_t           TRL's entropy bonus (coef ≠ 0 this batch)
+
+(H_t the full-vocabulary entropy of softmax(logits / temperature); with coef = 0 only its value is kept.)
 
 with log π = log_softmax(logits / temperature), as TRL's `_get_per_token_logps_and_entropies` computes it. `finish`
 then applies what is known only when the trajectory's content is complete (`source.TrajectoryBackward`'s math):
@@ -13,6 +16,7 @@ then applies what is known only when the trajectory's content is complete (`sour
     mask_truncated ∧ truncated (source.loss_mask) → SourceGradients(None, None, 0)
     H_i = s_i · u_i · policy_coefficient · c_i      u_i = normalization.sequence_weight(|m_i|) (grpo: 1/|o_i|)
     K_i = k_i · u_i                                  c_i: TRL's sequence-mode weight from the recorded log-probs
+    E_i = e_i                                        (normalized per TRL micro-batch at the barrier)
 
 Exact only when the turns are the rollout's token history: the turns' context + action tokens are a prefix of
 prompt + completion, and the action positions are exactly the env_mask-1 positions (token modes: with the sampler
@@ -55,6 +59,8 @@ class _Open:
     logps: list[torch.Tensor] = field(default_factory=list)  # detached learner log-probs per action (|a_j|,)
     sampled: list[tuple[float, ...] | None] = field(default_factory=list)  # event.action_logprobs per action
     kl: list[torch.Tensor] = field(default_factory=list)  # detached KL_t per action (β ≠ 0)
+    entropy: FlatGradient | None = None  # e_i (entropy_coef ≠ 0)
+    entropies: list[torch.Tensor] = field(default_factory=list)  # detached Σ_t H_t per action (entropy bonus on)
 
 
 class TurnScoreBackward:
@@ -65,7 +71,7 @@ class TurnScoreBackward:
                  ref_model: Any = None, ref_context: ContextFactory | None = None, bias_correction_kl: bool = True,
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
-                 turn_backward: str = "boundary_cut") -> None:
+                 turn_backward: str = "boundary_cut", entropy_coef: float | None = None) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
         if turn_backward not in TURN_BACKWARDS:
@@ -82,6 +88,7 @@ class TurnScoreBackward:
         self.normalization, self.eos_and_pad, self.mask_truncated = normalization, tuple(eos_and_pad), mask_truncated
         self.temperature, self.beta, self.bias_correction_kl = temperature, beta, bias_correction_kl
         self.correction, self.policy_version = correction, policy_version
+        self.entropy_coef = entropy_coef  # the batch's applied entropy-bonus coefficient; None: no bonus
         self.autocast = autocast if autocast is not None else contextlib.nullcontext
         self.core = (BoundaryCut if turn_backward == "boundary_cut" else FullContext)(model, self.params, self.device)
         self.reference = TurnReference(ref_model, temperature=temperature, device=self.device,
@@ -95,8 +102,9 @@ class TurnScoreBackward:
 
     @property
     def buffer_bytes(self) -> int:
-        """FP32 P-vectors one open trajectory holds: 4·P (score), plus 4·P (free) when β ≠ 0."""
-        return 4 * sum(p.numel() for p in self.params) * (2 if self.beta != 0.0 else 1)
+        """FP32 P-vectors one open trajectory holds: 4·P (score), plus 4·P (free) when β ≠ 0, plus 4·P (entropy)
+        when the entropy bonus has a non-zero coefficient."""
+        return 4 * sum(p.numel() for p in self.params) * (1 + (self.beta != 0.0) + bool(self.entropy_coef))
 
     # -- per turn ---------------------------------------------------------------------------------------------------
     def turn(self, event: TurnEvent) -> int:
@@ -110,6 +118,8 @@ class TurnScoreBackward:
         if state is None:
             free = FlatGradient(self.params, self.device) if self.beta != 0.0 else None
             state = self.open[event.index] = _Open(event.policy_version, FlatGradient(self.params, self.device), free)
+            if self.entropy_coef:
+                state.entropy = FlatGradient(self.params, self.device)
         reason = self._refuse(state, event)
         if reason is not None:
             self._fall_back(event.index, f"turn {event.turn}: {reason}")
@@ -121,7 +131,7 @@ class TurnScoreBackward:
         try:
             with self.autocast():
                 ref = self.reference.action_logps(event.index, new, len(action)) if self.reference else None
-                sinks = {"score": state.score, "free": state.free}
+                sinks = {"score": state.score, "free": state.free, "entropy": state.entropy}
                 outcome = self.core.turn(event, self._objective(state, event, ref), sinks,
                                          f"trajectory {event.index} turn {event.turn}")
         except Exception:
@@ -164,6 +174,12 @@ class TurnScoreBackward:
                 if self.bias_correction_kl:
                     kl = kl * torch.exp(logps - logps.detach())
                 channels["free"] = kl.sum() * self.beta
+            if self.entropy_coef is not None:
+                scaled = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+                entropy = -(scaled.exp() * scaled).sum(-1)
+                state.entropies.append(entropy.detach().sum())
+                if self.entropy_coef != 0.0:
+                    channels["entropy"] = entropy.sum() * -self.entropy_coef
             return channels
 
         return objective
@@ -189,7 +205,7 @@ class TurnScoreBackward:
         sequence_weight = 1.0
         if self.correction is not None and not self.token_mode:
             sequence_weight = float(self._sequence_weight(state, rollout, mask))
-        self.core.close(index, {"score": state.score, "free": state.free})
+        self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy})
         self.discard(index)
         return self._bind(state, rollout, tokens, sequence_weight)
 
@@ -199,11 +215,14 @@ class TurnScoreBackward:
         if not bool(torch.isfinite(score).all()):
             raise NonFiniteGradientError(f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite "
                                          "gradient")
+        entropy_grad = state.entropy.vector if state.entropy is not None else None
+        entropy_sum = float(sum(float(v) for v in state.entropies))
         if state.free is None:
-            return SourceGradients(score, None, tokens)
+            return SourceGradients(score, None, tokens, entropy_grad=entropy_grad, entropy_sum=entropy_sum)
         kl_total = torch.cat(state.kl).sum() if state.kl else torch.zeros(())
         free_value = float(kl_total * weight * self.beta)
-        return SourceGradients(score, state.free.vector * weight, tokens, free_value, float(kl_total))
+        return SourceGradients(score, state.free.vector * weight, tokens, free_value, float(kl_total), entropy_grad,
+                               entropy_sum)
 
     def _sequence_weight(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> torch.Tensor:
         """TRL's sequence-mode weight c_i from the turns' recorded log-probs, laid out over the completion."""
@@ -256,6 +275,7 @@ class TurnScoreBackward:
         """Bytes held now for open trajectories (one, or all): P-vector buffers, retained graphs and deferred
         adjoints of the boundary-cut core, reference key/value caches."""
         states = list(self.open.values()) if index is None else [self.open[index]] if index in self.open else []
-        buffers = sum(s.score.nbytes + (s.free.nbytes if s.free is not None else 0) for s in states)
+        buffers = sum(s.score.nbytes + (s.free.nbytes if s.free is not None else 0)
+                      + (s.entropy.nbytes if s.entropy is not None else 0) for s in states)
         ref = self.reference.held_bytes(index) if self.reference is not None else 0
         return buffers + self.core.held_bytes(index) + ref

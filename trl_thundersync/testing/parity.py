@@ -192,3 +192,19 @@ MOE_PARITY_CASES: dict[str, dict] = {
     "ga2_gradient_checkpointing": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2,
                                        per_device_train_batch_size=2, gradient_checkpointing=True),
 }
+
+# TRL's entropy bonus (`entropy_coef`): a small and a large coefficient, several micro-batches (the bonus is a token
+# mean per TRL micro-batch, whatever the loss type), with the KL term, the per-sequence / per-micro-batch / global
+# policy normalizers, and masked truncations (zero-token rows count in no micro-batch's N_b).
+ENTROPY_PARITY_CASES: dict[str, dict] = {
+    "coef_0.01": dict(entropy_coef=0.01),
+    "ga2_coef_0.5_dapo": dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2),
+    "ga2_coef_0.5_grpo_beta": dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                                   loss_type="grpo", beta=0.1),
+    "ga2_coef_0.5_bnpo": dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                              loss_type="bnpo"),
+    "ga4_coef_0.5_mask_truncated": dict(entropy_coef=0.5, gradient_accumulation_steps=4,
+                                        per_device_train_batch_size=2, mask_truncated_completions=True),
+    "ga2_coef_0.5_gradient_checkpointing": dict(entropy_coef=0.5, gradient_accumulation_steps=2,
+                                                per_device_train_batch_size=2, gradient_checkpointing=True),
+}

@@ -22,9 +22,16 @@ from ..streaming.source import TrajectoryBackward, flatten_grads, loss_mask
 from ..streaming.turn_grpo import TurnScoreBackward
 
 
-def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalization) -> TrajectoryBackward:
+def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalization,
+                        entropy_coef: float | None = None) -> TrajectoryBackward:
+    """`entropy_coef`: the entropy bonus coefficient applied to this batch (None: TRL adds no bonus)."""
     def logps(ids, mask, keep):
         return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0]
+
+    def logps_and_entropies(ids, mask, keep):
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(module, ids, mask, keep,
+                                                                         compute_entropy=True)
+        return logps, entropies
 
     return TrajectoryBackward(
         params=trainer._trainable, logps_fn=logps,
@@ -33,6 +40,7 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
         mask_truncated=trainer.mask_truncated_completions, beta=trainer.beta,
         bias_correction_kl=trainer.args.use_bias_correction_kl, device=trainer.accelerator.device,
         correction=SamplingCorrection.from_config(trainer.args),
+        logps_entropy_fn=logps_and_entropies if entropy_coef is not None else None, entropy_coef=entropy_coef,
     )
 
 
@@ -45,7 +53,8 @@ def reference_logps(trainer: Any, ids, mask, keep):
         return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
 
 
-def turn_backward(trainer: Any, module: Any, normalization: LossNormalization) -> TurnScoreBackward:
+def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
+                  entropy_coef: float | None = None) -> TurnScoreBackward:
     ref_model, ref_context = None, None
     if trainer.beta != 0.0:
         if trainer.ref_model is not None:
@@ -62,7 +71,7 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization) -
         mask_truncated=trainer.mask_truncated_completions, temperature=trainer.args.temperature, beta=trainer.beta,
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=trainer.args.use_bias_correction_kl,
         correction=SamplingCorrection.from_config(trainer.args), device=trainer.accelerator.device,
-        policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast,
+        policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast, entropy_coef=entropy_coef,
     )
 
 

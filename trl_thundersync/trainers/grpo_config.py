@@ -259,8 +259,6 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         if self.off_policy_mask_threshold is not None:
             refuse("off_policy_mask_threshold", self.off_policy_mask_threshold,
                    "off-policy masking has nothing to mask at zero staleness; leave it None")
-        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
-            refuse("entropy_coef", self.entropy_coef, "the entropy bonus is not streamed yet; use 0.0")
         if self.multi_objective_aggregation != "sum_then_normalize":
             refuse("multi_objective_aggregation", self.multi_objective_aggregation,
                    "only 'sum_then_normalize' is streamed so far")

@@ -44,6 +44,7 @@ from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
+from .grpo_entropy import add_entropy_direction, entropy_barrier, entropy_batch
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 logger = get_logger(__name__)
@@ -215,7 +216,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         # Per-source passes run on the unwrapped module: DDP's reducer must not see them. The batch direction is
         # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
         module = self.accelerator.unwrap_model(model)
-        backward = trajectory_backward(self, module, normalization)
+        self._entropy_batch = entropy = entropy_batch(self, permutation)  # TRL's entropy bonus (None: off)
+        entropy_coef = entropy.coef if entropy is not None else None
+        backward = trajectory_backward(self, module, normalization, entropy_coef)
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
             num_params=sum(p.numel() for p in self._trainable), policy_version=version,
@@ -224,8 +227,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
             release=self._release(), content_backward=backward.content,
-            turn_source=turn_backward(self, module, normalization) if self._release() == "turn" else None,
+            turn_source=(turn_backward(self, module, normalization, entropy_coef) if self._release() == "turn"
+                         else None),
             max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
+            entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
         )
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -273,11 +278,15 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         """Memory bound of the streamed statistics: 4·(2k+1)·P, plus 4·m·P of release buffers (m the buffer cap)."""
         num_params = totals.accumulator.num_params
         bound = stats_memory_bytes(num_params, self.args.max_open_groups or batch_size // self.num_generations)
-        if self._release() != "reward":  # one H_i per buffered trajectory (and K_i under 'turn' with β ≠ 0)
+        if self._release() != "reward":  # one H_i per buffered trajectory (and K_i / E_i under 'turn': β, coef ≠ 0)
             vectors = 2 if self._release() == "turn" and self.beta != 0.0 else 1
+            if self._release() == "turn" and totals.entropy_terms is not None:
+                vectors += 1
             bound += 4 * vectors * num_params * min(self.args.max_buffered_trajectories or batch_size, batch_size)
         if totals.router_aux is not None:  # the MoE router term's batch buffer
             bound += 4 * num_params
+        if totals.entropy_terms is not None:  # the entropy bonus: one buffer per TRL micro-batch
+            bound += 4 * self.args.steps_per_generation * num_params
         return bound
 
     def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
@@ -292,6 +301,9 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         direction = totals.accumulator.direction(scales, policy_scale)
         if totals.router_aux is not None:  # coef·aux_b/GA per micro-batch: already final, no barrier scalar
             direction.add_(totals.router_aux.direction)
+        entropy = self._entropy_batch if totals.entropy_terms is not None else None
+        if entropy is not None:  # −coef·Σ_{i∈b} ∇Σ_t m H / (max(N_b, 1)·GA), before DDP's average
+            entropy_tokens = add_entropy_direction(entropy, totals, direction)
         if self.accelerator.num_processes > 1:
             direction = self.accelerator.reduce(direction, reduction="mean")
         if not torch.isfinite(direction).all():
@@ -309,6 +321,11 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             loss += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
         if self.beta != 0.0:
             self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
+        if entropy is not None:  # the bonus's value and metrics; per-trajectory policy terms for `policy_loss`
+            terms = [scales[buckets[i] if buckets else 0]
+                     * (totals.free_values[i] - advantages[i] * n * normalization.sequence_weight(n))
+                     for i, n in enumerate(tokens)]
+            loss += entropy_barrier(self, entropy, totals, entropy_tokens, terms)
         if totals.router_aux is not None:
             loss += totals.router_aux.loss
             self._log_router_aux(totals.router_aux.values)
