@@ -3,11 +3,20 @@
 The warm-started tiny agent (`testing/tiny_agent.py`) samples episodes with two canned tools (no sandbox) from the
 same prompts; stock TRL generates with its own tool loop (`GRPOTrainer._generate`, transformers generation), and
 ThunderSync with its agent engine. Sampling streams differ (TRL samples a padded batch, ThunderSync per trajectory),
-so episodes are compared as distributions: turns, tool calls, model tokens and all completion tokens per episode,
-with the mean of each and a two-sample Kolmogorov–Smirnov test (asymptotic p-value). With `--top_k 1` sampling is
-greedy and the script also reports the share of episodes that are token-identical to stock TRL's.
+so episodes are compared as distributions: turns, tool calls, model tokens (tool mask 1), tool-result tokens (mask
+0) and all completion tokens per episode, with the mean of each and a two-sample Kolmogorov–Smirnov test (asymptotic
+p-value). With `--top_k 1` sampling is greedy and the script also reports the share of episodes that are
+token-identical to stock TRL's.
+
+`--env swe` replaces the canned tools by the real environment of `bench/realgen.py`: `SWERepairEnv` on the bundled
+SWE repair tasks (bubblewrap-sandboxed `run_shell`, real pytest output), one row per task and `--generations` per
+row, prompts from `swe_dataset`; episodes only, no grading. `--engine auto` samples ThunderSync's episodes through
+the default engine (the embedded vLLM-API server, as realgen does) instead of the in-process `local_thread` engine.
+Both sample from the initial weights: the first step of a run, before any policy drift.
 
     PYTHONPATH=. python scripts/episode_distribution.py --prompts 16 --generations 8 --out outputs/episodes.json
+    PYTHONPATH=. python scripts/episode_distribution.py --env swe --generations 4 --max_tool_calling_iterations 5 \
+        --engine auto --protocols trl
 """
 
 from __future__ import annotations
@@ -44,11 +53,15 @@ class CannedShellEnv:
         return 0.0
 
 
+KEYS = ("turns", "tool_calls", "model_tokens", "tool_tokens", "completion_tokens")
+
+
 def episode_stats(messages: list[dict], mask: list[int], ids: list[int]) -> dict:
     """The same measures for both trainers, from the reward-function messages, the tool mask and the ids."""
     runs = sum(1 for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0))
     return {"turns": runs, "tool_calls": sum(1 for m in messages if m.get("role") == "tool"),
-            "model_tokens": sum(mask), "completion_tokens": len(mask), "ids": list(ids), "mask": list(mask)}
+            "model_tokens": sum(mask), "tool_tokens": len(mask) - sum(mask), "completion_tokens": len(mask),
+            "ids": list(ids), "mask": list(mask)}
 
 
 def ks_test(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -70,6 +83,30 @@ def rows(n: int, generations: int) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": p}]} for p in prompts for _ in range(generations)]
 
 
+def swe_rows(n: int | None, generations: int) -> list[dict]:
+    """realgen's dataset: one row per bundled SWE task (its prompt and task_id), each `generations` times."""
+    from trl_thundersync.envs.tasks import swe_dataset
+
+    dataset = swe_dataset()
+    chosen = [dataset[i] for i in range(len(dataset) if n is None else min(n, len(dataset)))]
+    return [dict(row) for row in chosen for _ in range(generations)]
+
+
+def environment_factory(args):
+    if args.env == "canned":
+        return CannedShellEnv
+    from trl_thundersync.envs.swe import SWERepairEnv
+
+    return SWERepairEnv
+
+
+def close_environments(envs) -> None:
+    for env in envs:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
 def common(args, out: Path) -> dict:
     return dict(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=8,
                 num_generations=args.generations, max_completion_length=args.max_completion_length,
@@ -86,21 +123,30 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
+    factory = environment_factory(args)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path), reward_funcs=[zero],
                           args=GRPOConfig(**common(args, out)), train_dataset=Dataset.from_list(batch),
-                          processing_class=tokenizer, environment_factory=CannedShellEnv)
+                          processing_class=tokenizer, environment_factory=factory)
     stats = []
     for start in range(0, len(batch), args.chunk):  # what _generate_and_score_completions does before _generate
         inputs = batch[start:start + args.chunk]
         torch.manual_seed(args.seed + start)
-        envs = [CannedShellEnv() for _ in inputs]
-        for env in envs:
-            env.reset()
+        envs = [factory() for _ in inputs]
+        prompts = []
+        for env, x in zip(envs, inputs):
+            observation = env.reset(**x)
+            prompt = x["prompt"]
+            if observation is not None:
+                prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
+            prompts.append(prompt)
         trainer.environments = envs
         trainer._batch_environments = [None] * len(inputs)
         trainer._sync_tool_dicts = [{"run_shell": e.run_shell, "submit": e.submit} for e in envs]
         trainer._async_tool_dicts = [{} for _ in envs]
-        _, completion_ids, tool_mask, completions, *_ = trainer._generate([x["prompt"] for x in inputs])
+        try:
+            _, completion_ids, tool_mask, completions, *_ = trainer._generate(prompts)
+        finally:
+            close_environments(envs)
         stats += [episode_stats(c, list(m), list(i)) for c, m, i in zip(completions, tool_mask, completion_ids)]
     return stats
 
@@ -114,26 +160,29 @@ def thundersync(args, model_path: str, tokenizer, batch: list[dict], out: Path, 
     fields = common(args, out)
     if protocol == "paper":  # its turn cap from TRL's field; per-turn and trajectory budgets max_completion_length
         fields.update(agent_protocol="paper")
-    config = ThunderSyncGRPOConfig(**fields, rollout_engine="local_thread")
+    config = ThunderSyncGRPOConfig(**fields, rollout_engine=args.engine)
     trainer = ThunderSyncGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path), reward_funcs=[zero],
                                      args=config, train_dataset=Dataset.from_list(batch), processing_class=tokenizer,
-                                     environment_factory=CannedShellEnv)
+                                     environment_factory=environment_factory(args))
     engine = trainer._rollout_engine()
     stats = []
-    for start in range(0, len(batch), args.chunk):
-        inputs = batch[start:start + args.chunk]
-        requests = trainer._requests(inputs, [x["prompt"] for x in inputs], trainer.policy_version)
-        requests = [r.__class__(**{**r.__dict__, "seed": r.seed + start}) for r in requests]
-        engine.start_batch(requests, trainer.policy_version)
-        rollouts = sorted(engine.results(), key=lambda r: r.index)
-        stats += [episode_stats(r.completion, list(r.env_mask), list(r.completion_ids)) for r in rollouts]
-    engine.close()
+    try:
+        for start in range(0, len(batch), args.chunk):
+            inputs = batch[start:start + args.chunk]
+            requests = trainer._requests(inputs, [x["prompt"] for x in inputs], trainer.policy_version)
+            requests = [r.__class__(**{**r.__dict__, "seed": r.seed + start}) for r in requests]
+            engine.start_batch(requests, trainer.policy_version)
+            rollouts = sorted(engine.results(), key=lambda r: r.index)
+            stats += [episode_stats(r.completion, list(r.env_mask), list(r.completion_ids)) for r in rollouts]
+    finally:
+        close_environments(getattr(engine, "environments", ()))
+        engine.close()
     return stats
 
 
 def summarize(name: str, stats: list[dict], reference: list[dict] | None) -> dict:
     out = {"trainer": name, "episodes": len(stats)}
-    for key in ("turns", "tool_calls", "model_tokens", "completion_tokens"):
+    for key in KEYS:
         values = [s[key] for s in stats]
         out[f"{key}_mean"] = sum(values) / len(values)
         if reference is not None:
@@ -146,7 +195,11 @@ def summarize(name: str, stats: list[dict], reference: list[dict] | None) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--env", choices=("canned", "swe"), default="canned",
+                        help="canned: two canned tools; swe: SWERepairEnv, the bundled tasks, sandboxed shell")
+    parser.add_argument("--engine", default="local_thread", help="ThunderSync rollout_engine (auto: embedded server)")
+    parser.add_argument("--protocols", default="trl,paper", help="ThunderSync agent_protocol values to sample")
+    parser.add_argument("--prompts", type=int, default=None, help="first N prompts (default 16; swe: all tasks)")
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=32, help="trajectories per generation call")
     parser.add_argument("--max_completion_length", type=int, default=256)
@@ -163,14 +216,17 @@ def main(argv: list[str] | None = None) -> None:
 
     model_path = str(save_tiny_agent_model(args.model or Path(tempfile.gettempdir()) / "thundersync-tiny-agent"))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    batch = rows(args.prompts, args.generations)
+    if args.env == "swe":
+        batch = swe_rows(args.prompts, args.generations)
+    else:
+        batch = rows(16 if args.prompts is None else args.prompts, args.generations)
     work = Path(tempfile.mkdtemp(prefix="episodes-"))
     trl_stats = stock_trl(args, model_path, tokenizer, batch, work / "trl")
     table = [summarize("trl.GRPOTrainer", trl_stats, None)]
-    for protocol in ("trl", "paper"):
+    for protocol in [p.strip() for p in args.protocols.split(",") if p.strip()]:
         stats = thundersync(args, model_path, tokenizer, batch, work / protocol, protocol)
         table.append(summarize(f"ThunderSync agent_protocol={protocol!r}", stats, trl_stats))
-    keys = ("turns", "tool_calls", "model_tokens", "completion_tokens")
+    keys = KEYS
     print(f"{'trainer':38s} " + " ".join(f"{k + ' mean (KS p)':>26s}" for k in keys))
     for row in table:
         cells = [f"{row[k + '_mean']:8.2f}" + (f" ({row[k + '_p']:.3f})" if k + "_p" in row else "")

@@ -28,6 +28,14 @@ def tokenizer(tiny_model_path):
     return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
+@pytest.fixture(scope="session")
+def tiny_agent(tmp_path_factory):
+    """The warm-started tool-calling tiny agent (testing/tiny_agent.py), built once per session (about a minute)."""
+    from trl_thundersync.testing.tiny_agent import save_tiny_agent_model
+
+    return str(save_tiny_agent_model(tmp_path_factory.mktemp("agent") / "tiny-agent"))
+
+
 @pytest.fixture(scope="module")
 def runner():
     """A tool runner with its own event loop thread (async tools), as the trainers build one."""

@@ -15,13 +15,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def tiny_agent(tmp_path_factory):
-    from trl_thundersync.testing.tiny_agent import save_tiny_agent_model
-
-    return str(save_tiny_agent_model(tmp_path_factory.mktemp("agent") / "tiny-agent"))
-
-
 def run_example(script, *args, launcher=(sys.executable,), timeout=600):
     env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run([*launcher, str(ROOT / "examples" / script), *args], capture_output=True, text=True,

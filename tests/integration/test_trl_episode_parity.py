@@ -160,3 +160,37 @@ def test_episodes_equal_stock_trl_token_for_token(tmp_path, tokenizer, tiny_mode
     assert rollouts[0].agent.tool_calls == 2 and rollouts[6].agent.turns == 4
     # task 7: the cut last turn still parses, its call runs (TRL counts it) and its result is dropped
     assert rollouts[7].agent.tool_calls == 2 and rollouts[7].completion_ids[-1] != tokenizer.eos_token_id
+
+
+LOGGED = ("completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+          "completions/mean_terminated_length", "completions/min_terminated_length",
+          "completions/max_terminated_length", "tools/call_frequency", "tools/failure_frequency", "num_tokens")
+
+
+def test_logged_lengths_and_tool_metrics_equal_stock_trl(tmp_path, tokenizer, tiny_model_path):
+    """One training step each on the same scripted episodes: the metrics TRL logs from `_generate` — lengths in
+    model tokens (tool mask 1, not the tool results), truncation, tool counts, tokens seen — log the same values."""
+    trl_args = cpu_config(GRPOConfig, tmp_path / "trl", **COMMON)
+    stock = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[zero], args=trl_args,
+                        train_dataset=Dataset.from_list(rows()), processing_class=tokenizer, tools=TOOLS)
+    eos = tokenizer.eos_token_id
+
+    def scripted_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        out = []
+        for ids in prompt_ids:
+            action = tokenizer.encode(script(None, None, tokenizer.decode(list(ids))), add_special_tokens=False)
+            out.append((action + [eos])[: trl_args.max_completion_length])
+        return out, None
+
+    stock._generate_single_turn = scripted_turn
+    stock.train()
+    ts_args = cpu_config(ThunderSyncGRPOConfig, tmp_path / "ts", **COMMON)
+    ours = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[zero], args=ts_args,
+                                  train_dataset=Dataset.from_list(rows()), processing_class=tokenizer, tools=TOOLS)
+    ours._engine = ours._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    ours.train()
+    expected = next(h for h in stock.state.log_history if "completions/mean_length" in h)
+    logged = next(h for h in ours.state.log_history if "completions/mean_length" in h)
+    assert expected["tools/call_frequency"] > 0 and expected["completions/clipped_ratio"] > 0  # tools ran, cuts too
+    assert {k: logged.get(k) for k in LOGGED} == pytest.approx({k: expected[k] for k in LOGGED}), (
+        "the same episodes must log what stock TRL logs")

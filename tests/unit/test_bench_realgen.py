@@ -70,3 +70,29 @@ def test_distillation_traces_are_summarized_without_release_replay():
     s = summarize_distill([run])
     assert (s.rollout_s, s.learner_busy_s, s.learner_tail_s) == pytest.approx((2.0, 1.0, 0.5))
     assert s.balance_ratio == pytest.approx(0.5)
+
+
+def test_episode_rows_report_step_one_and_all_steps_per_grpo_schedule():
+    from trl_thundersync.bench.realgen import episode_log, episode_rows, format_episode_rows
+
+    history = [{"loss": 0.1, "completions/mean_length": 70.0, "completions/max_length": 120.0,
+                "completions/clipped_ratio": 0.0, "tools/call_frequency": 1.0, "step_time": 1.0},
+               {"train_runtime": 5.0},  # the end-of-training entry has no completion metrics
+               {"completions/mean_length": 90.0, "tools/call_frequency": 2.0}]
+    log = episode_log(history)
+    assert log == [{"completions/mean_length": 70.0, "completions/max_length": 120.0,
+                    "completions/clipped_ratio": 0.0, "tools/call_frequency": 1.0},
+                   {"completions/mean_length": 90.0, "tools/call_frequency": 2.0}]
+    runs = {"sync": [{"episodes": log}, {"episodes": [{"completions/mean_length": 80.0,
+                                                       "tools/call_frequency": 1.5}]}],
+            "trl": [{}],  # a report from before this field: skipped
+            "gkd": [{"episodes": log}]}  # not a GRPO episode: skipped
+    rows = episode_rows(runs)
+    assert [r["schedule"] for r in rows] == ["sync"]
+    row = rows[0]
+    assert row["runs"] == 2 and row["step1_model_tokens"] == pytest.approx(75.0)
+    assert row["model_tokens"] == pytest.approx(80.0) and (row["model_tokens_min"], row["model_tokens_max"]) == (70, 90)
+    assert row["tool_calls"] == pytest.approx(1.5)
+    lines = format_episode_rows(rows)
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
+    assert "| sync | 2 | 75.0 | 80.0 (70.0–90.0) | 1.50 |" == lines[2]

@@ -25,7 +25,10 @@ step wall, speedup vs sync, R, L, ρ = L/R, the bound (1 + ρ)/max(1, ρ) with �
 measurement as a fraction of it, learner tail (s and % of the step), the generation slowdown during overlap (each
 turn that ran with the learner busy against the same (step, trajectory, turn) of the sync runs: median relative
 and absolute), and the trace-replay prediction of the schedule's release point (`trace.model.predict_release` on
-the sync traces). Writes `<out>.json` and a side-by-side timeline of one step per schedule.
+the sync traces); then per GRPO schedule the episodes as both trainers log them (`completions/mean_length`: model
+tokens per trajectory, tool results excluded, TRL's definition; `tools/call_frequency`) at step 1, where every
+schedule samples from the same initial weights, and over all steps. Writes `<out>.json` and a side-by-side timeline
+of one step per schedule.
 """
 
 from __future__ import annotations
@@ -226,8 +229,47 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         trainer_schedule, release = split_schedule(schedule)
         trainer = build_grpo(w, trainer_schedule, release, spec["model_dir"], out_dir)
+    measured = meter.train(trainer, timer)
     return {"schedule": schedule, "release": release, "workload": w.to_dict(), "trace": str(out_dir / TRACE_FILE),
-            **meter.train(trainer, timer)}
+            **measured, "episodes": episode_log(trainer.state.log_history)}
+
+
+# the episode figures both GRPO trainers log per step, with TRL's definitions (lengths: model tokens, tool mask 1)
+EPISODE_KEYS = ("completions/mean_length", "completions/max_length", "completions/clipped_ratio",
+                "tools/call_frequency")
+
+
+def episode_log(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per logged training step, the `EPISODE_KEYS` values (steps without completion metrics are skipped)."""
+    return [{k: float(h[k]) for k in EPISODE_KEYS if k in h} for h in log_history if "completions/mean_length" in h]
+
+
+def episode_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per GRPO schedule, from its runs' `episodes`: model tokens per trajectory at step 1 (the initial weights, the
+    same for every schedule: episodes must agree there) and over all steps (mean and range of the step means), tool
+    calls per trajectory. Runs without `episodes` (reports older than this field) are skipped."""
+    rows = []
+    for name, results in runs.items():
+        steps = [r["episodes"] for r in results if r.get("episodes") and name != "gkd"]
+        if not steps:
+            continue
+        first = [s[0]["completions/mean_length"] for s in steps]
+        every = [e["completions/mean_length"] for s in steps for e in s]
+        calls = [e["tools/call_frequency"] for s in steps for e in s if "tools/call_frequency" in e]
+        rows.append({"schedule": name, "runs": len(steps), "step1_model_tokens": statistics.fmean(first),
+                     "model_tokens": statistics.fmean(every), "model_tokens_min": min(every),
+                     "model_tokens_max": max(every), "tool_calls": statistics.fmean(calls) if calls else None})
+    return rows
+
+
+def format_episode_rows(rows: list[dict[str, Any]]) -> list[str]:
+    head = ("| schedule | runs | model tokens / trajectory, step 1 | all steps: mean (range of step means) | "
+            "tool calls / trajectory |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {r['schedule']} | {r['runs']} | {r['step1_model_tokens']:.1f} | {r['model_tokens']:.1f} "
+                     f"({r['model_tokens_min']:.1f}–{r['model_tokens_max']:.1f}) | {_f(r['tool_calls'], '.2f')} |")
+    return lines
 
 
 # --- the benchmark (parent) -----------------------------------------------------------------------------------------
@@ -424,6 +466,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     rows = realgen_rows(stats, cmp)
     rho_sync = stats["sync"].balance_ratio if "sync" in stats else None
     print("\n" + "\n".join(format_rows(rows, rho_sync)))
+    episodes = episode_rows(runs)
+    if episodes:  # completions/mean_length and tools/call_frequency as both trainers log them (TRL's definitions)
+        print("\nEpisodes (logged per step; lengths in model tokens, tool results excluded, as TRL counts them):\n"
+              + "\n".join(format_episode_rows(episodes)))
     tails = {r["schedule"]: r["tail_s"] for r in rows}
     if "gkd" in tails:
         for name in (n for n in tails if n.startswith("thundersync")):
@@ -442,7 +488,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(f"timeline not written: {exc}")
     return write_report(out, command, started, files, workload=w.to_dict(), repeats=args.repeats,
                         schedules=list(args.schedules), summaries={s: v.to_dict() for s, v in stats.items()},
-                        compare=cmp.to_dict(), rows=rows, runs=runs)
+                        compare=cmp.to_dict(), rows=rows, episodes=episodes, runs=runs)
 
 
 if __name__ == "__main__":

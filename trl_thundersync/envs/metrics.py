@@ -17,6 +17,35 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def model_token_counts(completion_ids: Sequence[Sequence[int]],
+                       env_masks: Sequence[Sequence[int] | None]) -> list[int]:
+    """Per completion, the tokens TRL's `completions/*_length` metrics count: the model's own (mask 1) when there is
+    a tool/environment mask, else all of them (`GRPOTrainer._generate`: "count only model-generated tokens")."""
+    return [len(ids) if mask is None else sum(mask) for ids, mask in zip(completion_ids, env_masks)]
+
+
+def completion_metrics(completion_ids: Sequence[Sequence[int]], env_masks: Sequence[Sequence[int] | None],
+                       eos_and_pad: set[int] | frozenset[int]) -> dict[str, float]:
+    """TRL 1.16's completion-length metrics of one batch (`GRPOTrainer._generate`), from the trajectories' ids and
+    masks: mean/min/max model tokens, the share of truncated completions (last token neither EOS nor pad; an empty
+    completion, where TRL would fail, counts as not truncated) and mean/min/max model tokens of the others (0 when
+    every completion was truncated)."""
+    lengths = model_token_counts(completion_ids, env_masks)
+    if not lengths:
+        return {}
+    truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
+    terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
+    return {
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": sum(truncated) / len(truncated),
+        "completions/mean_terminated_length": sum(terminated) / len(terminated),
+        "completions/min_terminated_length": float(min(terminated)),
+        "completions/max_terminated_length": float(max(terminated)),
+    }
+
+
 def agent_metrics(stats: Sequence[AgentStats]) -> dict[str, float]:
     """Aggregate per-trajectory statistics of one batch; empty when the batch was not agentic."""
     if not stats:

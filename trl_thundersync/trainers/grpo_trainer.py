@@ -26,7 +26,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 from trl.trainer.utils import get_config_model_id, nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
-from ..envs.metrics import agent_metrics
+from ..envs.metrics import agent_metrics, completion_metrics, model_token_counts
 from ..rollout.engine import RolloutEngine
 from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
@@ -516,17 +516,15 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         rewards = torch.tensor(totals.rewards, dtype=torch.float32)
         m["reward"].append(torch.nanmean(rewards).item())
         m["reward_std"].append(nanstd(rewards).item())
-        lengths = torch.tensor([len(s.rollout.completion_ids) for s in scored], dtype=torch.float32)
+        # TRL's lengths: model tokens only (tool mask 1) where there is a mask, also in num_tokens
+        ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
         if not isinstance(self._engine, TRLBatchEngine):  # TRL's own generation already counted its tokens
             prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
-            self.state.num_input_tokens_seen += int(prompt_tokens + lengths.sum().item())
+            self.state.num_input_tokens_seen += int(prompt_tokens + sum(model_token_counts(ids, masks)))
         m["num_tokens"] = [self.state.num_input_tokens_seen]
-        m["completions/mean_length"].append(lengths.mean().item())
-        m["completions/min_length"].append(lengths.min().item())
-        m["completions/max_length"].append(lengths.max().item())
         eos = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
-        truncated = [bool(s.rollout.completion_ids) and s.rollout.completion_ids[-1] not in eos for s in scored]
-        m["completions/clipped_ratio"].append(sum(truncated) / len(truncated))
+        for name, value in completion_metrics(ids, masks, eos).items():
+            m[name].append(value)
         wall = timing.barrier - timing.start
         rollout = timing.rollout_end - timing.start
         m["thundersync/step_wall_seconds"].append(wall)
