@@ -28,7 +28,7 @@ from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
-from ..envs.metrics import agent_metrics
+from ..envs.metrics import agent_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
@@ -255,7 +255,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         if self.args.objective == "opd":  # −Σ A / N = mean of log π_θ − log π_T over sampled tokens
             m["opd/reverse_kl"].append(totals.loss_sum / totals.scored_tokens)
         rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
-        lengths = [len(r.completion_ids) for r in rollouts]
+        lengths = model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts])
         m["completions/mean_length"].append(sum(lengths) / len(lengths))
         for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
             m[name].append(value)
