@@ -19,6 +19,7 @@ class SourceGradients:
     scored_tokens: int  # Σ_t m_it: tokens that count in loss normalizers
     free_value: float = 0.0  # value of the advantage-free loss term (Σ_t m_it u_i β KL_it), for logging
     kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
+    off_policy_kl: float = 0.0  # TRL's off-policy mask statistic: masked mean of (sampler − current) log-probs
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,6 @@ class BatchTotals:
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)
+    objective_rewards: tuple[float, ...] | None = None  # normalize_then_sum: TRL's group-normalized R_i per index
+    deferred: tuple[tuple[int, int, torch.Tensor], ...] = ()  # (index, bucket, H_i) masked rows decided at the barrier
+    off_policy_dropped: tuple[int, ...] = ()  # rows whose policy term the off-policy mask dropped (so far)

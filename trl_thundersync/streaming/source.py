@@ -18,7 +18,7 @@ import torch
 from ..errors import NonFiniteGradientError, RolloutError
 from ..types import Rollout, ScoredRollout
 from .learner import SourceGradients
-from .importance import SamplingCorrection
+from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .normalization import LossNormalization
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
@@ -76,6 +76,7 @@ class TrajectoryBackward:
         bias_correction_kl: bool = True,
         device: torch.device | str = "cpu",
         correction: SamplingCorrection | None = None,
+        off_policy_sampling: bool = False,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -89,6 +90,7 @@ class TrajectoryBackward:
         self.bias_correction_kl = bias_correction_kl
         self.device = torch.device(device)
         self.correction = correction  # TRL's vLLM importance-sampling weight on the policy term (None: off)
+        self.off_policy_sampling = off_policy_sampling  # off-policy mask: use the rollout's sampler log-probs
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
@@ -121,7 +123,9 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
                 f"version {rollout.policy_version}; refusing to accumulate it"
             )
-        outputs, kinds, free_value, kl_sum = [], [], 0.0, 0.0
+        outputs, kinds, free_value, kl_sum, off_policy = [], [], 0.0, 0.0, 0.0
+        if need_score and self.off_policy_sampling:
+            off_policy = off_policy_kl(logps, sampler_logps(rollout, self.device), mask)
         if need_score:
             policy = logps * mask
             if self.correction is not None:
@@ -148,7 +152,7 @@ class TrajectoryBackward:
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
-        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum)
+        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum, off_policy)
 
     def _sampling_logps(self, rollout) -> torch.Tensor:
         values = rollout.sampling_logprobs

@@ -1,0 +1,134 @@
+"""`multi_objective_aggregation="normalize_then_sum"` and `off_policy_mask_threshold`, streamed, against stock
+`trl.GRPOTrainer` on identical rollouts (FP32, ARCHITECTURE invariant 3).
+
+normalize_then_sum: three reward functions with weights — lengths, a function returning None on some rows (some
+groups have a single value: σ = NaN), a constant (σ = 0 in every group) — under every `scale_rewards` (TRL ignores it
+there). The off-policy mask: the sampler's log-probs are the policy's own plus a per-trajectory offset
+(`SAMPLER_OFFSETS`), so the rows' sequence KL is 0, 0.2, 0.8 or 1.0 against a threshold of 0.5; the test checks that
+negative-advantage rows above it really are dropped, and that without the mask the direction would differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, load_model, offset_sampler_rollout_func,
+                                           relative_error, reward_constant, reward_len, reward_parity, run_trainer)
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+REWARDS = (reward_len, reward_parity, reward_constant)
+WEIGHTS = [0.5, 2.0, 1.0]
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+OBJECTIVE = dict(multi_objective_aggregation="normalize_then_sum", reward_weights=WEIGHTS,
+                 per_device_train_batch_size=8, num_generations=4)
+THRESHOLD = 0.5
+
+
+def both(tmp_path, tokenizer, model_path, release, rollout=None, **overrides):
+    kwargs = dict(rewards=REWARDS, **overrides)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, model_path,
+                      rollout_func=rollout(tokenizer) if rollout else None, **kwargs)
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, model_path,
+                      rollout_func=rollout(tokenizer) if rollout else None, **kwargs, **RELEASES[release])
+    return ref, got
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_normalize_then_sum_direction_matches_trl(scale, release, tmp_path, tokenizer, tiny_model_path):
+    ref, got = both(tmp_path, tokenizer, tiny_model_path, release, **OBJECTIVE, scale_rewards=scale, max_steps=1,
+                    max_grad_norm=0.0)
+    assert len(ref.directions) == len(got.directions) == 1 and ref.directions[0].norm() > 0
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+    # the logged statistics, as TRL logs them
+    ref_logs, got_logs = ref.trainer._metrics["train"], got.trainer._metrics["train"]
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "rewards/reward_parity/mean",
+                 "rewards/reward_constant/std"):
+        assert got_logs[name][:1] == pytest.approx(ref_logs[name][:1], rel=1e-5, abs=1e-6, nan_ok=True), name
+    assert got.trainer._logs["advantages"] == pytest.approx(list(ref.trainer._logs["advantages"]), abs=1e-4)
+
+
+def test_normalize_then_sum_is_not_sum_then_normalize(tmp_path, tokenizer, tiny_model_path):
+    """What a naive port (the default aggregation, or the group-normalized sum) would produce is far off."""
+    ref, _ = both(tmp_path / "a", tokenizer, tiny_model_path, "reward", **OBJECTIVE, max_steps=1, max_grad_norm=0.0)
+    plain = {k: v for k, v in OBJECTIVE.items() if k != "multi_objective_aggregation"}
+    other = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "b", tokenizer, tiny_model_path, rewards=REWARDS,
+                        **plain, max_steps=1, max_grad_norm=0.0)
+    assert relative_error(other.directions[0], ref.directions[0]) > 1e-2
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", ["ga2_bnpo_beta", "dapo"])
+def test_normalize_then_sum_three_sgd_steps_match_trl(case, release, tmp_path, tokenizer, tiny_model_path):
+    extra = dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, loss_type="bnpo", beta=0.1) \
+        if case == "ga2_bnpo_beta" else {}
+    ref, got = both(tmp_path, tokenizer, tiny_model_path, release, **{**OBJECTIVE, **extra}, max_steps=3,
+                    max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
+    assert len(ref.directions) == len(got.directions) == 3
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    assert (ref.params - initial).norm() > 0
+    assert relative_error(got.params - initial, ref.params - initial) <= TOL
+    for a, b in zip(got.directions, ref.directions):
+        assert relative_error(a, b) <= TOL
+
+
+OFF_POLICY = {
+    "dapo": dict(),
+    "scale_batch": dict(scale_rewards="batch"),
+    "grpo_beta": dict(loss_type="grpo", beta=0.1),  # the KL term is not masked
+    "normalize_then_sum": dict(OBJECTIVE),  # the sign needs the batch mean: decided at the barrier
+}
+
+
+def dropped_rows_expected(trainer) -> list[int]:
+    """Rows TRL's mask drops in the last batch: A < 0 and KL (the row's sampler offset) > threshold."""
+    advantages = list(trainer._logs["advantages"])[-trainer.args.per_device_train_batch_size
+                                                   * trainer.args.steps_per_generation:]
+    return [i for i, a in enumerate(advantages) if a < 0 and SAMPLER_OFFSETS[i % len(SAMPLER_OFFSETS)] > THRESHOLD]
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", sorted(OFF_POLICY))
+def test_off_policy_mask_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path):
+    overrides = {**dict(per_device_train_batch_size=8, num_generations=4), **OFF_POLICY[case]}
+    overrides.update(off_policy_mask_threshold=THRESHOLD, max_steps=1, max_grad_norm=0.0)
+    ref, got = both(tmp_path, tokenizer, tiny_model_path, release, rollout=offset_sampler_rollout_func, **overrides)
+    assert len(ref.directions) == len(got.directions) == 1 and ref.directions[0].norm() > 0
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+    expected = dropped_rows_expected(ref.trainer)
+    assert expected, "the case must drop some negative-advantage rows"
+    assert list(got.trainer.last_off_policy_dropped) == expected
+    # without the mask TRL's direction is another one: the mask is really exercised
+    overrides.pop("off_policy_mask_threshold")
+    unmasked = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "unmasked", tokenizer, tiny_model_path,
+                           rewards=REWARDS, rollout_func=offset_sampler_rollout_func(tokenizer), **overrides)
+    assert relative_error(unmasked.directions[0], ref.directions[0]) > 1e-3
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_off_policy_mask_three_sgd_steps_match_trl(release, tmp_path, tokenizer, tiny_model_path):
+    ref, got = both(tmp_path, tokenizer, tiny_model_path, release, rollout=offset_sampler_rollout_func,
+                    per_device_train_batch_size=8, num_generations=4, off_policy_mask_threshold=THRESHOLD,
+                    max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    assert relative_error(got.params - initial, ref.params - initial) <= TOL
+    for a, b in zip(got.directions, ref.directions):
+        assert relative_error(a, b) <= TOL
+
+
+def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokenizer, tiny_model_path):
+    """Local generation (no sampler log-probs in TRL): TRL compares the policy with itself, KL 0, nothing dropped."""
+    args = ThunderSyncGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1,
+                                 per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
+                                 off_policy_mask_threshold=0.0, rollout_engine="local_thread", save_strategy="no",
+                                 gradient_checkpointing=False, disable_tqdm=True)
+    from trl_thundersync.testing.parity import prompt_dataset
+
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
+                                     train_dataset=prompt_dataset(), processing_class=tokenizer)
+    trainer.train()
+    assert trainer.last_off_policy_dropped == ()
