@@ -188,3 +188,22 @@ def test_off_policy_kl_is_trls_masked_mean():
     assert off_policy_kl(logps, sampled, mask) == pytest.approx((0.5 + 0.0 + 2.0) / 3)
     assert off_policy_kl(logps, None, mask) == 0.0
     assert off_policy_kl(logps, sampled, torch.zeros_like(mask)) == 0.0
+
+
+@pytest.mark.parametrize("mode", [None, "token_mask"])
+def test_turn_release_computes_the_same_off_policy_kl(mode):
+    """release="turn": the statistic comes from the turns' recorded log-probs, equal to the whole trajectory's."""
+    from tests.unit.test_turn_grpo import _rollout, _setup, _trajectories, _with_sampler
+    from trl_thundersync.streaming.importance import SamplingCorrection
+
+    policy, whole, turns = _setup("grpo", 0.0, 0.7, SamplingCorrection(mode, 0.8, 1.25) if mode else None)
+    whole.off_policy_sampling = turns.off_policy_sampling = True
+    for n, events in enumerate(_trajectories(policy.config.vocab_size)):
+        events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else ())
+        events, rollout = _with_sampler(events, rollout, policy, scale=0.3, seed=n)
+        for event in events:
+            turns.turn(event)
+        ours = turns.finish(rollout, 0)
+        expected = whole(ScoredRollout(rollout, (1.0,), 1.0, 0.0), 0)
+        assert ours is not None and expected.off_policy_kl != 0.0
+        assert ours.off_policy_kl == pytest.approx(expected.off_policy_kl, rel=1e-5, abs=1e-7)
