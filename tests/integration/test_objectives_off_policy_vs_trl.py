@@ -140,3 +140,17 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
                                      train_dataset=prompt_dataset(), processing_class=tokenizer)
     trainer.train()
     assert trainer.last_off_policy_dropped == ()
+
+
+def test_normalize_then_sum_within_twice_the_permuted_floor(tmp_path, tokenizer, tiny_model_path):
+    """3 SGD steps: ThunderSync's Δθ is as close to TRL's as TRL with each group's members permuted (×2)."""
+    kw = dict(OBJECTIVE, max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, rewards=REWARDS, **kw)
+    delta = ref.params - initial
+    floor = max(relative_error(run_trainer(GRPOTrainer, GRPOConfig, tmp_path / order, tokenizer, tiny_model_path,
+                                           rewards=REWARDS, member_order=order, **kw).params - initial, delta)
+                for order in ("reverse", "rotate"))
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
+                      rewards=REWARDS, release="content", **kw)
+    assert 0 < floor and relative_error(got.params - initial, delta) <= 2 * floor

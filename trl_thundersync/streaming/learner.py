@@ -11,6 +11,12 @@ and cannot open waits in `pending` (a content-released one keeps its H_i buffer)
 open groups are always admitted, and every member's reward eventually arrives, so admission can never deadlock. At
 most `max_buffered` trajectories hold an H_i buffer or per-turn state; the others are released at their reward.
 
+With `objective_weights` (normalize_then_sum, `objectives.py`) groups keep per-function statistics and fold Σ R_i H_i
+and Σ H_i; the batch mean and std are the barrier's. With `off_policy_threshold` (TRL's off-policy sequence mask) a
+trajectory whose `off_policy_kl` is above it keeps H_i out of its group's G1/G2 (its reward still counts in μ, σ) in
+`masked`, counted against `max_buffered`; when the group closes it folds with its advantage (A_i ≥ 0) or is dropped
+(A_i < 0) — under normalize_then_sum the sign needs the batch mean, so it goes to the barrier in `BatchTotals.deferred`.
+
 With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
 when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
 members are in, whatever the group admission.
