@@ -15,8 +15,9 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, load_model, offset_sampler_rollout_func,
-                                           relative_error, reward_constant, reward_len, reward_parity, run_trainer)
+from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
+                                           offset_sampler_rollout_func, relative_error, reward_constant, reward_len,
+                                           reward_parity, run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -154,3 +155,83 @@ def test_normalize_then_sum_within_twice_the_permuted_floor(tmp_path, tokenizer,
     got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
                       rewards=REWARDS, release="content", **kw)
     assert 0 < floor and relative_error(got.params - initial, delta) <= 2 * floor
+
+
+class _NoVLLM:
+    """Stands in for TRL's `VLLMGeneration` in the reference trainer (trajectories come from `rollout_func`)."""
+
+    def __init__(self, **kwargs) -> None:
+        from types import SimpleNamespace
+
+        info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
+        self.vllm_client = SimpleNamespace(get_server_info=lambda: info)
+
+    def sync_weights(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("release", ["turn", "content"])
+def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tmp_path, tokenizer, tiny_model_path,
+                                                                    monkeypatch):
+    """release="turn": the statistic comes from the turns' own log-probs. The sampler (a scripted agent standing in
+    for a vLLM server, hence use_vllm=True on both sides, without the IS correction) reports log-probs +20 on three
+    rows of four, so their KL is far above the threshold of 10 and their policy term is dropped where A < 0."""
+    import trl.trainer.grpo_trainer as trl_grpo
+    from dataclasses import replace
+
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+
+    class OffsetSampler(ScriptedTurnGenerator):
+        def _act(self, request, key, max_new_tokens, version):
+            rollout = super()._act(request, key, max_new_tokens, version)
+            offset = 0.0 if request.index % 4 == 0 else 20.0
+            return replace(rollout, sampling_logprobs=tuple(v + offset for v in rollout.sampling_logprobs))
+
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
+    common = dict(max_steps=1, max_completion_length=256, optim="sgd", max_grad_norm=0.0, use_vllm=True,
+                  vllm_mode="server",
+                  vllm_importance_sampling_correction=False, off_policy_mask_threshold=10.0, loss_type="grpo",
+                  beta=0.1)
+    capture = CaptureGrads()
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path / "ts", agent_max_turns=4, agent_protocol="paper",
+                      release=release, **common)
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
+                                     train_dataset=dataset(), processing_class=tokenizer,
+                                     environment_factory=CounterEnv, callbacks=[capture])
+    trainer._engine = trainer._agent_engine(OffsetSampler(tokenizer, script))
+    captured = []
+    original = trainer._barrier
+
+    def spy(totals, timing, normalization, buckets, scored, prompts):
+        captured.extend((s.rollout, s.reward) for s in scored)
+        return original(totals, timing, normalization, buckets, scored, prompts)
+
+    trainer._barrier = spy
+    trainer.train()
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert ({"turn", "close"} <= kinds and trainer.last_batch[0].turn_fallbacks == 0) if release == "turn" \
+        else "content" in kinds
+    rollouts = {r.index: r for r, _ in captured}
+    rewards = {r.index: reward for r, reward in captured}
+
+    def rollout_func(prompts, trl_trainer):
+        rs = [rollouts[i] for i in range(len(prompts))]
+        return {"prompt_ids": [list(r.prompt_ids) for r in rs], "completion_ids": [list(r.completion_ids) for r in rs],
+                "logprobs": [list(r.sampling_logprobs) for r in rs], "env_mask": [list(r.env_mask) for r in rs],
+                "env_reward": [rewards[i] for i in range(len(prompts))]}
+
+    def env_reward(env_reward, **kwargs):
+        return env_reward
+
+    ref_capture = CaptureGrads()
+    ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward],
+                      args=cpu_config(GRPOConfig, tmp_path / "trl", **common),
+                      train_dataset=dataset(), processing_class=tokenizer, rollout_func=rollout_func,
+                      callbacks=[ref_capture])
+    ref.train()
+    advantages = list(ref._logs["advantages"])
+    expected = [i for i, a in enumerate(advantages) if a < 0 and i % 4 != 0]
+    assert expected, "the case must drop some negative-advantage rows"
+    assert list(trainer.last_off_policy_dropped) == expected
+    assert relative_error(capture.directions[0], ref_capture.directions[0]) <= TOL
