@@ -86,6 +86,7 @@ OFF_POLICY = {
     "grpo_beta": dict(loss_type="grpo", beta=0.1),  # the KL term is not masked
     "normalize_then_sum": dict(OBJECTIVE),  # the sign needs the batch mean: decided at the barrier
     "capped": dict(),  # one open group, two release buffers: masked rows count against the caps
+    "ga2_bnpo_beta": dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, loss_type="bnpo", beta=0.1),
 }
 TS_ONLY = {"capped": dict(max_open_groups=1, max_buffered_trajectories=2)}
 

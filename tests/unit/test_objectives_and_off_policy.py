@@ -128,6 +128,19 @@ def test_normalize_then_sum_matches_trl_in_every_order(release):
     assert not close(naive, expected)
 
 
+def test_normalize_then_sum_with_an_unscorable_group():
+    """A group whose rows are all None (TRL: zero advantage) leaves the others' batch statistics as TRL has them."""
+    torch.manual_seed(4)
+    rewards = [[NAN, NAN, NAN]] * G + REWARDS[4:]
+    H = torch.randn(len(rewards), P)
+    adv, _ = trl_normalize_then_sum(rewards, WEIGHTS)
+    kls = [0.9] * len(rewards)
+    keep = trl_off_policy_keep(adv, kls, 0.5)
+    expected = -((keep * adv).unsqueeze(1) * H).sum(0)
+    totals = run_learner(list(reversed(range(len(rewards)))), H, kls=kls, threshold=0.5, rewards=rewards)
+    assert close(barrier_direction(totals), expected)
+
+
 def test_objective_group_statistics_skip_functions_without_spread():
     """A function with one finite value in the group has σ = NaN: TRL's nansum skips it; so does the fold."""
     torch.manual_seed(1)
