@@ -9,6 +9,9 @@ policy loss (not the KL term) by a ratio between the learner's and the sampler's
 
 Everything it needs — the trajectory's own log-probs at θ_k and the sampler's — is known when the trajectory is
 scored, so the weight streams with the trajectory: the policy term of H_i becomes Σ_t c_it m_it u_i ∇ log π(o_it).
+
+`off_policy_kl` is the per-trajectory statistic of TRL's off-policy sequence mask (`off_policy_mask_threshold`), from
+the same two log-probs; the learner applies the mask once the sign of the advantage is known (`learner.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ..errors import RolloutError
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -63,8 +68,8 @@ def sampler_logps(rollout: Any, device: torch.device | str = "cpu") -> torch.Ten
     if values is None:
         return None
     if len(values) != len(rollout.completion_ids):
-        raise ValueError(f"trajectory {rollout.index}: {len(values)} sampler log-probs for "
-                         f"{len(rollout.completion_ids)} completion tokens")
+        raise RolloutError(f"trajectory {rollout.index}: the off-policy mask needs the sampler's log-prob of every "
+                           f"completion token, got {len(values)} for {len(rollout.completion_ids)} tokens")
     return torch.tensor([[math.nan if v is None else v for v in values]], dtype=torch.float32, device=device)
 
 
