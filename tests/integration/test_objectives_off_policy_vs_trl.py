@@ -236,3 +236,16 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     assert expected, "the case must drop some negative-advantage rows"
     assert list(trainer.last_off_policy_dropped) == expected
     assert relative_error(capture.directions[0], ref_capture.directions[0]) <= TOL
+
+
+def test_normalize_then_sum_zero_batch_spread_logs_as_trl(tmp_path, tokenizer, tiny_model_path):
+    """Every R_i = 0 (a constant reward): σ_B = 0, TRL logs frac_reward_zero_std = 1 and takes a zero policy step."""
+    kw = dict(OBJECTIVE, reward_weights=[1.0], max_steps=1, max_grad_norm=0.0)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path,
+                      rewards=(reward_constant,), **kw)
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
+                      rewards=(reward_constant,), **kw)
+    ref_logs, got_logs = ref.trainer.state.log_history[0], got.trainer.state.log_history[0]
+    assert ref_logs["frac_reward_zero_std"] == got_logs["frac_reward_zero_std"] == 1.0
+    assert got_logs["loss"] == pytest.approx(ref_logs["loss"], abs=1e-9)
+    assert float(ref.directions[0].norm()) == float(got.directions[0].norm()) == 0.0
