@@ -27,6 +27,8 @@ overrides = {
     "moe_router_aux_ga2": dict(router_aux_loss_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2),
     "entropy_adaptive_ga2": dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.15,
                                  entropy_target=100.0, gradient_accumulation_steps=2, per_device_train_batch_size=2),
+    # the batch mean and std of the group-normalized rewards span both processes
+    "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum", reward_weights=[0.5, 2.0]),
 }[case]
 # ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local generation
 # batch (TRL's call on each process), every trajectory's backward released at content readiness.

@@ -121,6 +121,8 @@ class BatchAccumulator:
         self.device = torch.device(device)
         self.policy: dict[int, torch.Tensor] = {}  # Σ_groups Σ_i A_i H_i (before a batch-level σ)
         self.free_terms: dict[int, torch.Tensor] = {}  # Σ_i K_i, terms that do not depend on advantages
+        self.offset_terms: dict[int, torch.Tensor] = {}  # normalize_then_sum: Q = Σ_i H_i (scorable rows)
+        self.final_policy: dict[int, torch.Tensor] = {}  # Σ_i A_i H_i with A_i final (no barrier scalar left)
 
     def _buffer(self, store: dict[int, torch.Tensor], bucket: int) -> torch.Tensor:
         if bucket not in store:
@@ -134,19 +136,35 @@ class BatchAccumulator:
     def add_free(self, vector: torch.Tensor, bucket: int = 0) -> None:
         self._buffer(self.free_terms, bucket).add_(vector)
 
-    def direction(self, bucket_scale: dict[int, float], policy_scale: float = 1.0) -> torch.Tensor:
-        """Loss gradient: Σ_b scale_b · (−policy_scale · P_b + K_b). The minus sign: the loss is −A·log π."""
+    def add_offset(self, per_bucket: dict[int, torch.Tensor]) -> None:
+        """normalize_then_sum: Σ H_i of scorable rows, multiplied by −μ_B at the barrier (`objectives.py`)."""
+        for bucket, vector in per_bucket.items():
+            self._buffer(self.offset_terms, bucket).add_(vector)
+
+    def add_final(self, vector: torch.Tensor, advantage: float, bucket: int = 0) -> None:
+        """A_i H_i of one trajectory whose advantage is already final (off-policy masking decided at the barrier)."""
+        self._buffer(self.final_policy, bucket).add_(vector, alpha=advantage)
+
+    def direction(self, bucket_scale: dict[int, float], policy_scale: float = 1.0,
+                  policy_offset: float = 0.0) -> torch.Tensor:
+        """Loss gradient: Σ_b scale_b · (−policy_scale · (P_b − policy_offset · Q_b) − F_b + K_b). The minus sign:
+        the loss is −A·log π. Q_b (normalize_then_sum) and F_b (final advantages) are empty otherwise."""
         out = torch.zeros(self.num_params, dtype=torch.float32, device=self.device)
-        for bucket in set(self.policy) | set(self.free_terms):
+        for bucket in set(self.policy) | set(self.free_terms) | set(self.offset_terms) | set(self.final_policy):
             scale = bucket_scale[bucket]
             if bucket in self.policy:
                 out.add_(self.policy[bucket], alpha=-policy_scale * scale)
+            if bucket in self.offset_terms and policy_offset != 0.0 and policy_scale != 0.0:
+                out.add_(self.offset_terms[bucket], alpha=policy_scale * policy_offset * scale)
+            if bucket in self.final_policy:
+                out.add_(self.final_policy[bucket], alpha=-scale)
             if bucket in self.free_terms:
                 out.add_(self.free_terms[bucket], alpha=scale)
         return out
 
     def nbytes(self) -> int:
-        return sum(v.numel() * 4 for v in [*self.policy.values(), *self.free_terms.values()])
+        stores = [self.policy, self.free_terms, self.offset_terms, self.final_policy]
+        return sum(v.numel() * 4 for store in stores for v in store.values())
 
 
 def stats_memory_bytes(num_params: int, max_open_groups: int) -> int:

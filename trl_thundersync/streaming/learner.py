@@ -11,6 +11,12 @@ and cannot open waits in `pending` (a content-released one keeps its H_i buffer)
 open groups are always admitted, and every member's reward eventually arrives, so admission can never deadlock. At
 most `max_buffered` trajectories hold an H_i buffer or per-turn state; the others are released at their reward.
 
+With `objective_weights` (normalize_then_sum, `objectives.py`) groups keep per-function statistics and fold Σ R_i H_i
+and Σ H_i; the batch mean and std are the barrier's. With `off_policy_threshold` (TRL's off-policy sequence mask) a
+trajectory whose `off_policy_kl` is above it keeps H_i out of its group's G1/G2 (its reward still counts in μ, σ) in
+`masked`, counted against `max_buffered`; when the group closes it folds with its advantage (A_i ≥ 0) or is dropped
+(A_i < 0) — under normalize_then_sum the sign needs the batch mean, so it goes to the barrier in `BatchTotals.deferred`.
+
 With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
 when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
 members are in, whatever the group admission.
@@ -34,6 +40,7 @@ from ..types import Rollout, ScoredRollout, TurnEvent
 from .accumulators import BatchAccumulator, GroupStatistics
 from .learner_records import BatchTotals, SourceGradients, WorkItem
 from .moe_aux import RouterAuxLoss
+from .objectives import ObjectiveGroupStatistics
 from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
@@ -62,6 +69,8 @@ class GRPOBatchLearner:
         max_buffered: int | None = None,
         router_aux: RouterAuxLoss | None = None,
         entropy_micro_batch_of: Callable[[int], int] | None = None,
+        off_policy_threshold: float | None = None,
+        objective_weights: tuple[float, ...] | None = None,
     ) -> None:
         if batch_size % num_generations:
             raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
@@ -90,6 +99,14 @@ class GRPOBatchLearner:
         self.entropy_micro_batch_of = entropy_micro_batch_of
         self.entropy_terms: dict[int, torch.Tensor] = {}  # Σ_{i∈b} E_i per TRL micro-batch b
         self.entropy_sums = [0.0] * batch_size
+        # TRL's off-policy sequence mask: a row whose off-policy KL exceeds the threshold keeps H_i out of its group's
+        # G1/G2 (its reward still enters μ, σ) until the sign of A_i is known, then folds (A_i ≥ 0) or is dropped
+        self.off_policy_threshold = off_policy_threshold
+        self.objective_weights = objective_weights  # normalize_then_sum (`objectives.py`); None: sum_then_normalize
+        self.masked: dict[int, tuple[int, torch.Tensor]] = {}  # index → (bucket, H_i), until its group closes
+        self.deferred: list[tuple[int, int, torch.Tensor]] = []  # normalize_then_sum: masked rows, until the barrier
+        self.off_policy_dropped: list[int] = []
+        self.objective_rewards = [math.nan] * batch_size
         self.accumulator = BatchAccumulator(num_params, device)
         self.open: dict[int, GroupStatistics] = {}
         self.closed: dict[int, GroupStatistics] = {}
@@ -124,7 +141,7 @@ class GRPOBatchLearner:
                 f"trajectory {index} claims group {group}, expected {index // self.num_generations}")
 
     def _holding(self) -> int:
-        return len(self.buffered) + len(self.turning)
+        return len(self.buffered) + len(self.turning) + len(self.masked) + len(self.deferred)
 
     def submit_turn(self, event: TurnEvent) -> None:
         """Release="turn": one turn's action is complete; run its backward now if the trajectory holds a slot."""
@@ -238,12 +255,17 @@ class GRPOBatchLearner:
         rollout = source.rollout
         group = self.open.get(rollout.group)
         if group is None:
-            group = self.open[rollout.group] = GroupStatistics(rollout.group, self.num_generations, self.num_params)
+            if self.objective_weights is not None:
+                group = ObjectiveGroupStatistics(rollout.group, self.num_generations, self.num_params,
+                                                 self.objective_weights)
+            else:
+                group = GroupStatistics(rollout.group, self.num_generations, self.num_params)
+            self.open[rollout.group] = group
         start = time.perf_counter()
         bucket = self.bucket_of(rollout.index)
         held = self.buffered.pop(rollout.index, None)
         if held is not None:  # content released: bind H_i to its reward (dropped when the row is unscorable)
-            group.add(source.reward, held.grads.score_grad if source.scorable else None, bucket)
+            self._add(group, source, held.grads, held.grads.score_grad if source.scorable else None, bucket)
             kind, tokens, content_ready = "bind", 0, held.content_ready
         else:
             if rollout.index in self.turning:  # its content was never reported: drop the per-turn state
@@ -253,7 +275,7 @@ class GRPOBatchLearner:
             if grads.free_grad is not None:
                 self.accumulator.add_free(grads.free_grad, bucket)
             self._add_entropy(rollout.index, grads)
-            group.add(source.reward, grads.score_grad, bucket)
+            self._add(group, source, grads, grads.score_grad, bucket)
             self._record(rollout.index, grads)
             kind, tokens, content_ready = "trajectory", grads.scored_tokens, rollout.finished_at
         self.rewards[rollout.index] = source.reward
@@ -264,6 +286,36 @@ class GRPOBatchLearner:
         if group.complete:
             self._close(group, ready=end)
 
+    def _add(self, group, source: ScoredRollout, grads: SourceGradients, score_grad, bucket: int) -> None:
+        index = source.rollout.index
+        if (score_grad is not None and self.off_policy_threshold is not None
+                and grads.off_policy_kl > self.off_policy_threshold):
+            self.masked[index] = (bucket, score_grad)  # kept if A_i ≥ 0, dropped otherwise (TRL's mask)
+            score_grad = None
+        if isinstance(group, ObjectiveGroupStatistics):
+            group.add(source.reward, score_grad, bucket, index=index, rewards_per_func=source.rewards_per_func)
+        else:
+            group.add(source.reward, score_grad, bucket)
+
+    def _close_masked(self, group, scale: float) -> None:
+        """Off-policy masked members of a closing group: fold (A_i ≥ 0) or drop (A_i < 0); under normalize_then_sum
+        the sign needs the batch mean, so they wait for the barrier (`BatchTotals.deferred`)."""
+        first = group.group * self.num_generations
+        for index in range(first, first + self.num_generations):
+            if index not in self.masked:
+                continue
+            bucket, vector = self.masked.pop(index)
+            if self.objective_weights is not None:
+                self.deferred.append((index, bucket, vector))
+                continue
+            offset = self.rewards[index] - group.mean  # sign of A_i (σ + eps > 0; a NaN scale: A_i = 0, no term)
+            if not math.isfinite(scale) or not math.isfinite(offset):
+                continue
+            if offset < 0:
+                self.off_policy_dropped.append(index)
+            else:
+                self.accumulator.add_policy({bucket: vector * (offset * scale)})
+
     def _close(self, group: GroupStatistics, ready: float) -> None:
         if not group.scorable and not self.allow_unscorable_groups:
             raise UnscorableGroupError(
@@ -273,11 +325,20 @@ class GRPOBatchLearner:
                 "advantage as trl.GRPOTrainer does"
             )
         start = time.perf_counter()
-        if self.scale_rewards == "group":
-            scale = 1.0 / (group.std + self.eps)
-        else:  # "batch" applies 1/(σ_batch + eps) at the barrier; "none" never scales
+        if isinstance(group, ObjectiveGroupStatistics):  # Σ R_i H_i and Q; μ_B, σ_B at the barrier
             scale = 1.0
-        self.accumulator.add_policy(group.fold(scale))
+            weighted, scorable_sum = group.fold()
+            self.accumulator.add_policy(weighted)
+            self.accumulator.add_offset(scorable_sum)
+            for index, value in group.normalized().items():
+                self.objective_rewards[index] = value
+        else:
+            if self.scale_rewards == "group":
+                scale = 1.0 / (group.std + self.eps)
+            else:  # "batch" applies 1/(σ_batch + eps) at the barrier; "none" never scales
+                scale = 1.0
+            self.accumulator.add_policy(group.fold(scale))
+        self._close_masked(group, scale)
         group.free()
         del self.open[group.group]
         self.closed[group.group] = group
@@ -287,6 +348,7 @@ class GRPOBatchLearner:
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
         used += sum(vector_bytes(b.grads) for b in self.buffered.values())
+        used += sum(v.numel() * 4 for _, v in self.masked.values()) + sum(v.numel() * 4 for *_, v in self.deferred)
         if self.router_aux is not None:
             used += self.router_aux.nbytes()
         used += sum(v.numel() * 4 for v in self.entropy_terms.values())
@@ -302,6 +364,8 @@ class GRPOBatchLearner:
         self.turning.clear()
         self.buffered.clear()
         self.entropy_terms.clear()
+        self.masked.clear()
+        self.deferred.clear()
         if self.router_aux is not None:
             self.router_aux.abort()
 
@@ -336,4 +400,7 @@ class GRPOBatchLearner:
             router_aux=router_aux,
             entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
             entropy_sums=tuple(self.entropy_sums),
+            objective_rewards=tuple(self.objective_rewards) if self.objective_weights is not None else None,
+            deferred=tuple(self.deferred),
+            off_policy_dropped=tuple(self.off_policy_dropped),
         )

@@ -21,6 +21,7 @@ class SourceGradients:
     kl_sum: float = 0.0  # Σ_t m_it KL_it (unweighted), for the `kl` metric
     entropy_grad: torch.Tensor | None = None  # E_i = ∇ Σ_t m_it (−coef) H_it, FP32 (P,); None without the bonus
     entropy_sum: float = 0.0  # Σ_t m_it H_it (the entropy bonus's value before its normalizer)
+    off_policy_kl: float = 0.0  # TRL's off-policy mask statistic: masked mean of (sampler − current) log-probs
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,6 @@ class BatchTotals:
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)
     entropy_terms: dict[int, torch.Tensor] | None = None  # Σ_{i∈b} E_i per TRL micro-batch b (None: no bonus)
     entropy_sums: tuple[float, ...] = ()  # per trajectory index: SourceGradients.entropy_sum
+    objective_rewards: tuple[float, ...] | None = None  # normalize_then_sum: TRL's group-normalized R_i per index
+    deferred: tuple[tuple[int, int, torch.Tensor], ...] = ()  # (index, bucket, H_i) masked rows decided at the barrier
+    off_policy_dropped: tuple[int, ...] = ()  # rows whose policy term the off-policy mask dropped (so far)

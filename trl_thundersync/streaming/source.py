@@ -27,7 +27,7 @@ import torch
 from ..errors import NonFiniteGradientError, RolloutError
 from ..types import Rollout, ScoredRollout
 from .learner import SourceGradients
-from .importance import SamplingCorrection
+from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .normalization import LossNormalization
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
@@ -89,6 +89,7 @@ class TrajectoryBackward:
         correction: SamplingCorrection | None = None,
         logps_entropy_fn: LogProbEntropyFn | None = None,
         entropy_coef: float | None = None,
+        off_policy_sampling: bool = False,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -106,6 +107,7 @@ class TrajectoryBackward:
             raise ValueError("the entropy bonus needs per-token entropies (logps_entropy_fn)")
         self.logps_entropy_fn = logps_entropy_fn
         self.entropy_coef = entropy_coef  # the batch's applied coefficient; None: no entropy bonus
+        self.off_policy_sampling = off_policy_sampling  # off-policy mask: use the rollout's sampler log-probs
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
@@ -142,7 +144,9 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
                 f"version {rollout.policy_version}; refusing to accumulate it"
             )
-        outputs, kinds, free_value, kl_sum = [], [], 0.0, 0.0
+        outputs, kinds, free_value, kl_sum, off_policy = [], [], 0.0, 0.0, 0.0
+        if need_score and self.off_policy_sampling:
+            off_policy = off_policy_kl(logps, sampler_logps(rollout, self.device), mask)
         if need_score:
             policy = logps * mask
             if self.correction is not None:
@@ -177,7 +181,7 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
         return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
-                               vectors.get("entropy"), entropy_sum)
+                               vectors.get("entropy"), entropy_sum, off_policy)
 
     def _sampling_logps(self, rollout) -> torch.Tensor:
         values = rollout.sampling_logprobs

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from ..errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from ..types import Rollout, TurnEvent
-from .importance import SamplingCorrection
+from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
 from .segment_backward import BoundaryCut, FlatGradient, FullContext
@@ -71,7 +71,8 @@ class TurnScoreBackward:
                  ref_model: Any = None, ref_context: ContextFactory | None = None, bias_correction_kl: bool = True,
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
-                 turn_backward: str = "boundary_cut", entropy_coef: float | None = None) -> None:
+                 turn_backward: str = "boundary_cut", entropy_coef: float | None = None,
+                 off_policy_sampling: bool = False) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
         if turn_backward not in TURN_BACKWARDS:
@@ -89,6 +90,7 @@ class TurnScoreBackward:
         self.temperature, self.beta, self.bias_correction_kl = temperature, beta, bias_correction_kl
         self.correction, self.policy_version = correction, policy_version
         self.entropy_coef = entropy_coef  # the batch's applied entropy-bonus coefficient; None: no bonus
+        self.off_policy_sampling = off_policy_sampling  # off-policy mask statistic from the sampler log-probs
         self.autocast = autocast if autocast is not None else contextlib.nullcontext
         self.core = (BoundaryCut if turn_backward == "boundary_cut" else FullContext)(model, self.params, self.device)
         self.reference = TurnReference(ref_model, temperature=temperature, device=self.device,
@@ -205,9 +207,11 @@ class TurnScoreBackward:
         sequence_weight = 1.0
         if self.correction is not None and not self.token_mode:
             sequence_weight = float(self._sequence_weight(state, rollout, mask))
+        kl = off_policy_kl(self._laid_out(state, rollout), sampler_logps(rollout),
+                           mask.unsqueeze(0)) if self.off_policy_sampling else 0.0
         self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy})
         self.discard(index)
-        return self._bind(state, rollout, tokens, sequence_weight)
+        return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl)
 
     def _bind(self, state: _Open, rollout: Rollout, tokens: int, sequence_weight: float) -> SourceGradients:
         weight = self.normalization.sequence_weight(tokens)
@@ -224,12 +228,18 @@ class TurnScoreBackward:
         return SourceGradients(score, state.free.vector * weight, tokens, free_value, float(kl_total), entropy_grad,
                                entropy_sum)
 
-    def _sequence_weight(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> torch.Tensor:
-        """TRL's sequence-mode weight c_i from the turns' recorded log-probs, laid out over the completion."""
+    @staticmethod
+    def _laid_out(state: _Open | None, rollout: Rollout) -> torch.Tensor:
+        """The turns' recorded learner log-probs laid out over the completion, [1, T] (0 off the actions)."""
         logps = torch.zeros(1, len(rollout.completion_ids), dtype=torch.float32)
         offset = len(rollout.prompt_ids)
         for (start, end), values in zip(state.spans if state else [], state.logps if state else []):
             logps[0, start - offset : end - offset] = values.float().cpu()
+        return logps
+
+    def _sequence_weight(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> torch.Tensor:
+        """TRL's sequence-mode weight c_i from the turns' recorded log-probs, laid out over the completion."""
+        logps = self._laid_out(state, rollout)
         sampled = torch.tensor([rollout.sampling_logprobs], dtype=torch.float32)
         return self.correction.weights(logps, sampled, mask.unsqueeze(0))
 

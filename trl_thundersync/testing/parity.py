@@ -82,6 +82,35 @@ def reward_batch_relative_length(completions, **kwargs) -> list[float]:
     return [(len(c) - mean) / 10 for c in completions]
 
 
+def reward_constant(completion_ids, **kwargs) -> list[float]:
+    """The same value on every row: zero spread in every group (σ = 0 under normalize_then_sum's per-function norm)."""
+    return [1.0 for _ in completion_ids]
+
+
+# Per-trajectory offset of the sampler's log-prob of every token (`offset_sampler_rollout_func`): the sequence's
+# off-policy KL (TRL's `get_off_policy_mask`) is the offset, so a threshold of 0.5 splits the rows far from its edge.
+SAMPLER_OFFSETS = (0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 1.0, 0.8)
+
+
+def offset_sampler_rollout_func(tokenizer, offsets=SAMPLER_OFFSETS, **scripted):
+    """`scripted_rollout_func` whose `logprobs` are the policy's own log-probs at the current θ plus `offsets[i]`."""
+    base = scripted_rollout_func(tokenizer, **scripted)
+
+    def rollout_func(prompts, trainer):
+        out = base(prompts, trainer)
+        logprobs = []
+        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"])):
+            ids = torch.tensor([list(prompt) + list(completion)], device=trainer.model.device)
+            with torch.no_grad():
+                logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            own = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion, device=ids.device)[:, None])
+            logprobs.append((own[:, 0] + offsets[i % len(offsets)]).tolist())
+        out["logprobs"] = logprobs
+        return out
+
+    return rollout_func
+
+
 def prompt_dataset(n: int = 8):
     from datasets import Dataset
 
@@ -135,12 +164,14 @@ class ParityRun:
 
 def run_trainer(trainer_cls, config_cls, output_dir: Path, tokenizer, model_path, *, rewards=(reward_len,),
                 peft_config=None, wrap_engine=None, callbacks=(), reward_processing_classes=None,
-                member_order=None, **overrides) -> ParityRun:
+                member_order=None, rollout_func=None, **overrides) -> ParityRun:
     capture = CaptureGrads()
     args = cpu_config(config_cls, output_dir, **overrides)
+    if rollout_func is None:
+        rollout_func = scripted_rollout_func(tokenizer, member_order=member_order)
     trainer = trainer_cls(
         model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
-        processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer, member_order=member_order),
+        processing_class=tokenizer, rollout_func=rollout_func,
         callbacks=[capture, *callbacks],
         peft_config=peft_config, reward_processing_classes=reward_processing_classes,
     )
@@ -177,6 +208,7 @@ PARITY_CASES: dict[str, dict] = {
                             loss_type="grpo"),
     "multi_reward_weights_none": dict(reward_weights=[0.5, 2.0]),
     "gradient_checkpointing": dict(gradient_checkpointing=True),
+    "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum", reward_weights=[0.5, 2.0]),
 }
 
 # MoE policies (`testing/tiny_moe.py`): TRL's router load-balancing term with the model's coefficient, a large one

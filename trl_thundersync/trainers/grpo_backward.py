@@ -41,7 +41,17 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
         bias_correction_kl=trainer.args.use_bias_correction_kl, device=trainer.accelerator.device,
         correction=SamplingCorrection.from_config(trainer.args),
         logps_entropy_fn=logps_and_entropies if entropy_coef is not None else None, entropy_coef=entropy_coef,
+        off_policy_sampling=off_policy_sampling(trainer),
     )
+
+
+def off_policy_sampling(trainer: Any) -> bool:
+    """Whether TRL's off-policy mask compares with sampler log-probs: TRL has them from vLLM (use_vllm) or from a
+    `rollout_func` / its own generation's output; with local transformers generation it compares the policy with
+    itself (KL 0, nothing is ever masked)."""
+    if trainer.args.off_policy_mask_threshold is None:
+        return False
+    return bool(trainer.args.use_vllm) or trainer._uses_trl_generation()
 
 
 def reference_logps(trainer: Any, ids, mask, keep):
@@ -72,6 +82,7 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=trainer.args.use_bias_correction_kl,
         correction=SamplingCorrection.from_config(trainer.args), device=trainer.accelerator.device,
         policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast, entropy_coef=entropy_coef,
+        off_policy_sampling=off_policy_sampling(trainer),
     )
 
 

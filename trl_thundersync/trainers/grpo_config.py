@@ -256,12 +256,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         if self.top_entropy_quantile < 1.0:
             refuse("top_entropy_quantile", self.top_entropy_quantile,
                    "the entropy quantile is taken over a micro-batch that is only known at the barrier; use 1.0")
-        if self.off_policy_mask_threshold is not None:
-            refuse("off_policy_mask_threshold", self.off_policy_mask_threshold,
-                   "off-policy masking has nothing to mask at zero staleness; leave it None")
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            refuse("multi_objective_aggregation", self.multi_objective_aggregation,
-                   "only 'sum_then_normalize' is streamed so far")
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            raise ConfigurationError(f"multi_objective_aggregation={self.multi_objective_aggregation!r} is invalid: "
+                                     "must be 'sum_then_normalize' or 'normalize_then_sum' (as in trl.GRPOTrainer)")
         if self.delta is not None and self.delta < 1.0:
             refuse("delta", self.delta, "a two-sided clip below 1 cuts the on-policy gradient; use None or ≥ 1")
         if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":

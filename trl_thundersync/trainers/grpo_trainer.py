@@ -153,6 +153,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.last_batch: tuple[BatchTotals, BatchTiming] | None = None
         self.last_trace = None  # StepTrace of the latest optimizer step
+        self.last_off_policy_dropped: tuple[int, ...] = ()  # rows TRL's off-policy mask dropped in the last batch
         self._pending_extra_rows: defaultdict[str, dict] = defaultdict(dict)  # log_extra: column → {trajectory: value}
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
@@ -231,6 +232,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                          else None),
             max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
             entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
+            off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=self._objective_weights(),
         )
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -268,6 +270,12 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             logger.warning(warning)
         return self._barrier(totals, timing, normalization, buckets, ordered, prompts)
 
+    def _objective_weights(self) -> tuple[float, ...] | None:
+        """normalize_then_sum: the reward weights its per-function group statistics use (None: sum_then_normalize)."""
+        if self.args.multi_objective_aggregation != "normalize_then_sum":
+            return None
+        return tuple(float(w) for w in self.reward_weights.tolist())
+
     def _release(self) -> str:
         """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
         if self.args.release == "turn" and not self._agentic():
@@ -287,6 +295,12 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             bound += 4 * num_params
         if totals.entropy_terms is not None:  # the entropy bonus: one buffer per TRL micro-batch
             bound += 4 * self.args.steps_per_generation * num_params
+        open_groups = self.args.max_open_groups or batch_size // self.num_generations
+        if totals.objective_rewards is not None:  # normalize_then_sum: 2K+1 vectors per open group, +Q in the batch
+            bound += 4 * num_params * (2 * len(self.reward_funcs) * open_groups + 1)
+        if self.args.off_policy_mask_threshold is not None:  # masked H_i held until the sign of A_i is known
+            held = batch_size if totals.objective_rewards is not None else open_groups * self.num_generations
+            bound += 4 * num_params * min(held, batch_size)
         return bound
 
     def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
@@ -297,8 +311,19 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         global_tokens = int(self.accelerator.reduce(torch.tensor(sum(tokens), device=self.accelerator.device),
                                                     reduction="sum").item())
         scales = normalization.bucket_scales(dict(per_bucket), global_tokens)
-        advantages, policy_scale, zero_std_fraction = self._advantages(totals)
-        direction = totals.accumulator.direction(scales, policy_scale)
+        policy_offset = 0.0
+        if totals.objective_rewards is not None:
+            advantages, policy_scale, policy_offset, zero_std_fraction = self._objective_advantages(totals)
+        else:
+            advantages, policy_scale, zero_std_fraction = self._advantages(totals)
+        dropped = list(totals.off_policy_dropped)
+        for index, bucket, vector in totals.deferred:  # off-policy masked rows whose sign needed the batch mean
+            if advantages[index] < 0:
+                dropped.append(index)
+            else:
+                totals.accumulator.add_final(vector, advantages[index], bucket)
+        self.last_off_policy_dropped = tuple(sorted(dropped))
+        direction = totals.accumulator.direction(scales, policy_scale, policy_offset)
         if totals.router_aux is not None:  # coef·aux_b/GA per micro-batch: already final, no barrier scalar
             direction.add_(totals.router_aux.direction)
         entropy = self._entropy_batch if totals.entropy_terms is not None else None
@@ -359,6 +384,20 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if not math.isfinite(policy_scale):
             policy_scale = 0.0
         return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale, zero_std
+
+    def _objective_advantages(self, totals: BatchTotals) -> tuple[list[float], float, float, float]:
+        """normalize_then_sum: TRL's A_i = (R_i − μ_B)/(σ_B + 1e-4) over the whole (gathered) batch of group-normalized
+        R_i (`scale_rewards` is not used, as in TRL); also 1/(σ_B + 1e-4), μ_B and `frac_reward_zero_std`."""
+        rewards = torch.tensor(totals.objective_rewards, dtype=torch.float32)
+        everyone = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()
+        sigma = nanstd(everyone) if everyone.numel() > 1 else torch.zeros(())
+        mean = torch.nanmean(everyone)
+        adv = (rewards - mean) / (sigma + 1e-4)
+        zero_std = float(torch.isclose(sigma, torch.zeros_like(sigma)).float())
+        policy_scale, offset = 1.0 / (float(sigma) + 1e-4), float(mean)
+        if not (math.isfinite(policy_scale) and math.isfinite(offset)):
+            policy_scale, offset = 0.0, 0.0
+        return torch.nan_to_num(adv, nan=0.0).tolist(), policy_scale, offset, zero_std
 
     # -- rollouts ---------------------------------------------------------------------------------------------------
     def _prompts(self, rows: list[dict]) -> list:
