@@ -41,6 +41,7 @@ from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
+from . import grpo_iterations
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 
@@ -57,6 +58,9 @@ class _PublishCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         optimizer_end = time.perf_counter()
+        if not grpo_iterations.publishes_after(state.global_step, args.num_iterations):  # passes 2..μ follow
+            self.trainer._record_step(optimizer_end, optimizer_end)
+            return
         self.trainer._publish(state.global_step)
         self.trainer._record_step(optimizer_end, time.perf_counter())
 
@@ -118,6 +122,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         finally:
             args.use_vllm = use_vllm
         self._check_distributed()
+        grpo_iterations.check_supported(self)  # num_iterations > 1: the combinations passes 2..μ cannot run
         if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(
                 "tools / environment_factory run in ThunderSync's streamed agent loop; they cannot be combined with "
@@ -160,10 +165,15 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if grpo_iterations.replays(self):  # passes 2..μ of num_iterations: TRL's own step on the buffered batch
+            return GRPOTrainer.training_step(self, model, inputs, num_items_in_batch)
         started = time.perf_counter()
         model.train()
         if self._step % self.args.steps_per_generation == 0:
             loss = self._run_logical_batch(model, inputs)
+            if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
+                advantages = self._advantages(self.last_batch[0])[0]
+                grpo_iterations.buffer_generation_batch(self, self._open_step[1], advantages, self._permutation)
         else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
         self._step += 1
@@ -178,6 +188,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if version != self.policy_version:
             self._publish(version)
         permutation = torch.randperm(len(rows)).tolist()  # TRL's shuffle-then-split, drawn at the same RNG point
+        self._permutation = permutation  # TRL's micro-batches, reused by passes 2..μ (num_iterations > 1)
         normalization = LossNormalization.from_config(self.args, len(rows), self.accelerator.num_processes)
         buckets = micro_batch_of(permutation, self.args.steps_per_generation) if normalization.uses_buckets else None
         prompts = self._prompts(rows)

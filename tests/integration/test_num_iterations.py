@@ -1,0 +1,177 @@
+"""`num_iterations > 1` against stock `trl.GRPOTrainer` on identical rollouts (`trainers/grpo_iterations.py`).
+
+Pass 1 of every generation batch streams; passes 2..μ run TRL's own loss on the buffered batch (θ_k log-probs,
+clipping). Two generation batches, so the sampler (each batch's rows reused μ times) and the policy-version
+bookkeeping (θ published once per batch, the next batch sampled at the version published) are checked across
+batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.bench.seed_floor import SEED_SCALES, rescaled_trainer
+from trl_thundersync.testing.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
+                                           run_trainer)
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+
+
+class CountingEngine:
+    """Wraps the rollout engine: records every publish (version) and the version each batch was sampled at."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.published: list[int] = []
+        self.sampled_at: list[int] = []
+
+    def publish(self, model, version):
+        self.published.append(version)
+        return self.inner.publish(model, version)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **kwargs):
+    return run_trainer(trainer_cls, config_cls, tmp_path / trainer_cls.__name__, tokenizer, model_path, **kwargs)
+
+
+def displacement(run, initial):
+    return run.params - initial
+
+
+@pytest.mark.parametrize("case", sorted(ITERATION_PARITY_CASES))
+def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_path):
+    mu = ITERATION_PARITY_CASES[case]["num_iterations"]
+    overrides = dict(ITERATION_PARITY_CASES[case], max_steps=2 * mu, optim="sgd", learning_rate=1e-2,
+                     max_grad_norm=0.5)  # two generation batches
+    ref_calls, got_calls = [], []
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rollout_calls=ref_calls, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+              rollout_calls=got_calls, **overrides)
+    assert len(ref.directions) == len(got.directions) == 2 * mu
+    # the same rows, generation batch by generation batch (TRL's RepeatSampler reuses each batch's rows μ times),
+    # generated at the first step of each batch
+    assert [step for step, _ in ref_calls] == [0, mu]
+    assert got_calls == ref_calls
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    assert displacement(ref, initial).norm() > 0
+    error = relative_error(displacement(got, initial), displacement(ref, initial))
+    assert error <= TOL, f"{case}: Δθ relative error {error:.2e}"
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+        assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
+    # passes 2..μ are off-policy: their direction is not pass 1's (ratio ≠ 1 against θ_k's log-probs)
+    assert relative_error(ref.directions[1], ref.directions[0]) > 1e-2
+    if "epsilon" in overrides:  # and clipping is active in them
+        assert max(h.get("clip_ratio/region_mean", 0.0) for h in ref.trainer.state.log_history) > 0
+
+
+@pytest.mark.parametrize("case", ["mu2_dapo_clipping", "mu2_ga2_bnpo_beta", "mu3_grpo"])
+def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, tiny_model_path):
+    """AdamW amplifies rounding on near-zero coordinates; the floor is stock TRL against itself with each group's
+    members permuted, or with its backward's per-token seeds rescaled (`bench/seed_floor.py`: what any streaming
+    learner, which back-propagates before the advantage exists, needs)."""
+    mu = ITERATION_PARITY_CASES[case]["num_iterations"]
+    overrides = dict(ITERATION_PARITY_CASES[case], max_steps=2 * mu, optim="adamw_torch", learning_rate=1e-4,
+                     max_grad_norm=0.5)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+
+    def delta(trainer_cls, config_cls, name, **extra):
+        result = run_trainer(trainer_cls, config_cls, tmp_path / name, tokenizer, tiny_model_path, **overrides,
+                             **extra)
+        return result, displacement(result, initial)
+
+    ref, ref_delta = delta(GRPOTrainer, GRPOConfig, "trl")
+    got, got_delta = delta(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, "thundersync")
+    floor = max([relative_error(delta(GRPOTrainer, GRPOConfig, order, member_order=order)[1], ref_delta)
+                 for order in ("reverse", "rotate")]
+                + [relative_error(delta(rescaled_trainer(c), GRPOConfig, f"x{c:g}")[1], ref_delta) for c in SEED_SCALES])
+    assert 0 < floor < 1e-3
+    error = relative_error(got_delta, ref_delta)
+    assert error <= 2 * floor, f"{case}: Δθ relative error {error:.2e}, floor {floor:.2e}"
+    assert relative_error(got.params, ref.params) <= TOL
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+
+
+def test_publish_once_per_generation_batch_and_versions(tmp_path, tokenizer, tiny_model_path):
+    engines = []
+
+    def wrap(engine):
+        engines.append(CountingEngine(engine))
+        return engines[-1]
+
+    mu = 3
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
+              num_iterations=mu, max_steps=2 * mu, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+              wrap_engine=wrap, trace=True)
+    trainer = got.trainer
+    assert trainer.state.global_step == 2 * mu
+    # θ goes out after the last pass of each generation batch only (TRL syncs when it generates)
+    assert engines[0].published == [mu, 2 * mu]
+    assert trainer.policy_version == 2 * mu
+    # one trace line per generation batch; each batch's samples carry the version they were sampled at
+    import json
+    lines = [json.loads(line) for line in
+             (tmp_path / "ThunderSyncGRPOTrainer" / "thundersync_trace" / "steps.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in lines] == [0, mu]
+    for trace in lines:
+        versions = {e["policy_version"] for e in trace["events"] if e["lane"] == "rollout"}
+        assert versions == {trace["step"]}
+        assert not [e for e in trace["events"] if e["lane"] == "publish"]  # nothing is published after pass 1
+
+
+def test_refusals_name_the_combination(tmp_path, tokenizer, tiny_model_path):
+    from datasets import Dataset
+
+    from trl_thundersync.errors import UnsupportedOptionError
+    from trl_thundersync.testing.parity import cpu_config, prompt_dataset
+    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+
+    # vLLM's importance-sampling ratio is not rebuilt for passes 2..μ
+    with pytest.raises(UnsupportedOptionError, match="num_iterations=2.*vllm_importance_sampling_correction"):
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2, use_vllm=True, vllm_mode="server")
+    cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2, use_vllm=True, vllm_mode="server",
+               vllm_importance_sampling_correction=False)
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return key.upper()
+
+    chat = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Look up {i}."}] for i in range(8)]})
+    with pytest.raises(UnsupportedOptionError, match="num_iterations=2 with tools / environment_factory"):
+        ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                               args=cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2,
+                                               max_tool_calling_iterations=1),
+                               train_dataset=chat, processing_class=tokenizer, tools=[lookup])
+    moe_path = save_tiny_moe_model(tmp_path / "moe")
+    from transformers import AutoTokenizer
+
+    with pytest.raises(UnsupportedOptionError, match="num_iterations=2 with an MoE router auxiliary loss"):
+        ThunderSyncGRPOTrainer(model=load_model(moe_path), reward_funcs=[reward_len],
+                               args=cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2),
+                               train_dataset=prompt_dataset(), processing_class=AutoTokenizer.from_pretrained(moe_path))
+
+
+def test_lora_with_kl_matches_trl(tmp_path, tokenizer, tiny_model_path):
+    """PEFT: the reference log-probs of passes 2..μ come from the policy with its adapter disabled, as in TRL."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    overrides = dict(num_iterations=2, max_steps=4, optim="sgd", beta=0.1, epsilon=0.03, max_grad_norm=0.5)
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, peft_config=lora, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path, peft_config=lora,
+              **overrides)
+    assert len(ref.directions) == len(got.directions) == 4
+    assert relative_error(ref.directions[1], ref.directions[0]) > 1e-3  # far above TOL: pass 2 is not pass 1
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+        assert relative_error(a, b) <= TOL, f"optimizer step {k}: {relative_error(a, b):.2e}"
+    assert relative_error(got.params, ref.params) <= TOL
