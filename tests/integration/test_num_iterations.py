@@ -132,12 +132,6 @@ def test_refusals_name_the_combination(tmp_path, tokenizer, tiny_model_path):
     from trl_thundersync.testing.parity import cpu_config, prompt_dataset
     from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
 
-    # vLLM's importance-sampling ratio is not rebuilt for passes 2..μ
-    with pytest.raises(UnsupportedOptionError, match="num_iterations=2.*vllm_importance_sampling_correction"):
-        cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2, use_vllm=True, vllm_mode="server")
-    cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2, use_vllm=True, vllm_mode="server",
-               vllm_importance_sampling_correction=False)
-
     def lookup(key: str) -> str:
         """Look a key up.
 
@@ -175,3 +169,34 @@ def test_lora_with_kl_matches_trl(tmp_path, tokenizer, tiny_model_path):
     for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
         assert relative_error(a, b) <= TOL, f"optimizer step {k}: {relative_error(a, b):.2e}"
     assert relative_error(got.params, ref.params) <= TOL
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_mask"])
+def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    """use_vllm=True (TRL's default correction on): passes 2..μ multiply TRL's loss by the buffered ratio of θ_k's
+    log-probs to the sampler's, as TRL does (harness of test_vllm_importance_sampling.py: TRL's vLLM backend
+    stubbed, the same scripted trajectories and sampler log-probs for both trainers)."""
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
+    from trl_thundersync.testing.parity import CaptureGrads, cpu_config, prompt_dataset
+
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
+    overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
+                     epsilon=0.03)
+    runs = {}
+    for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
+                                          ("thundersync", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+        vllm = dict(use_vllm=True, vllm_mode="server") if name == "trl" else {}
+        capture = CaptureGrads()
+        trainer = trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                              args=cpu_config(config_cls, tmp_path / name, **vllm, **overrides),
+                              train_dataset=prompt_dataset(), processing_class=tokenizer,
+                              rollout_func=rollout_with_sampler_logprobs(tokenizer), callbacks=[capture])
+        if name == "thundersync":  # rollout_func with use_vllm=True is refused; switch it on after construction
+            trainer.args.use_vllm = True
+        trainer.train()
+        runs[name] = capture.directions
+    assert len(runs["trl"]) == len(runs["thundersync"]) == 4
+    for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"])):
+        assert relative_error(a, b) <= TOL, f"{mode}: optimizer step {k}: {relative_error(a, b):.2e}"

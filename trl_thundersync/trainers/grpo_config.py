@@ -220,11 +220,6 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             refuse("loss_type", self.loss_type, f"supported loss types are {SUPPORTED_LOSS_TYPES}")
         if self.num_iterations < 1:
             refuse("num_iterations", self.num_iterations, "a generation batch is used for at least one pass; use ≥ 1")
-        if self.num_iterations > 1 and self.use_vllm and self.vllm_importance_sampling_correction:
-            refuse("num_iterations", self.num_iterations,
-                   "passes 2..num_iterations run TRL's own loss, which ThunderSync builds without TRL's vLLM "
-                   "importance-sampling ratio; with use_vllm=True set vllm_importance_sampling_correction=False or "
-                   "num_iterations=1 (pass 1 streams; passes 2.. need θ_{k+1} and run as in TRL)")
         if self.steps_per_generation != self.gradient_accumulation_steps:
             refuse("steps_per_generation", self.steps_per_generation,
                    f"one generation batch must feed exactly one optimizer step, so it must equal "

@@ -21,7 +21,8 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, split_tensor_dict
 
-from ..errors import UnsupportedOptionError
+from ..errors import ConfigurationError, UnsupportedOptionError
+from ..streaming.importance import SamplingCorrection
 
 
 def check_supported(trainer: Any) -> None:
@@ -53,6 +54,20 @@ def replays(trainer: Any) -> bool:
             and trainer._buffered_inputs is not None)
 
 
+def replay_step(trainer: Any, model, inputs, num_items_in_batch):
+    """One micro-step of passes 2..μ: `trl.GRPOTrainer.training_step` itself (its `_prepare_inputs` returns the
+    buffered micro-batch). TRL was built with use_vllm=False (ThunderSync's engine talks to the servers), so TRL's loss
+    sees the real setting while it runs: with use_vllm=True it applies the buffered vLLM importance-sampling ratio."""
+    from trl import GRPOTrainer
+
+    built_with = trainer.use_vllm
+    trainer.use_vllm = trainer.args.use_vllm
+    try:
+        return GRPOTrainer.training_step(trainer, model, inputs, num_items_in_batch)
+    finally:
+        trainer.use_vllm = built_with
+
+
 def publishes_after(global_step: int, num_iterations: int) -> bool:
     """θ goes to the rollout engine once per generation batch: after the step of its last pass (TRL syncs its vLLM
     weights only when it generates, i.e. every num_iterations optimizer steps)."""
@@ -70,8 +85,9 @@ def buffer_generation_batch(trainer: Any, scored, advantages: list[float], permu
 
 def generation_batch(trainer: Any, scored, advantages: list[float]) -> dict[str, torch.Tensor]:
     """What TRL's `_generate_and_score_completions` returns for these trajectories (text-only, no tools, one
-    process): padded ids and masks, advantages, `num_items_in_batch`, and θ_k's / the reference's per-token log-probs
-    computed over the padded batch in micro-batches of per_device_train_batch_size, as TRL computes them."""
+    process): padded ids and masks, advantages, `num_items_in_batch`, θ_k's / the reference's per-token log-probs
+    computed over the padded batch in micro-batches of per_device_train_batch_size, as TRL computes them, and the
+    sampler's log-probs with TRL's vLLM importance-sampling ratio when that correction is on."""
     device = trainer.accelerator.device
     pad_id = trainer._tokenizer.pad_token_id
     multiple = trainer.pad_to_multiple_of
@@ -103,6 +119,20 @@ def generation_batch(trainer: Any, scored, advantages: list[float]) -> dict[str,
             trainer.model, ids, attention_mask, keep, batch_size=batch_size)[0]
         if trainer.beta != 0.0:
             out["ref_per_token_logps"] = reference_logps(trainer, ids, attention_mask, keep, batch_size)
+    correction = SamplingCorrection.from_config(trainer.args)
+    if all(s.rollout.sampling_logprobs is not None for s in scored):
+        sampling = [torch.tensor([float("nan") if x is None else x for x in s.rollout.sampling_logprobs])
+                    for s in scored]
+        out["sampling_per_token_logps"] = pad(sampling, padding_value=0.0, padding_side="right",
+                                              pad_to_multiple_of=multiple).to(device)
+    if correction is not None:
+        if "sampling_per_token_logps" not in out:
+            raise ConfigurationError("the vLLM importance-sampling correction of passes 2..num_iterations needs the "
+                                     "sampler's log-prob of every completion token; set "
+                                     "vllm_importance_sampling_correction=False or num_iterations=1")
+        # TRL's ratio (`_generate_and_score_completions`): the same formula as the streamed pass's per-trajectory weight
+        out["importance_sampling_ratio"] = correction.weights(out["old_per_token_logps"],
+                                                              out["sampling_per_token_logps"], completion_mask)
     return out
 
 

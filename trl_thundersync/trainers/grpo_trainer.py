@@ -166,7 +166,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         if grpo_iterations.replays(self):  # passes 2..μ of num_iterations: TRL's own step on the buffered batch
-            return GRPOTrainer.training_step(self, model, inputs, num_items_in_batch)
+            return grpo_iterations.replay_step(self, model, inputs, num_items_in_batch)
         started = time.perf_counter()
         model.train()
         if self._step % self.args.steps_per_generation == 0:
