@@ -129,8 +129,7 @@ def test_refusals_name_the_combination(tmp_path, tokenizer, tiny_model_path):
     from datasets import Dataset
 
     from trl_thundersync.errors import UnsupportedOptionError
-    from trl_thundersync.testing.parity import cpu_config, prompt_dataset
-    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+    from trl_thundersync.testing.parity import cpu_config
 
     def lookup(key: str) -> str:
         """Look a key up.
@@ -146,13 +145,6 @@ def test_refusals_name_the_combination(tmp_path, tokenizer, tiny_model_path):
                                args=cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2,
                                                max_tool_calling_iterations=1),
                                train_dataset=chat, processing_class=tokenizer, tools=[lookup])
-    moe_path = save_tiny_moe_model(tmp_path / "moe")
-    from transformers import AutoTokenizer
-
-    with pytest.raises(UnsupportedOptionError, match="num_iterations=2 with an MoE router auxiliary loss"):
-        ThunderSyncGRPOTrainer(model=load_model(moe_path), reward_funcs=[reward_len],
-                               args=cpu_config(ThunderSyncGRPOConfig, tmp_path, num_iterations=2),
-                               train_dataset=prompt_dataset(), processing_class=AutoTokenizer.from_pretrained(moe_path))
 
 
 def test_lora_with_kl_matches_trl(tmp_path, tokenizer, tiny_model_path):
@@ -200,3 +192,31 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     assert len(runs["trl"]) == len(runs["thundersync"]) == 4
     for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"])):
         assert relative_error(a, b) <= TOL, f"{mode}: optimizer step {k}: {relative_error(a, b):.2e}"
+
+
+@pytest.mark.parametrize("case", ["ga2_bnpo_beta", "ga4_field_coef"])
+def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
+    """MoE: pass 1 streams the router term per TRL micro-batch; passes 2..μ add it in TRL's own loss."""
+    from trl_thundersync.testing.parity import MOE_PARITY_CASES
+
+    tokenizer, model_path = tiny_moe
+    overrides = dict(MOE_PARITY_CASES[case], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2,
+                     max_grad_norm=0.5, epsilon=0.03)
+    ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, model_path, **overrides)
+    got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, model_path, **overrides)
+    assert len(ref.directions) == len(got.directions) == 4
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+        assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
+    ref_aux = [h["aux_loss"] for h in ref.trainer.state.log_history if "aux_loss" in h]
+    got_aux = [h["aux_loss"] for h in got.trainer.state.log_history if "aux_loss" in h]
+    assert len(ref_aux) == 4 and got_aux == pytest.approx(ref_aux, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+
+    path = str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
+    return AutoTokenizer.from_pretrained(path), path

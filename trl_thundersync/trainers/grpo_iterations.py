@@ -42,9 +42,6 @@ def check_supported(trainer: Any) -> None:
         refuse(f"{trainer.accelerator.num_processes} processes",
                "passes 2..μ run TRL's DDP backward after a pass whose direction is written into param.grad; that "
                "mix is not checked against TRL")
-    if trainer.aux_loss_enabled:
-        refuse("an MoE router auxiliary loss (router_aux_loss_coef ≠ 0)",
-               "passes 2..μ with TRL's router term are not checked against TRL; set router_aux_loss_coef=0.0")
 
 
 def replays(trainer: Any) -> bool:
