@@ -38,10 +38,6 @@ def check_supported(trainer: Any) -> None:
         refuse("tools / environment_factory",
                "passes 2..μ would replay multi-turn trajectories through TRL's loss with a tool mask rebuilt from the "
                "agent loop, which is not checked against TRL")
-    if trainer.accelerator.num_processes > 1:
-        refuse(f"{trainer.accelerator.num_processes} processes",
-               "passes 2..μ run TRL's DDP backward after a pass whose direction is written into param.grad; that "
-               "mix is not checked against TRL")
 
 
 def replays(trainer: Any) -> bool:
