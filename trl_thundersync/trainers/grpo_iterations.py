@@ -21,23 +21,8 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, split_tensor_dict
 
-from ..errors import ConfigurationError, UnsupportedOptionError
+from ..errors import ConfigurationError
 from ..streaming.importance import SamplingCorrection
-
-
-def check_supported(trainer: Any) -> None:
-    """Refuse, by name, the combinations whose passes 2..μ are not TRL's (or are not checked against TRL)."""
-    mu = trainer.args.num_iterations
-    if mu == 1:
-        return
-
-    def refuse(what: str, why: str) -> None:
-        raise UnsupportedOptionError(f"num_iterations={mu} with {what} is not supported: {why}; use num_iterations=1")
-
-    if trainer._agentic():
-        refuse("tools / environment_factory",
-               "passes 2..μ would replay multi-turn trajectories through TRL's loss with a tool mask rebuilt from the "
-               "agent loop, which is not checked against TRL")
 
 
 def replays(trainer: Any) -> bool:
@@ -93,12 +78,22 @@ def generation_batch(trainer: Any, scored, advantages: list[float]) -> dict[str,
     completion_ids = pad(completions, padding_value=pad_id, padding_side="right", pad_to_multiple_of=multiple).to(device)
     completion_mask = pad([torch.ones_like(c) for c in completions], padding_value=0, padding_side="right",
                           pad_to_multiple_of=multiple).to(device)
+    tool_mask = None
+    if trainer._agentic() or any(s.rollout.env_mask is not None for s in scored):  # TRL's tool_mask: 0 on tool tokens
+        tool_mask = pad([torch.tensor(s.rollout.env_mask if s.rollout.env_mask is not None else [1] * len(ids),
+                                      dtype=torch.long) for s, ids in zip(scored, completions_list)],
+                        padding_value=1, padding_side="right", pad_to_multiple_of=multiple).to(device)
     if trainer.mask_truncated_completions:
+        # TRL's rule (the last token is neither EOS nor pad), or the agent loop's own flag: the streamed pass's rule
         eos_and_pad = [*trainer.eos_token_ids, pad_id]
-        is_truncated = torch.tensor([bool(ids) and ids[-1] not in eos_and_pad for ids in completions_list],
-                                    device=device)
+        is_truncated = torch.tensor([s.rollout.truncated if s.rollout.truncated is not None
+                                     else bool(ids) and ids[-1] not in eos_and_pad
+                                     for s, ids in zip(scored, completions_list)], device=device)
         completion_mask = completion_mask * (~is_truncated).unsqueeze(1).int()
-    num_items_in_batch = trainer.accelerator.gather(completion_mask.sum()).sum()
+        if tool_mask is not None:
+            tool_mask = tool_mask * (~is_truncated).unsqueeze(1).int()
+    scored_mask = completion_mask if tool_mask is None else completion_mask * tool_mask
+    num_items_in_batch = trainer.accelerator.gather(scored_mask.sum()).sum()
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     keep = completion_ids.size(1)
@@ -107,6 +102,8 @@ def generation_batch(trainer: Any, scored, advantages: list[float]) -> dict[str,
            "completion_mask": completion_mask,
            "advantages": torch.tensor(advantages, dtype=torch.float32, device=device),
            "num_items_in_batch": num_items_in_batch}
+    if tool_mask is not None:
+        out["tool_mask"] = tool_mask
     with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
         out["old_per_token_logps"] = trainer._get_per_token_logps_and_entropies(
             trainer.model, ids, attention_mask, keep, batch_size=batch_size)[0]
@@ -125,7 +122,7 @@ def generation_batch(trainer: Any, scored, advantages: list[float]) -> dict[str,
                                      "vllm_importance_sampling_correction=False or num_iterations=1")
         # TRL's ratio (`_generate_and_score_completions`): the same formula as the streamed pass's per-trajectory weight
         out["importance_sampling_ratio"] = correction.weights(out["old_per_token_logps"],
-                                                              out["sampling_per_token_logps"], completion_mask)
+                                                              out["sampling_per_token_logps"], scored_mask)
     return out
 
 

@@ -122,7 +122,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         finally:
             args.use_vllm = use_vllm
         self._check_distributed()
-        grpo_iterations.check_supported(self)  # num_iterations > 1: the combinations passes 2..μ cannot run
         if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(
                 "tools / environment_factory run in ThunderSync's streamed agent loop; they cannot be combined with "
