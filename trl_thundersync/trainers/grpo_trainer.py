@@ -5,7 +5,8 @@ first micro-step of every generation batch runs the whole logical batch through 
 θ_k, each trajectory scored and back-propagated as soon as it finishes, group statistics folded as groups close,
 and at the barrier the fully normalized batch direction is written into `param.grad`. TRL's own loop then clips it
 and takes the one optimizer step; a callback publishes θ_{k+1} to the rollout engine and waits for its ack.
-The trainer only wires parts together; the math lives in `trl_thundersync.streaming`.
+The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. With num_iterations = μ > 1,
+passes 2..μ over the batch run TRL's own training step on the buffered batch (`grpo_iterations`).
 """
 
 from __future__ import annotations
