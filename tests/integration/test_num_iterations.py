@@ -247,3 +247,27 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     assert relative_error(ref_capture.directions[1], ref_capture.directions[0]) > 1e-2
     for k, (got, want) in enumerate(zip(capture.directions, ref_capture.directions)):
         assert relative_error(got, want) <= TOL, f"{release}: optimizer step {k}: {relative_error(got, want):.2e}"
+
+
+@pytest.mark.parametrize("overrides, computed", [(dict(beta=0.1), 0), (dict(mask_truncated_completions=True), None)])
+def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_path, tokenizer, tiny_model_path,
+                                                       monkeypatch):
+    """θ_k's (and the reference's) log-probs of passes 2..μ are the streamed pass's own, kept detached: no second
+    forward over the batch; only rows the streamed pass did not forward (masked truncations) are computed."""
+    from trl_thundersync.trainers import grpo_iterations
+
+    calls = []
+    original = grpo_iterations.logps_rows
+
+    def spy(store, keys, forward, like, width, fill):
+        calls.append((len(keys), sum(key not in store for key in keys)))
+        return original(store, keys, forward, like, width, fill)
+
+    monkeypatch.setattr(grpo_iterations, "logps_rows", spy)
+    run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path, num_iterations=2,
+        max_steps=4, **overrides)
+    assert len(calls) == (4 if "beta" in overrides else 2)  # old (and ref) per generation batch
+    if computed is not None:
+        assert all(missing == computed for _, missing in calls)
+    else:  # the masked truncated rows, never forwarded by the streamed pass
+        assert all(0 < missing < rows for rows, missing in calls)

@@ -173,7 +173,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             loss = self._run_logical_batch(model, inputs)
             if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
                 advantages = self._advantages(self.last_batch[0])[0]
-                grpo_iterations.buffer_generation_batch(self, self._open_step[1], advantages, self._permutation)
+                grpo_iterations.buffer_generation_batch(self, self._open_step[1], advantages, self._permutation,
+                                                        self._recorded_logps)
         else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
         self._step += 1
@@ -198,6 +199,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
         module = self.accelerator.unwrap_model(model)
         backward = trajectory_backward(self, module, normalization)
+        if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
+            self._recorded_logps = grpo_iterations.RecordedLogProbs().wrap(backward)
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
             num_params=sum(p.numel() for p in self._trainable), policy_version=version,
