@@ -271,3 +271,31 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
         assert all(missing == computed for _, missing in calls)
     else:  # the masked truncated rows, never forwarded by the streamed pass
         assert all(0 < missing < rows for rows, missing in calls)
+
+
+@pytest.mark.parametrize("stop", [2, 1])
+def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_model_path):
+    """Resumed at a generation-batch boundary (step 2) or inside one (step 1, where the buffered batch is gone and
+    TRL generates afresh at the current θ, as ThunderSync streams afresh): the same parameters as stock TRL."""
+    from trl_thundersync.testing.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
+
+    common = dict(num_iterations=2, max_steps=4, optim="sgd", max_grad_norm=0.5, save_strategy="steps",
+                  save_steps=stop)
+    params = {}
+    for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
+                                          ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+        out = tmp_path / name
+
+        def make(callbacks=()):
+            return trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                               args=cpu_config(config_cls, out, **common), train_dataset=prompt_dataset(),
+                               processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer),
+                               callbacks=list(callbacks))
+
+        make([StopAt(stop)]).train()
+        second = make()
+        second.train(resume_from_checkpoint=str(out / f"checkpoint-{stop}"))
+        assert second.state.global_step == 4
+        params[name] = torch.cat([p.detach().reshape(-1) for p in second.model.parameters()])
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
+    assert relative_error(params["ts"] - initial, params["trl"] - initial) <= TOL
