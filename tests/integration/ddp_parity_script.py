@@ -29,7 +29,11 @@ overrides = {
                                  entropy_target=100.0, gradient_accumulation_steps=2, per_device_train_batch_size=2),
     # the batch mean and std of the group-normalized rewards span both processes
     "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum", reward_weights=[0.5, 2.0]),
+    # num_iterations (test_num_iterations.py): two generation batches of two passes each, clipping active
+    "mu2_bnpo_ga2_beta": dict(num_iterations=2, max_steps=4, epsilon=0.03, loss_type="bnpo", beta=0.1,
+                              gradient_accumulation_steps=2, per_device_train_batch_size=2),
 }[case]
+max_steps = overrides.pop("max_steps", 2)
 # ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local generation
 # batch (TRL's call on each process), every trajectory's backward released at content readiness.
 ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
@@ -51,7 +55,7 @@ results = {}
 for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
                                       ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
     run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=rewards,
-                      max_steps=2, optim="sgd", max_grad_norm=0.5, **overrides, **(ts_only if name == "ts" else {}))
+                      max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides, **(ts_only if name == "ts" else {}))
     results[name] = {"directions": run.directions, "params": run.params}
 if torch.distributed.get_rank() == 0:
     torch.save(results, out / "results.pt")

@@ -69,7 +69,7 @@ def test_batch_not_divisible_by_group_size(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("loss_type", "nope"), ("num_iterations", 2), ("top_entropy_quantile", 0.5),
+    ("loss_type", "nope"), ("num_iterations", 0), ("top_entropy_quantile", 0.5),
     ("delta", 0.5), ("multi_objective_aggregation", "nope"),
     ("schedule", "async"), ("max_open_groups", 0),
 ])

@@ -17,17 +17,20 @@ from transformers import TrainerCallback
 
 
 def scripted_rollout_func(tokenizer, max_len: int = 8, vocab_low: int = 10, with_eos: float = 0.5,
-                          member_order: str | None = None):
+                          member_order: str | None = None, calls: list | None = None):
     """A TRL `rollout_func` with deterministic pseudo-random completions, identical for every trainer.
 
     Content depends on (prompt text, occurrence within the batch, global step); some completions end in EOS, the
     others are truncated. `member_order` ("reverse" or "rotate") hands each prompt's completions out in another
     occurrence order: every GRPO group gets the same completions with its members permuted (the FP32 floor).
+    `calls`, if given, receives (global step, prompts) of every call: which rows each generation batch saw.
     """
 
     def rollout_func(prompts, trainer):
         step = trainer.state.global_step
         texts = [prompt if isinstance(prompt, str) else prompt[-1]["content"] for prompt in prompts]
+        if calls is not None:
+            calls.append((step, list(texts)))
         seen: dict[str, int] = {}
         prompt_ids, completion_ids = [], []
         for text in texts:
@@ -164,11 +167,11 @@ class ParityRun:
 
 def run_trainer(trainer_cls, config_cls, output_dir: Path, tokenizer, model_path, *, rewards=(reward_len,),
                 peft_config=None, wrap_engine=None, callbacks=(), reward_processing_classes=None,
-                member_order=None, rollout_func=None, **overrides) -> ParityRun:
+                member_order=None, rollout_func=None, rollout_calls: list | None = None, **overrides) -> ParityRun:
     capture = CaptureGrads()
     args = cpu_config(config_cls, output_dir, **overrides)
     if rollout_func is None:
-        rollout_func = scripted_rollout_func(tokenizer, member_order=member_order)
+        rollout_func = scripted_rollout_func(tokenizer, member_order=member_order, calls=rollout_calls)
     trainer = trainer_cls(
         model=load_model(model_path), reward_funcs=list(rewards), args=args, train_dataset=prompt_dataset(),
         processing_class=tokenizer, rollout_func=rollout_func,
@@ -239,4 +242,20 @@ ENTROPY_PARITY_CASES: dict[str, dict] = {
                                         per_device_train_batch_size=2, mask_truncated_completions=True),
     "ga2_coef_0.5_gradient_checkpointing": dict(entropy_coef=0.5, gradient_accumulation_steps=2,
                                                 per_device_train_batch_size=2, gradient_checkpointing=True),
+}
+
+
+# num_iterations > 1 (`trainers/grpo_iterations.py`): pass 1 streamed, passes 2..μ TRL's loss on the buffered batch.
+# Several loss types (clipped, cispo's truncated ratio, sapo's soft gate, bnpo per micro-batch), active PPO clipping,
+# KL against the reference (its log-probs buffered with the batch), masked truncations, one and two micro-batches.
+ITERATION_PARITY_CASES: dict[str, dict] = {
+    "mu2_dapo": dict(num_iterations=2),
+    "mu2_dapo_clipping": dict(num_iterations=2, epsilon=0.03),  # ε small enough that passes 2.. clip tokens
+    "mu3_grpo": dict(num_iterations=3, loss_type="grpo"),
+    "mu2_ga2_bnpo_beta": dict(num_iterations=2, gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                              loss_type="bnpo", beta=0.1),
+    "mu3_ga2_cispo_mask_truncated": dict(num_iterations=3, gradient_accumulation_steps=2,
+                                         per_device_train_batch_size=2, loss_type="cispo", epsilon_high=0.5,
+                                         mask_truncated_completions=True),
+    "mu2_sapo_sequence_is": dict(num_iterations=2, loss_type="sapo", importance_sampling_level="sequence"),
 }

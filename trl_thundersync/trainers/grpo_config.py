@@ -246,13 +246,12 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
 
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
             refuse("loss_type", self.loss_type, f"supported loss types are {SUPPORTED_LOSS_TYPES}")
-        if self.num_iterations != 1:
-            refuse("num_iterations", self.num_iterations,
-                   "more than one update per generation batch trains on samples from an older policy; use 1")
+        if self.num_iterations < 1:
+            refuse("num_iterations", self.num_iterations, "a generation batch is used for at least one pass; use ≥ 1")
         if self.steps_per_generation != self.gradient_accumulation_steps:
             refuse("steps_per_generation", self.steps_per_generation,
-                   f"one generation batch must feed exactly one optimizer step, so it must equal "
-                   f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
+                   "each pass over a generation batch must feed exactly one optimizer step (num_iterations passes), "
+                   f"so it must equal gradient_accumulation_steps={self.gradient_accumulation_steps}")
         if self.top_entropy_quantile < 1.0:
             refuse("top_entropy_quantile", self.top_entropy_quantile,
                    "the entropy quantile is taken over a micro-batch that is only known at the barrier; use 1.0")

@@ -5,7 +5,8 @@ first micro-step of every generation batch runs the whole logical batch through 
 θ_k, each trajectory scored and back-propagated as soon as it finishes, group statistics folded as groups close,
 and at the barrier the fully normalized batch direction is written into `param.grad`. TRL's own loop then clips it
 and takes the one optimizer step; a callback publishes θ_{k+1} to the rollout engine and waits for its ack.
-The trainer only wires parts together; the math lives in `trl_thundersync.streaming`.
+The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. With num_iterations = μ > 1,
+passes 2..μ over the batch run TRL's own training step on the buffered batch (`grpo_iterations`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
 from .grpo_entropy import add_entropy_direction, entropy_barrier, entropy_batch
+from . import grpo_iterations
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 logger = get_logger(__name__)
@@ -62,6 +64,9 @@ class _PublishCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         optimizer_end = time.perf_counter()
+        if not grpo_iterations.publishes_after(state.global_step, args.num_iterations):  # passes 2..μ follow
+            self.trainer._record_step(optimizer_end, optimizer_end)
+            return
         self.trainer._publish(state.global_step)
         self.trainer._record_step(optimizer_end, time.perf_counter())
 
@@ -191,10 +196,16 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if grpo_iterations.replays(self):  # passes 2..μ of num_iterations: TRL's own step on the buffered batch
+            return grpo_iterations.replay_step(self, model, inputs, num_items_in_batch)
         started = time.perf_counter()
         model.train()
         if self._step % self.args.steps_per_generation == 0:
             loss = self._run_logical_batch(model, inputs)
+            if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
+                advantages = self._advantages(self.last_batch[0])[0]
+                grpo_iterations.buffer_generation_batch(self, self._open_step[1], advantages, self._permutation,
+                                                        self._recorded_logps)
         else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
         self._step += 1
@@ -209,6 +220,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if version != self.policy_version:
             self._publish(version)
         permutation = torch.randperm(len(rows)).tolist()  # TRL's shuffle-then-split, drawn at the same RNG point
+        self._permutation = permutation  # TRL's micro-batches, reused by passes 2..μ (num_iterations > 1)
         normalization = LossNormalization.from_config(self.args, len(rows), self.accelerator.num_processes)
         buckets = micro_batch_of(permutation, self.args.steps_per_generation) if normalization.uses_buckets else None
         prompts = self._prompts(rows)
@@ -220,6 +232,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._entropy_batch = entropy = entropy_batch(self, permutation)  # TRL's entropy bonus (None: off)
         entropy_coef = entropy.coef if entropy is not None else None
         backward = trajectory_backward(self, module, normalization, entropy_coef)
+        if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
+            self._recorded_logps = grpo_iterations.RecordedLogProbs().wrap(backward)
         learner = GRPOBatchLearner(
             batch_size=len(rows), num_generations=self.num_generations,
             num_params=sum(p.numel() for p in self._trainable), policy_version=version,
