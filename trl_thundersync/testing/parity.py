@@ -258,4 +258,8 @@ ITERATION_PARITY_CASES: dict[str, dict] = {
                                          per_device_train_batch_size=2, loss_type="cispo", epsilon_high=0.5,
                                          mask_truncated_completions=True),
     "mu2_sapo_sequence_is": dict(num_iterations=2, loss_type="sapo", importance_sampling_level="sequence"),
+    # the streamed pass and TRL's passes share one adaptive entropy controller (its coefficient moves every step)
+    "mu2_adaptive_entropy": dict(num_iterations=2, use_adaptive_entropy=True, entropy_coef=0.1,
+                                 entropy_coef_delta=0.05, entropy_target=100.0),
+    "mu2_normalize_then_sum": dict(num_iterations=2, multi_objective_aggregation="normalize_then_sum"),
 }

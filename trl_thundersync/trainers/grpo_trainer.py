@@ -203,8 +203,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._step % self.args.steps_per_generation == 0:
             loss = self._run_logical_batch(model, inputs)
             if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
-                advantages = self._advantages(self.last_batch[0])[0]
-                grpo_iterations.buffer_generation_batch(self, self._open_step[1], advantages, self._permutation,
+                grpo_iterations.buffer_generation_batch(self, self._open_step[1], self._last_advantages,
+                                                        self._permutation,
                                                         self._recorded_logps)
         else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
@@ -330,6 +330,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             advantages, policy_scale, policy_offset, zero_std_fraction = self._objective_advantages(totals)
         else:
             advantages, policy_scale, zero_std_fraction = self._advantages(totals)
+        self._last_advantages = advantages  # TRL's per-row advantages of this batch (passes 2..μ of num_iterations)
         dropped = list(totals.off_policy_dropped)
         for index, bucket, vector in totals.deferred:  # off-policy masked rows whose sign needed the batch mean
             if advantages[index] < 0:
