@@ -59,6 +59,7 @@ class RealgenWorkload:
     max_tool_calling_iterations: int = 5
     seed: int = 0
     num_tasks: int | None = None  # first N bundled tasks (None: all)
+    grading_workers: int | None = None  # ThunderSyncGRPOConfig.grading_workers of the ThunderSync schedules
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,7 +106,7 @@ def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_
 
     tasks = _tasks(w)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_grpo_common(w), schedule=schedule, release=release,
-                      learner_num_threads=1, rollout_num_threads=1)
+                      learner_num_threads=1, rollout_num_threads=1, grading_workers=w.grading_workers)
     return ThunderSyncGRPOTrainer(model=load_model(model), reward_funcs=[shorter_is_better], args=args,
                                   train_dataset=swe_dataset(tasks), environment_factory=lambda: SWERepairEnv(tasks))
 
@@ -391,6 +392,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-completion-length", type=int, default=RealgenWorkload.max_completion_length)
     p.add_argument("--num-tasks", type=int, help="first N bundled SWE tasks (default all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grading-workers", type=int, help="grading_workers of the sync/thundersync runs (default: the "
+                   "config's default; 1 grades one environment at a time, as stock TRL does)")
     p.add_argument("--out", default="outputs/bench/realgen.json", help="JSON path; timeline PNG beside it")
     p.add_argument("--work-dir", help="runs, traces, logs and the tiny agents (default <out stem>-runs)")
     p.add_argument("--reuse", action="store_true",
@@ -421,7 +424,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     from .stats import compare, measured_run, side_by_side, summarize
 
     w = RealgenWorkload(steps=args.steps, batch=args.batch, group=args.group,
-                        max_completion_length=args.max_completion_length, seed=args.seed, num_tasks=args.num_tasks)
+                        max_completion_length=args.max_completion_length, seed=args.seed, num_tasks=args.num_tasks,
+                        grading_workers=args.grading_workers)
     out = Path(args.out)
     work = Path(args.work_dir or out.with_name(f"{out.stem}-runs"))
     work.mkdir(parents=True, exist_ok=True)

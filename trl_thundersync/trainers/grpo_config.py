@@ -254,7 +254,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
                    f"so it must equal gradient_accumulation_steps={self.gradient_accumulation_steps}")
         if self.top_entropy_quantile < 1.0:
             refuse("top_entropy_quantile", self.top_entropy_quantile,
-                   "the entropy quantile is taken over a micro-batch that is only known at the barrier; use 1.0")
+                   "TRL masks the policy term of every token whose entropy is below a quantile taken over all tokens "
+                   "of its micro-batch, so no token's mask is known before the whole micro-batch has been forwarded; "
+                   "it is not streamed (use 1.0)")
         if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
             raise ConfigurationError(f"multi_objective_aggregation={self.multi_objective_aggregation!r} is invalid: "
                                      "must be 'sum_then_normalize' or 'normalize_then_sum' (as in trl.GRPOTrainer)")
