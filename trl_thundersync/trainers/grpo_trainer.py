@@ -64,7 +64,8 @@ class _PublishCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         optimizer_end = time.perf_counter()
-        if not grpo_iterations.publishes_after(state.global_step, args.num_iterations):  # passes 2..μ follow
+        # passes 2..μ of num_iterations follow (the GKD trainer, which shares this callback, has one pass)
+        if not grpo_iterations.publishes_after(state.global_step, getattr(args, "num_iterations", 1)):
             self.trainer._record_step(optimizer_end, optimizer_end)
             return
         self.trainer._publish(state.global_step)
