@@ -162,3 +162,20 @@ def test_generation_fields_the_engine_cannot_honour_are_refused_by_name(tmp_path
     with pytest.raises(UnsupportedOptionError, match=field):
         ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                train_dataset=prompt_dataset(), processing_class=tokenizer)
+
+
+def test_num_iterations_when_trl_name_is_rebound_to_the_drop_in(tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    """Scripts that swap by rebinding TRL's name (`trl.GRPOTrainer = ThunderSyncGRPOTrainer`, then code written for TRL)
+    still run passes 2..μ as TRL's own training step, with TRL's directions (it used to look the name up at call time
+    and recurse until RecursionError)."""
+    import trl
+
+    overrides = dict(num_iterations=2, max_steps=2, optim="sgd", learning_rate=1e-2)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **overrides)
+    monkeypatch.setattr(trl, "GRPOTrainer", ThunderSyncGRPOTrainer)
+    monkeypatch.setattr(trl, "GRPOConfig", ThunderSyncGRPOConfig)
+    got = run_trainer(trl.GRPOTrainer, trl.GRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path, **overrides)
+    assert got.trainer.state.global_step == 2
+    assert len(got.directions) == len(ref.directions) == 2
+    for step, (g, r) in enumerate(zip(got.directions, ref.directions)):
+        assert relative_error(g, r) <= TOL, step

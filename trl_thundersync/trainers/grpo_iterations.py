@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import pad, split_tensor_dict
 
 from ..errors import ConfigurationError
@@ -36,13 +37,13 @@ def replays(trainer: Any) -> bool:
 def replay_step(trainer: Any, model, inputs, num_items_in_batch):
     """One micro-step of passes 2..μ: `trl.GRPOTrainer.training_step` itself (its `_prepare_inputs` returns the
     buffered micro-batch). TRL was built with use_vllm=False (ThunderSync's engine talks to the servers), so TRL's loss
-    sees the real setting while it runs: with use_vllm=True it applies the buffered vLLM importance-sampling ratio."""
-    from trl import GRPOTrainer
-
+    sees the real setting while it runs: with use_vllm=True it applies the buffered vLLM importance-sampling ratio.
+    TRL's class is bound at import, not looked up as `trl.GRPOTrainer` here: scripts that rebind that name to the
+    drop-in (`trl.GRPOTrainer = ThunderSyncGRPOTrainer`) would otherwise recurse into this step."""
     built_with = trainer.use_vllm
     trainer.use_vllm = trainer.args.use_vllm
     try:
-        return GRPOTrainer.training_step(trainer, model, inputs, num_items_in_batch)
+        return TRLGRPOTrainer.training_step(trainer, model, inputs, num_items_in_batch)
     finally:
         trainer.use_vllm = built_with
 
