@@ -40,7 +40,8 @@ RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(releas
 def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path):
     overrides = dict(CASES[case], max_steps=1, max_grad_norm=0.0)
     rewards = (reward_len, reward_parity) if "reward_weights" in overrides else (reward_len,)
-    ref, _, _ = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards, **overrides)
+    ref, _, ref_trainer = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards,
+                              **overrides)
     got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
                           rewards=rewards, **overrides, **RELEASES[release])
     kinds = {w.kind for w in trainer.last_batch[0].work}
@@ -48,6 +49,9 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     assert len(ref) == len(got) == 1
     assert ref[0].norm() > 0
     assert rel(got[0], ref[0]) <= TOL, f"{case}: relative error {rel(got[0], ref[0]):.2e}"
+    # the reported loss is TRL's value at ratio 1 (sapo's 2/τ_±, cispo's and vespo's log π), not the gradient's sign
+    got_loss, ref_loss = trainer.state.log_history[0]["loss"], ref_trainer.state.log_history[0]["loss"]
+    assert got_loss == pytest.approx(ref_loss, rel=TOL, abs=1e-7), f"{case}: loss {got_loss} vs TRL's {ref_loss}"
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))

@@ -123,6 +123,7 @@ class GRPOBatchLearner:
         self.tokens = [0] * batch_size
         self.free_values = [0.0] * batch_size
         self.kl_sums = [0.0] * batch_size
+        self.policy_values: list[float | None] = [None] * batch_size
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
 
@@ -239,6 +240,7 @@ class GRPOBatchLearner:
         self.free_values[index] = grads.free_value
         self.kl_sums[index] = grads.kl_sum
         self.entropy_sums[index] = grads.entropy_sum
+        self.policy_values[index] = grads.policy_value
 
     def _add_entropy(self, index: int, grads: SourceGradients) -> None:
         if grads.entropy_grad is None:
@@ -403,4 +405,5 @@ class GRPOBatchLearner:
             objective_rewards=tuple(self.objective_rewards) if self.objective_weights is not None else None,
             deferred=tuple(self.deferred),
             off_policy_dropped=tuple(self.off_policy_dropped),
+            policy_values=tuple(self.policy_values),
         )

@@ -22,6 +22,9 @@ class SourceGradients:
     entropy_grad: torch.Tensor | None = None  # E_i = ∇ Σ_t m_it (−coef) H_it, FP32 (P,); None without the bonus
     entropy_sum: float = 0.0  # Σ_t m_it H_it (the entropy bonus's value before its normalizer)
     off_policy_kl: float = 0.0  # TRL's off-policy mask statistic: masked mean of (sampler − current) log-probs
+    # V_i = Σ_t m_it u_i g c_it h_it: the policy loss value per unit of −A_i at ratio 1 (`source.py`; sapo's 2/τ_± at
+    # the barrier); None: not computed (the barrier then takes Σ_t m_it u_i, TRL's value for grpo-like losses)
+    policy_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,4 @@ class BatchTotals:
     objective_rewards: tuple[float, ...] | None = None  # normalize_then_sum: TRL's group-normalized R_i per index
     deferred: tuple[tuple[int, int, torch.Tensor], ...] = ()  # (index, bucket, H_i) masked rows decided at the barrier
     off_policy_dropped: tuple[int, ...] = ()  # rows whose policy term the off-policy mask dropped (so far)
+    policy_values: tuple[float | None, ...] = ()  # per trajectory index: SourceGradients.policy_value

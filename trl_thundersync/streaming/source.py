@@ -15,6 +15,14 @@ H_it of the temperature-scaled logits, and one more vector-Jacobian product give
 which the learner adds into its TRL micro-batch's buffer; the barrier scales each buffer by 1/(max(N_b, 1)·GA)
 (`normalization.entropy_scales`). `coef` is the one applied to the whole batch; with coef = 0 (adaptive entropy
 gated off) only the entropy value Σ_t m_it H_it is kept, for the controller and the `entropy` metric.
+
+The loss value TRL reports is not the gradient's potential: at ratio 1 TRL's per-token policy loss is −A_i·g·h_it·c_it
+with h_it = log π(o_it) for cispo (g = min(1, ε_high)) and vespo (φ = 1), h_it = 1 otherwise (sapo: g = 2/τ_±, by the
+sign of A_i, applied at the barrier). Each backward therefore also returns the value coefficient
+
+    V_i = Σ_t m_it · u_i · g · c_it · h_it                          (`policy_value`; sapo's 2/τ_± not included)
+
+so that the barrier's loss is s_b·(free_i − A_i·V_i) per trajectory, as TRL's.
 """
 
 from __future__ import annotations
@@ -34,6 +42,21 @@ from .normalization import LossNormalization
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # the same, with the per-token entropies (1, logits_to_keep) of TRL's `compute_entropy=True`
 LogProbEntropyFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+# loss types whose per-token policy loss at ratio 1 is −g·A·log π(o_t) (cispo's clamped ratio, vespo's gamma weight)
+LOG_PROB_VALUED = ("cispo", "vespo")
+
+
+def policy_value(normalization: LossNormalization, logps: torch.Tensor, mask: torch.Tensor,
+                 weights: torch.Tensor | None = None, sequence_weight: float = 1.0) -> float:
+    """V_i = Σ_t m_t · u_i · g · c_t · h_t (module docstring) for one trajectory; `logps`, `mask` are [1, T] (or [T]),
+    `weights` the IS weights c ([1, T], [1, 1]; None: 1), `sequence_weight` u_i (the trajectory's token count's)."""
+    terms = logps.detach().float() if normalization.loss_type in LOG_PROB_VALUED else torch.ones_like(logps).float()
+    if weights is not None:
+        terms = terms * weights.detach().float()
+    terms = torch.where(mask.bool(), terms, torch.zeros_like(terms))
+    return float(terms.sum()) * sequence_weight * normalization.policy_coefficient
 
 
 def flatten_grads(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -144,14 +167,17 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
                 f"version {rollout.policy_version}; refusing to accumulate it"
             )
-        outputs, kinds, free_value, kl_sum, off_policy = [], [], 0.0, 0.0, 0.0
+        outputs, kinds, free_value, kl_sum, off_policy, value = [], [], 0.0, 0.0, 0.0, 0.0
         if need_score and self.off_policy_sampling:
             off_policy = off_policy_kl(logps, sampler_logps(rollout, self.device), mask)
         if need_score:
             policy = logps * mask
+            weights = None
             if self.correction is not None:
-                policy = policy * self.correction.weights(logps, self._sampling_logps(rollout), mask)
+                weights = self.correction.weights(logps, self._sampling_logps(rollout), mask)
+                policy = policy * weights
             outputs.append(policy.sum() * weight * self.normalization.policy_coefficient)
+            value = policy_value(self.normalization, logps, mask, weights, weight)
             kinds.append("score")
         if need_free:
             with torch.no_grad():
@@ -181,7 +207,7 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
         return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
-                               vectors.get("entropy"), entropy_sum, off_policy)
+                               vectors.get("entropy"), entropy_sum, off_policy, value)
 
     def _sampling_logps(self, rollout) -> torch.Tensor:
         values = rollout.sampling_logprobs

@@ -17,6 +17,8 @@ then applies what is known only when the trajectory's content is complete (`sour
     H_i = s_i · u_i · policy_coefficient · c_i      u_i = normalization.sequence_weight(|m_i|) (grpo: 1/|o_i|)
     K_i = k_i · u_i                                  c_i: TRL's sequence-mode weight from the recorded log-probs
     E_i = e_i                                        (normalized per TRL micro-batch at the barrier)
+    V_i = Σ_j Σ_{t∈a_j} c_t · h_t · u_i · policy_coefficient · c_i   the loss value's coefficient (`source.policy_value`;
+                                                     h_t = log π(a_t) for cispo / vespo, else 1), from the turns' records
 
 Exact only when the turns are the rollout's token history: the turns' context + action tokens are a prefix of
 prompt + completion, and the action positions are exactly the env_mask-1 positions (token modes: with the sampler
@@ -39,7 +41,7 @@ from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
 from .segment_backward import BoundaryCut, FlatGradient, FullContext
-from .source import loss_mask
+from .source import loss_mask, policy_value
 from .turn_reference import TurnReference
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
@@ -61,6 +63,7 @@ class _Open:
     kl: list[torch.Tensor] = field(default_factory=list)  # detached KL_t per action (β ≠ 0)
     entropy: FlatGradient | None = None  # e_i (entropy_coef ≠ 0)
     entropies: list[torch.Tensor] = field(default_factory=list)  # detached Σ_t H_t per action (entropy bonus on)
+    weights: list[torch.Tensor] = field(default_factory=list)  # detached token-mode IS weights c_t per action
 
 
 class TurnScoreBackward:
@@ -167,7 +170,9 @@ class TurnScoreBackward:
             policy = logps
             if self.token_mode:
                 sampled = torch.tensor([event.action_logprobs], dtype=torch.float32, device=logps.device)
-                policy = logps * self.correction.weights(logps[None], sampled, torch.ones_like(sampled))[0]
+                weights = self.correction.weights(logps[None], sampled, torch.ones_like(sampled))[0]
+                state.weights.append(weights.detach())
+                policy = logps * weights
             channels = {"score": policy.sum()}
             if self.beta != 0.0:
                 ref_ = ref.to(logps.device)
@@ -221,12 +226,16 @@ class TurnScoreBackward:
                                          "gradient")
         entropy_grad = state.entropy.vector if state.entropy is not None else None
         entropy_sum = float(sum(float(v) for v in state.entropies))
+        logps = torch.cat([v.float().cpu() for v in state.logps]) if state.logps else torch.zeros(0)
+        weights = torch.cat([v.float().cpu() for v in state.weights]) if self.token_mode and state.weights else None
+        value = policy_value(self.normalization, logps, torch.ones_like(logps), weights, weight) * sequence_weight
         if state.free is None:
-            return SourceGradients(score, None, tokens, entropy_grad=entropy_grad, entropy_sum=entropy_sum)
+            return SourceGradients(score, None, tokens, entropy_grad=entropy_grad, entropy_sum=entropy_sum,
+                                   policy_value=value)
         kl_total = torch.cat(state.kl).sum() if state.kl else torch.zeros(())
         free_value = float(kl_total * weight * self.beta)
         return SourceGradients(score, state.free.vector * weight, tokens, free_value, float(kl_total), entropy_grad,
-                               entropy_sum)
+                               entropy_sum, policy_value=value)
 
     @staticmethod
     def _laid_out(state: _Open | None, rollout: Rollout) -> torch.Tensor:

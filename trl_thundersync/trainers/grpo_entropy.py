@@ -58,7 +58,8 @@ def add_entropy_direction(batch: EntropyBatch, totals, direction: torch.Tensor) 
 def entropy_barrier(trainer: Any, batch: EntropyBatch, totals, micro_tokens: dict[int, int], policy_terms) -> float:
     """The bonus's loss value; TRL's `entropy`, `policy_loss`, `entropy_coef` metrics; the adaptive update.
 
-    `policy_terms[i]` is trajectory i's share of the policy loss value (ν·(β·KL − A) summed over its tokens)."""
+    `policy_terms[i]` is trajectory i's share of the policy loss value, s_b·(free_i − A_i·V_i) as TRL computes it at
+    ratio 1 (`ThunderSyncGRPOTrainer._policy_loss_terms`)."""
     ga, device = batch.micro_batches, trainer.accelerator.device
     sums, policy = [0.0] * ga, [0.0] * ga
     for index, value in enumerate(policy_terms):

@@ -355,22 +355,38 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         write_flat_grads(direction, self._trainable)
         self._log_batch(totals, timing, scored, advantages, prompts)
         self._metrics["train"]["frac_reward_zero_std"].append(zero_std_fraction)
-        # The loss value TRL reports: Σ ν·(−A + β·KL) over scored tokens (ratio ≡ 1).
-        loss = 0.0
-        for index, n in enumerate(tokens):
-            scale = scales[buckets[index] if buckets else 0]
-            loss += scale * (totals.free_values[index] - advantages[index] * n * normalization.sequence_weight(n))
+        terms = self._policy_loss_terms(totals, advantages, scales, buckets, normalization, dropped)
+        loss = sum(terms)
         if self.beta != 0.0:
             self._metrics["train"]["kl"].append(sum(totals.kl_sums) / max(sum(tokens), 1))
         if entropy is not None:  # the bonus's value and metrics; per-trajectory policy terms for `policy_loss`
-            terms = [scales[buckets[i] if buckets else 0]
-                     * (totals.free_values[i] - advantages[i] * n * normalization.sequence_weight(n))
-                     for i, n in enumerate(tokens)]
             loss += entropy_barrier(self, entropy, totals, entropy_tokens, terms)
         if totals.router_aux is not None:
             loss += totals.router_aux.loss
             self._log_router_aux(totals.router_aux.values)
         return torch.tensor(loss, device=self.args.device)
+
+    def _policy_loss_terms(self, totals, advantages, scales, buckets, normalization, dropped) -> list[float]:
+        """The loss value TRL reports, per trajectory: s_b·(free_i − A_i·g(A_i)·V_i) (ratio ≡ 1).
+
+        V_i = Σ_t m_it u_i c_it h_it (times cispo's min(1, ε_high)) comes with the trajectory's backward
+        (`streaming/source.py`); g = 2/τ_± for sapo (TRL's 4σ(0)/τ, τ by the sign of A_i), else 1. A row the
+        off-policy mask dropped has no policy value (TRL multiplies its policy loss by 0)."""
+        dropped = set(dropped)
+        terms = []
+        for index, n in enumerate(totals.scored_tokens):
+            value = totals.policy_values[index] if index < len(totals.policy_values) else None
+            if value is None:  # a backward that reports none: TRL's grpo-like value Σ_t m_it u_i
+                value = n * normalization.sequence_weight(n)
+            advantage = advantages[index]
+            if self.loss_type == "sapo":
+                tau = self.args.sapo_temperature_pos if advantage > 0 else self.args.sapo_temperature_neg
+                value *= 2.0 / tau
+            if index in dropped:
+                value = 0.0
+            scale = scales[buckets[index] if buckets else 0]
+            terms.append(scale * (totals.free_values[index] - advantage * value))
+        return terms
 
     def _log_router_aux(self, values) -> None:
         """TRL's `aux_loss` metric: one entry per micro-batch, each the mean over processes of that micro-batch's."""

@@ -1,0 +1,193 @@
+"""The logged `loss` (and `policy_loss` with the entropy bonus) of a ThunderSync step is stock `trl.GRPOTrainer`'s.
+
+At ratio 1 TRL's per-token policy loss is −A·g·h·c: h = log π(o_t) for cispo (g = min(1, ε_high)) and vespo (φ = 1),
+h = 1 otherwise (sapo: g = 2/τ_±, by the sign of A), c the vLLM importance-sampling weight (token or sequence). The
+gradient does not see g's value for sapo nor h's (its slope at ratio 1 is the same), so a loss value built from the
+gradient's potential alone (−A per token) is wrong for sapo, cispo, vespo and with the correction. Each backward also
+returns V_i = Σ_t m u g c h (`streaming/source.py`, per turn `streaming/turn_grpo.py`), the barrier reports
+s_b·(free_i − A_i·V_i). Reward, content and turn release; the batch direction is checked alongside.
+(The PARITY_CASES matrix under reward and content release checks the loss in `test_exactness_vs_trl.py`.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from trl import GRPOConfig, GRPOTrainer
+
+from tests.integration.test_vllm_importance_sampling import _NoVLLM, rollout_with_sampler_logprobs
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.testing.parity import (CaptureGrads, cpu_config, load_model, offset_sampler_rollout_func,
+                                           prompt_dataset, relative_error, reward_len, run_trainer)
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+GA2 = dict(gradient_accumulation_steps=2, per_device_train_batch_size=2)
+
+
+def assert_logged_like_trl(got_trainer, ref_trainer, keys=("loss",)) -> None:
+    got, ref = got_trainer.state.log_history[0], ref_trainer.state.log_history[0]
+    for key in keys:
+        assert got[key] == pytest.approx(ref[key], rel=TOL, abs=1e-7), f"{key}: {got[key]} vs TRL's {ref[key]}"
+
+
+# The entropy bonus on: TRL logs `policy_loss` (the loss before the bonus) per micro-batch as well.
+ENTROPY_CASES = {
+    "sapo": dict(loss_type="sapo"),
+    "sapo_temperatures": dict(loss_type="sapo", sapo_temperature_pos=0.5, sapo_temperature_neg=2.0),
+    "cispo": dict(loss_type="cispo", epsilon_high=0.5),
+    "vespo": dict(loss_type="vespo"),
+    "luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
+}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", sorted(ENTROPY_CASES))
+def test_loss_and_policy_loss_with_entropy_bonus_match_trl(case, release, tmp_path, tokenizer, tiny_model_path):
+    overrides = dict(ENTROPY_CASES[case], **GA2, entropy_coef=0.5, max_steps=1, max_grad_norm=0.0)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **overrides)
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
+                      **overrides, **RELEASES[release])
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+    assert_logged_like_trl(got.trainer, ref.trainer, ("loss", "policy_loss"))
+
+
+# TRL's vLLM importance-sampling correction (not with vespo: refused, see test_vllm_importance_sampling.py): the
+# per-token policy loss is multiplied by c (token modes) or c_i (sequence modes), the KL term is not.
+IS_CASES = {
+    "sapo_sequence_mask": dict(loss_type="sapo"),
+    "cispo_token_truncate": dict(loss_type="cispo", epsilon_high=0.5, vllm_importance_sampling_mode="token_truncate",
+                                 vllm_importance_sampling_clip_min=0.9, vllm_importance_sampling_clip_max=1.1),
+    "dapo_token_mask_beta": dict(vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.9,
+                                 vllm_importance_sampling_clip_max=1.1, beta=0.1),
+    "luspo_sequence_truncate": dict(loss_type="luspo", importance_sampling_level="sequence",
+                                    vllm_importance_sampling_mode="sequence_truncate",
+                                    vllm_importance_sampling_clip_min=0.5),
+    "grpo_sequence_mask_entropy_ga2": dict(loss_type="grpo", entropy_coef=0.5, **GA2),
+    "sapo_token_truncate_entropy_ga2": dict(loss_type="sapo", entropy_coef=0.5, **GA2,
+                                            vllm_importance_sampling_mode="token_truncate",
+                                            vllm_importance_sampling_clip_min=0.9,
+                                            vllm_importance_sampling_clip_max=1.1),
+    "cispo_sequence_mask_entropy": dict(loss_type="cispo", epsilon_high=0.5, entropy_coef=0.5),
+}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", sorted(IS_CASES))
+def test_loss_with_the_vllm_correction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
+    overrides = dict(IS_CASES[case], max_steps=1, max_grad_norm=0.0)
+    runs = {}
+    for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
+                                          ("thundersync", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+        vllm = dict(use_vllm=True, vllm_mode="server") if name == "trl" else RELEASES[release]
+        capture = CaptureGrads()
+        trainer = trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                              args=cpu_config(config_cls, tmp_path / name, **vllm, **overrides),
+                              train_dataset=prompt_dataset(), processing_class=tokenizer,
+                              rollout_func=rollout_with_sampler_logprobs(tokenizer), callbacks=[capture])
+        if name == "thundersync":  # as in test_vllm_importance_sampling: the same scripted trajectories, corrected
+            trainer.args.use_vllm = True
+        trainer.train()
+        runs[name] = (trainer, capture.directions[0])
+    (got, got_direction), (ref, ref_direction) = runs["thundersync"], runs["trl"]
+    assert relative_error(got_direction, ref_direction) <= TOL
+    keys = ("loss", "policy_loss") if "entropy_coef" in overrides else ("loss",)
+    assert_logged_like_trl(got, ref, keys)
+
+
+# TRL's off-policy sequence mask: a dropped row (A < 0, sampler KL above the threshold) has no policy loss value.
+OFF_POLICY_CASES = {"dapo": dict(), "sapo": dict(loss_type="sapo"),
+                    "cispo_beta": dict(loss_type="cispo", epsilon_high=0.5, beta=0.1)}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+@pytest.mark.parametrize("case", sorted(OFF_POLICY_CASES))
+def test_loss_with_the_off_policy_mask_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path):
+    overrides = dict(OFF_POLICY_CASES[case], per_device_train_batch_size=8, num_generations=4,
+                     off_policy_mask_threshold=0.5, max_steps=1, max_grad_norm=0.0)
+    ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path,
+                      rollout_func=offset_sampler_rollout_func(tokenizer), **overrides)
+    got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
+                      rollout_func=offset_sampler_rollout_func(tokenizer), **overrides, **RELEASES[release])
+    assert got.trainer.last_off_policy_dropped, "the case must drop some rows"
+    assert relative_error(got.directions[0], ref.directions[0]) <= TOL
+    assert_logged_like_trl(got.trainer, ref.trainer)
+
+
+# Multi-turn tool trajectories learned turn by turn (release="turn"), against TRL's rollout_func on the same tokens.
+# The sampler's log-probs spread around the tiny model's (near uniform) so that the IS weights are not all clipped.
+TURN_CASES = {
+    "sapo_entropy": dict(loss_type="sapo", entropy_coef=0.5),
+    "cispo_beta": dict(loss_type="cispo", epsilon_high=0.5, beta=0.1),
+    "vespo": dict(loss_type="vespo"),
+    "cispo_token_truncate": dict(loss_type="cispo", epsilon_high=0.5, use_vllm=True, vllm_mode="server",
+                                 vllm_importance_sampling_mode="token_truncate",
+                                 vllm_importance_sampling_clip_min=0.8, vllm_importance_sampling_clip_max=1.25),
+    "sapo_sequence_truncate": dict(loss_type="sapo", use_vllm=True, vllm_mode="server",
+                                   vllm_importance_sampling_mode="sequence_truncate",
+                                   vllm_importance_sampling_clip_min=0.1, vllm_importance_sampling_clip_max=10.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TURN_CASES))
+def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+
+    uniform = -math.log(len(tokenizer))
+
+    class SpreadSampler(ScriptedTurnGenerator):
+        def _act(self, request, key, max_new_tokens, version):
+            rollout = super()._act(request, key, max_new_tokens, version)
+            spread = tuple(uniform + 0.3 * ((request.index + j) % 3 - 1) for j in range(len(rollout.completion_ids)))
+            return replace(rollout, sampling_logprobs=spread)
+
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
+    common = dict(TURN_CASES[case], max_steps=1, max_completion_length=256, optim="sgd", max_grad_norm=0.0)
+    capture = CaptureGrads()
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path / "ts", agent_max_turns=4, agent_protocol="paper",
+                      release="turn", **common)
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
+                                     train_dataset=dataset(), processing_class=tokenizer,
+                                     environment_factory=CounterEnv, callbacks=[capture])
+    trainer._engine = trainer._agent_engine(SpreadSampler(tokenizer, script))
+    captured = []
+    original = trainer._barrier
+
+    def spy(totals, timing, normalization, buckets, scored, prompts):
+        captured.extend((s.rollout, s.reward) for s in scored)
+        return original(totals, timing, normalization, buckets, scored, prompts)
+
+    trainer._barrier = spy
+    trainer.train()
+    totals = trainer.last_batch[0]
+    assert {"turn", "close"} <= {w.kind for w in totals.work} and totals.turn_fallbacks == 0
+    rollouts = {r.index: r for r, _ in captured}
+    rewards = {r.index: reward for r, reward in captured}
+
+    def rollout_func(prompts, trl_trainer):
+        rs = [rollouts[i] for i in range(len(prompts))]
+        return {"prompt_ids": [list(r.prompt_ids) for r in rs], "completion_ids": [list(r.completion_ids) for r in rs],
+                "logprobs": [list(r.sampling_logprobs) for r in rs], "env_mask": [list(r.env_mask) for r in rs],
+                "env_reward": [rewards[i] for i in range(len(prompts))]}
+
+    def env_reward(env_reward, **kwargs):
+        return env_reward
+
+    ref_capture = CaptureGrads()
+    ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward],
+                      args=cpu_config(GRPOConfig, tmp_path / "trl", **common), train_dataset=dataset(),
+                      processing_class=tokenizer, rollout_func=rollout_func, callbacks=[ref_capture])
+    ref.train()
+    assert relative_error(capture.directions[0], ref_capture.directions[0]) <= TOL
+    keys = ("loss", "policy_loss") if "entropy_coef" in common else ("loss",)
+    assert_logged_like_trl(trainer, ref, keys)
