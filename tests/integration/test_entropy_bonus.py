@@ -15,6 +15,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError
 from trl_thundersync.testing.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
@@ -169,17 +170,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
     totals = trainer.last_batch[0]
     kinds = {w.kind for w in totals.work}
     assert release != "turn" or ("turn" in kinds and totals.turn_fallbacks == 0)
-    by_step = {step: {r.index: (r, reward) for r, reward in pairs} for step, pairs in enumerate(captured)}
-
-    def rollout_func(prompts, trl_trainer):
-        rs = [by_step[trl_trainer.state.global_step][i] for i in range(len(prompts))]
-        return {"prompt_ids": [list(r.prompt_ids) for r, _ in rs],
-                "completion_ids": [list(r.completion_ids) for r, _ in rs],
-                "logprobs": [list(r.sampling_logprobs) for r, _ in rs], "env_mask": [list(r.env_mask) for r, _ in rs],
-                "env_reward": [reward for _, reward in rs]}
-
-    def env_reward(env_reward, **kwargs):
-        return env_reward
+    rollout_func = replay_rollout_func(captured)
 
     ref_capture = CaptureGrads()
     args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd", **options)

@@ -18,6 +18,7 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.integration.test_vllm_importance_sampling import _NoVLLM, rollout_with_sampler_logprobs
+from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.testing.parity import (CaptureGrads, cpu_config, load_model, offset_sampler_rollout_func,
                                            prompt_dataset, relative_error, reward_len, run_trainer)
@@ -171,17 +172,7 @@ def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenize
     trainer.train()
     totals = trainer.last_batch[0]
     assert {"turn", "close"} <= {w.kind for w in totals.work} and totals.turn_fallbacks == 0
-    rollouts = {r.index: r for r, _ in captured}
-    rewards = {r.index: reward for r, reward in captured}
-
-    def rollout_func(prompts, trl_trainer):
-        rs = [rollouts[i] for i in range(len(prompts))]
-        return {"prompt_ids": [list(r.prompt_ids) for r in rs], "completion_ids": [list(r.completion_ids) for r in rs],
-                "logprobs": [list(r.sampling_logprobs) for r in rs], "env_mask": [list(r.env_mask) for r in rs],
-                "env_reward": [rewards[i] for i in range(len(prompts))]}
-
-    def env_reward(env_reward, **kwargs):
-        return env_reward
+    rollout_func = replay_rollout_func([captured])
 
     ref_capture = CaptureGrads()
     ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward],

@@ -13,6 +13,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.testing.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 
@@ -115,17 +116,7 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
     trainer.train()
     kinds = {w.kind for w in trainer.last_batch[0].work}
     assert "router_aux" in kinds and (release != "turn" or "turn" in kinds)
-    by_step = {step: {r.index: (r, reward) for r, reward in pairs} for step, pairs in enumerate(captured)}
-
-    def rollout_func(prompts, trl_trainer):
-        rs = [by_step[trl_trainer.state.global_step][i] for i in range(len(prompts))]
-        return {"prompt_ids": [list(r.prompt_ids) for r, _ in rs],
-                "completion_ids": [list(r.completion_ids) for r, _ in rs],
-                "logprobs": [list(r.sampling_logprobs) for r, _ in rs], "env_mask": [list(r.env_mask) for r, _ in rs],
-                "env_reward": [reward for _, reward in rs]}
-
-    def env_reward(env_reward, **kwargs):
-        return env_reward
+    rollout_func = replay_rollout_func(captured)
 
     ref_capture = CaptureGrads()
     args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=2, max_completion_length=256, optim="sgd",

@@ -12,6 +12,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.bench.seed_floor import SEED_SCALES, rescaled_trainer
 from trl_thundersync.testing.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
@@ -225,17 +226,7 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     trainer.train()
     assert generator.publications == [2, 4]  # θ goes out once per generation batch
     assert len(captured) == 2 and any(0 in r.env_mask for r, _ in captured[0])
-    by_step = {2 * k: {r.index: (r, reward) for r, reward in pairs} for k, pairs in enumerate(captured)}
-
-    def rollout_func(prompts, trl_trainer):
-        rs = [by_step[trl_trainer.state.global_step][i] for i in range(len(prompts))]
-        return {"prompt_ids": [list(r.prompt_ids) for r, _ in rs],
-                "completion_ids": [list(r.completion_ids) for r, _ in rs],
-                "logprobs": [list(r.sampling_logprobs) for r, _ in rs], "env_mask": [list(r.env_mask) for r, _ in rs],
-                "env_reward": [reward for _, reward in rs]}
-
-    def env_reward(env_reward, **kwargs):
-        return env_reward
+    rollout_func = replay_rollout_func(captured, steps_per_batch=2)
 
     ref_capture = CaptureGrads()
     args = cpu_config(GRPOConfig, tmp_path / "trl", max_steps=4, max_completion_length=256, optim="sgd", **options)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
                                            offset_sampler_rollout_func, relative_error, reward_constant, reward_len,
@@ -213,17 +214,7 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     kinds = {w.kind for w in trainer.last_batch[0].work}
     assert ({"turn", "close"} <= kinds and trainer.last_batch[0].turn_fallbacks == 0) if release == "turn" \
         else "content" in kinds
-    rollouts = {r.index: r for r, _ in captured}
-    rewards = {r.index: reward for r, reward in captured}
-
-    def rollout_func(prompts, trl_trainer):
-        rs = [rollouts[i] for i in range(len(prompts))]
-        return {"prompt_ids": [list(r.prompt_ids) for r in rs], "completion_ids": [list(r.completion_ids) for r in rs],
-                "logprobs": [list(r.sampling_logprobs) for r in rs], "env_mask": [list(r.env_mask) for r in rs],
-                "env_reward": [rewards[i] for i in range(len(prompts))]}
-
-    def env_reward(env_reward, **kwargs):
-        return env_reward
+    rollout_func = replay_rollout_func([captured])
 
     ref_capture = CaptureGrads()
     ref = GRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[env_reward],

@@ -79,24 +79,25 @@ def build_tiny_tokenizer(vocab_size: int = 512):
 
 def build_tiny_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, seed: int = 0):
     """A Qwen3 causal LM with random weights sized for a CPU test (≈100k parameters with the default vocab)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import Qwen3Config
 
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        attention_dropout=0.0,
-    )
+    return model_from_config(Qwen3Config(**tiny_shape(tokenizer, hidden_size, num_layers)), tokenizer, seed)
+
+
+def tiny_shape(tokenizer, hidden_size: int, num_layers: int) -> dict:
+    """The config fields every tiny model here shares: vocabulary and special ids of `tokenizer`, 4 heads (2 KV),
+    tied embeddings, no dropout."""
+    return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=hidden_size // 4, max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=None,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, attention_dropout=0.0)
+
+
+def model_from_config(config, tokenizer, seed: int):
+    """Random FP32 weights for `config` (seeded), with `tokenizer`'s EOS/pad ids as the generation defaults."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

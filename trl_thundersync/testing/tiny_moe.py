@@ -16,13 +16,12 @@ from pathlib import Path
 def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, num_experts: int = 4,
                          experts_per_token: int = 2, router_aux_loss_coef: float = 0.001, seed: int = 0):
     """A Qwen3-MoE causal LM sized for a CPU test: every layer sparse, `num_experts` experts, top-k routing."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import Qwen3MoeConfig
+
+    from .tiny import model_from_config, tiny_shape
 
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        **tiny_shape(tokenizer, hidden_size, num_layers),
         moe_intermediate_size=hidden_size,
         num_experts=num_experts,
         num_experts_per_tok=experts_per_token,
@@ -30,22 +29,8 @@ def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, 
         norm_topk_prob=True,
         router_aux_loss_coef=router_aux_loss_coef,
         output_router_logits=False,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        attention_dropout=0.0,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    return model_from_config(config, tokenizer, seed)
 
 
 def save_tiny_moe_model(path: str | Path, router_aux_loss_coef: float = 0.001, seed: int = 0) -> Path:
