@@ -154,7 +154,7 @@ class ScriptedBatchRollout:
         use_rollout_pools(self.engine, w.concurrency, self.plan)
 
     def __call__(self, prompts, trainer):
-        from ..trainers.grpo_trainer import trajectory_seed
+        from ..trainers.lifecycle import trajectory_seed
         from ..types import RolloutRequest
 
         if self.engine is None:

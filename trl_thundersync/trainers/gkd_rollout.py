@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..types import RolloutRequest, SamplingParams
-from .grpo_trainer import trajectory_seed
+from .lifecycle import trajectory_seed
 from .rollout_setup import capped_agent_limits
 
 

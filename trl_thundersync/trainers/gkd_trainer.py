@@ -36,7 +36,7 @@ from ..trace.recorder import open_run_trace
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
-from .grpo_trainer import _PublishCallback
+from .lifecycle import PublishCallback
 from .rollout_setup import RolloutTarget, build_turn_generator
 
 
@@ -91,7 +91,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
         self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
         self.last_trace = None
-        self.add_callback(_PublishCallback(self))
+        self.add_callback(PublishCallback(self))
 
     def _init_without_trl_teacher(self, model, trainer_kwargs: dict) -> None:
         """GKDTrainer's construction without its teacher: the same SFT setup (raw `messages` kept for the ChatML
@@ -215,7 +215,11 @@ class ThunderSyncGKDTrainer(GKDTrainer):
                                             policy=policy)
         return self._engine
 
-    # -- publication, trace and metrics (called by _PublishCallback after each optimizer step) ----------------------
+    # -- publication, trace and metrics (called by PublishCallback after each optimizer step) -----------------------
+    def _publish_due(self, global_step: int) -> bool:
+        """`PublishCallback`: every optimizer step ends a generation batch here."""
+        return True
+
     def _publish(self, version: int) -> None:
         if self._engine is not None:
             seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)

@@ -20,7 +20,6 @@ import torch
 import transformers
 from accelerate.logging import get_logger
 from packaging.version import Version
-from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import parse_response
 from trl.data_utils import apply_chat_template, is_conversational
@@ -45,32 +44,12 @@ from ..trace.recorder import build_step_trace, open_run_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_config import ThunderSyncGRPOConfig
+from .lifecycle import PublishCallback, trajectory_seed  # noqa: F401  (trajectory_seed: re-exported)
 from .grpo_entropy import add_entropy_direction, entropy_barrier, entropy_batch
 from . import grpo_iterations
 from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
 
 logger = get_logger(__name__)
-
-def trajectory_seed(run_seed: int, step: int, index: int) -> int:
-    """Sampling seed of one trajectory, independent of arrival order and schedule."""
-    return (run_seed * 1_000_003 + step * 65_537 + index) % (2**63 - 1)
-
-
-class _PublishCallback(TrainerCallback):
-    """After each optimizer step: publish θ_{k+1} and wait for the engine's acknowledgement."""
-
-    def __init__(self, trainer: "ThunderSyncGRPOTrainer") -> None:
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        optimizer_end = time.perf_counter()
-        # passes 2..μ of num_iterations follow (the GKD trainer, which shares this callback, has one pass)
-        if not grpo_iterations.publishes_after(state.global_step, getattr(args, "num_iterations", 1)):
-            self.trainer._record_step(optimizer_end, optimizer_end)
-            return
-        self.trainer._publish(state.global_step)
-        self.trainer._record_step(optimizer_end, time.perf_counter())
-
 
 class _RolloutProgress:
     """A per-batch progress bar: trajectories scored, turns, tool calls and the running mean reward."""
@@ -163,7 +142,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         self._pending_extra_rows: defaultdict[str, dict] = defaultdict(dict)  # log_extra: column → {trajectory: value}
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
-        self.add_callback(_PublishCallback(self))
+        self.add_callback(PublishCallback(self))
 
     def _refuse_dropped_generation_fields(self) -> None:
         """TRL forwards these into its own generation; ThunderSync's engines do not have them yet (refused by name)."""
@@ -546,6 +525,10 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                 adapter = sum(p.numel() for p in self._trainable)
             self._flops_fn = lambda tokens: learner_flops(shape, tokens, adapter)
         return self._flops_fn
+
+    def _publish_due(self, global_step: int) -> bool:
+        """`PublishCallback`: θ goes out after the last pass over a generation batch (`num_iterations`)."""
+        return grpo_iterations.publishes_after(global_step, self.args.num_iterations)
 
     def _publish(self, version: int) -> None:
         if self._engine is not None:
