@@ -33,8 +33,10 @@ def _start(model: str, out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = (out / "log").open("wb")
+    # SIGINT as a terminal gives it: a background job of a non-interactive shell inherits SIG_IGN (POSIX), and Python
+    # then installs no KeyboardInterrupt handler in the child
     return subprocess.Popen([sys.executable, str(SCRIPT), model, str(out), *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _finish(process: subprocess.Popen, out: Path, timeout: float = 600.0) -> str:

@@ -170,10 +170,15 @@ def test_a_refused_external_server_is_waited_for_like_trl_says_so_and_ctrl_c_end
     loading); so does the engine, but Ctrl-C ends it and no polling thread stays behind."""
     before = set(threading.enumerate())
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C: it wakes blocked waits
+    # Python's Ctrl-C handler, also where the run inherited SIGINT ignored (a background job of a non-interactive shell)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     timer.start()
-    with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
-        VLLMServerEngine([_refused_url()], None, SAMPLING, startup_timeout=300.0)
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
+            VLLMServerEngine([_refused_url()], None, SAMPLING, startup_timeout=300.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < SETTLE_S
     assert "waiting up to 300 s" in caplog.text and "Ctrl-C" in caplog.text
     timer.join()
