@@ -22,17 +22,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content", "normalize_then_sum"])
-def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
+def run_ddp_parity(tmp_path, model_path: str, case: str) -> tuple[dict, dict]:
+    """`ddp_parity_script.py` case `case` on two CPU processes (gloo): stock TRL's and ThunderSync's results
+    (`directions` per optimizer step, final `params`)."""
     script = Path(__file__).with_name("ddp_parity_script.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script), str(tmp_path), tiny_model_path, case]
+           "--master_port", str(free_port()), str(script), str(tmp_path), model_path, case]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     results = torch.load(tmp_path / "results.pt")
-    ref, got = results["trl"], results["ts"]
+    return results["trl"], results["ts"]
+
+
+@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content", "normalize_then_sum"])
+def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
+    ref, got = run_ddp_parity(tmp_path, tiny_model_path, case)
     assert len(ref["directions"]) == len(got["directions"]) == 2
     for a, b in zip(got["directions"], ref["directions"]):
         assert relative_error(a, b) <= 1e-5

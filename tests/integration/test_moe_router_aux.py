@@ -134,22 +134,9 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
 
 def test_two_processes_with_router_aux_loss_match_trl(tmp_path, moe_model_path):
     """DDP over gloo: each process's micro-batches carry their own term, averaged at the barrier as DDP averages."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.integration.test_distributed import run_ddp_parity
 
-    from tests.integration.test_distributed import free_port
-
-    script = Path(__file__).with_name("ddp_parity_script.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script), str(tmp_path), moe_model_path, "moe_router_aux_ga2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = torch.load(tmp_path / "results.pt")
-    ref, got = results["trl"], results["ts"]
+    ref, got = run_ddp_parity(tmp_path, moe_model_path, "moe_router_aux_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
     for a, b in zip(got["directions"], ref["directions"]):
         assert relative_error(a, b) <= TOL

@@ -188,22 +188,9 @@ def tiny_moe(tmp_path_factory):
 def test_two_processes_match_trl(tmp_path, tiny_model_path):
     """DDP (two CPU processes over gloo): pass 1's direction is averaged at the barrier, passes 2..μ are TRL's own
     DDP backward (`ddp_parity_script.py`, case mu2_bnpo_ga2_beta: two generation batches of two passes)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.integration.test_distributed import run_ddp_parity
 
-    from tests.integration.test_distributed import free_port
-
-    script = Path(__file__).with_name("ddp_parity_script.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script), str(tmp_path), tiny_model_path, "mu2_bnpo_ga2_beta"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = torch.load(tmp_path / "results.pt")
-    ref, got = results["trl"], results["ts"]
+    ref, got = run_ddp_parity(tmp_path, tiny_model_path, "mu2_bnpo_ga2_beta")
     assert len(ref["directions"]) == len(got["directions"]) == 4
     assert relative_error(ref["directions"][1], ref["directions"][0]) > 1e-2
     for k, (a, b) in enumerate(zip(got["directions"], ref["directions"])):

@@ -107,11 +107,17 @@ def model_from_config(config, tokenizer, seed: int):
 
 def save_tiny_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
     """Create (or reuse) a tiny model folder at `path` and return it."""
+    return save_model_folder(path, lambda tokenizer: build_tiny_model(tokenizer, hidden_size=hidden_size,
+                                                                      num_layers=num_layers, seed=seed))
+
+
+def save_model_folder(path: str | Path, build) -> Path:
+    """Write the tiny tokenizer and `build(tokenizer)`'s model to `path`, unless a model folder is already there."""
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    model = build(tokenizer)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)

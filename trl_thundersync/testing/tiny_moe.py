@@ -35,17 +35,10 @@ def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, 
 
 def save_tiny_moe_model(path: str | Path, router_aux_loss_coef: float = 0.001, seed: int = 0) -> Path:
     """Create (or reuse) a tiny MoE model folder at `path` and return it."""
-    from .tiny import build_tiny_tokenizer
+    from .tiny import save_model_folder
 
-    path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return path
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_moe_model(tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed)
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    return path
+    return save_model_folder(path, lambda tokenizer: build_tiny_moe_model(
+        tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed))
 
 
 def main(argv: list[str] | None = None) -> None:
