@@ -18,6 +18,9 @@ from typing import Any, Literal
 Schedule = Literal["thundersync", "sync"]
 # When a trajectory's backward runs under schedule="thundersync" (streaming/release.py).
 ReleasePoint = Literal["reward", "content", "turn"]
+# How a turn's backward runs (streaming/turn_grpo.py, distillation): "boundary_cut" forwards only the turn's new tokens
+# (linear, no activation checkpointing); "naive" re-runs the turn's whole context (quadratic).
+TurnBackward = Literal["boundary_cut", "naive"]
 # How reward functions are called (streaming/reward_scope.py).
 RewardScope = Literal["auto", "trajectory", "group", "batch"]
 # What an episode with tools / environment_factory is: TRL 1.16's tool loop, or the ThunderSync paper's protocol.

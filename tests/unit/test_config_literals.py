@@ -19,7 +19,7 @@ import pytest
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError
 from trl_thundersync.trace.records import LearnerKind, TraceKind, TraceLane
-from trl_thundersync.types import ReleasePoint, RewardScope, StopReason
+from trl_thundersync.types import ReleasePoint, RewardScope, StopReason, TurnBackward
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = (ThunderSyncGRPOConfig, ThunderSyncGKDConfig)
@@ -64,9 +64,13 @@ def test_every_literal_field_refuses_a_value_outside_it(tmp_path, cls, name):
 def test_the_streaming_tuples_are_the_literals():
     from trl_thundersync.streaming.release import RELEASE_POINTS
     from trl_thundersync.streaming.reward_scope import REWARD_SCOPES
+    from trl_thundersync.streaming.turn_grpo import TURN_BACKWARDS
+    from trl_thundersync.trainers.gkd_config import TURN_BACKWARDS as GKD_TURN_BACKWARDS
 
     assert RELEASE_POINTS == typing.get_args(ReleasePoint) == ("reward", "content", "turn")
     assert REWARD_SCOPES == typing.get_args(RewardScope) == ("auto", "trajectory", "group", "batch")
+    assert TURN_BACKWARDS == typing.get_args(TurnBackward) == ("boundary_cut", "naive")
+    assert GKD_TURN_BACKWARDS == ("auto", *TURN_BACKWARDS)  # GKD's field resolves "auto" to one of them
 
 
 def package_trees() -> list[ast.Module]:

@@ -9,16 +9,16 @@ from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
-from ..types import AgentProtocol, Schedule
+from ..types import AgentProtocol, Schedule, TurnBackward
 from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
 from .agent_config import AgentLoopFields, GenerationBudget, agent_protocol_field
 from .config_checks import converted_config, require_choice, require_counts
 from .rollout_config import RolloutEngine, RolloutFields, TRLVLLMServerFields
 
 Objective = Literal["gjsd", "opd"]
-TurnBackward = Literal["auto", "boundary_cut", "naive"]  # "auto" is resolved in __post_init__
+TurnBackwardSetting = Literal["auto", TurnBackward]  # "auto" is resolved in __post_init__
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
-TURN_BACKWARDS: tuple[TurnBackward, ...] = get_args(TurnBackward)
+TURN_BACKWARDS: tuple[TurnBackwardSetting, ...] = get_args(TurnBackwardSetting)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 # TRL's own batch generation ("trl") is GRPO's; distillation streams turns from ThunderSync's engines
 ROLLOUT_ENGINES: tuple[RolloutEngine, ...] = tuple(e for e in get_args(RolloutEngine) if e != "trl")
@@ -41,7 +41,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
         metadata={"help": "'thundersync' runs each turn's student backward as soon as the teacher scored it, while "
                   "tools and other turns still run; 'sync' waits until the batch closed (same code, same update)."},
     )
-    turn_backward: TurnBackward = field(
+    turn_backward: TurnBackwardSetting = field(
         default="auto",
         metadata={"help": "'boundary_cut': each turn forwards only its new tokens over detached key/value proxies and "
                   "the deferred context adjoints are replayed when the trajectory closes (linear cost); 'naive': "
@@ -99,7 +99,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
             raise ConfigurationError(str(exc)) from exc
         require_choice(self, "objective", Objective)
         require_choice(self, "schedule", Schedule)
-        require_choice(self, "turn_backward", TurnBackward)
+        require_choice(self, "turn_backward", TurnBackwardSetting)
         self.check_rollout_fields(ROLLOUT_ENGINES)
         if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
             raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "
