@@ -2,6 +2,9 @@
 
 A *logical batch* is TRL's generation batch: `B` trajectories in `B / num_generations` groups, all sampled at one
 policy version, consumed by exactly one optimizer step.
+
+The `Literal` aliases below are the string options and outcomes that cross modules (config fields, the learner,
+agent statistics); each is defined once, and every tuple of allowed values is `typing.get_args` of its alias.
 """
 
 from __future__ import annotations
@@ -9,7 +12,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+# When learner work runs: each trajectory as soon as it is ready, or the whole batch after it closed (the paper's Sync).
+Schedule = Literal["thundersync", "sync"]
+# When a trajectory's backward runs under schedule="thundersync" (streaming/release.py).
+ReleasePoint = Literal["reward", "content", "turn"]
+# How a turn's backward runs (streaming/turn_grpo.py, distillation): "boundary_cut" forwards only the turn's new tokens
+# (linear, no activation checkpointing); "naive" re-runs the turn's whole context (quadratic).
+TurnBackward = Literal["boundary_cut", "naive"]
+# How reward functions are called (streaming/reward_scope.py).
+RewardScope = Literal["auto", "trajectory", "group", "batch"]
+# What an episode with tools / environment_factory is: TRL 1.16's tool loop, or the ThunderSync paper's protocol.
+AgentProtocol = Literal["trl", "paper"]
+# Why an episode ended, per protocol (envs/agent_loop.py and envs/trl_tool_loop.py).
+PaperStopReason = Literal["answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
+                          "turn_token_limit"]
+TRLStopReason = Literal["answered", "max_tool_calling_iterations", "max_completion_length", "max_context_tokens"]
+StopReason = Literal[PaperStopReason, TRLStopReason]
 
 
 @dataclass(frozen=True)
@@ -50,10 +70,8 @@ class AgentStats:
     tool_intervals: tuple[tuple[float, float], ...]  # (start, end) perf_counter of every executed tool call
     turn_intervals: tuple[tuple[float, float], ...]  # (request sent, action complete) of every generation turn
     wall_seconds: float  # reset to last token
-    stop_reason: str  # "answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
-    # "turn_token_limit" (paper protocol); "answered", "max_tool_calling_iterations", "max_completion_length",
-    # "max_context_tokens" (TRL protocol)
-    protocol: str = "paper"  # the agent_protocol that produced it ("paper" counts parse errors as tool failures)
+    stop_reason: StopReason  # a PaperStopReason or a TRLStopReason, by protocol
+    protocol: AgentProtocol = "paper"  # the agent_protocol that produced it ("paper" counts parse errors as failures)
 
     @property
     def tool_seconds(self) -> tuple[float, ...]:

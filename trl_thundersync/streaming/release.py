@@ -23,14 +23,14 @@ that finds no slot is released at its reward, as under `"reward"`. Every path co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 import torch
 
-from ..types import Rollout, TurnEvent
+from ..types import ReleasePoint, Rollout, TurnEvent
 from .learner_records import SourceGradients
 
-RELEASE_POINTS = ("reward", "content", "turn")
+RELEASE_POINTS: tuple[ReleasePoint, ...] = get_args(ReleasePoint)
 
 
 class TurnSource(Protocol):

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import get_args
 
 import torch
 
 from ..errors import RewardScopeError
-from ..types import Rollout, ScoredRollout
+from ..types import Rollout, RewardScope, ScoredRollout
 from .grading import GradingPool
 from .rewards import RewardContext, RewardScorer, ScoringInput, describe_call
 
-REWARD_SCOPES = ("auto", "trajectory", "group", "batch")
+REWARD_SCOPES: tuple[RewardScope, ...] = get_args(RewardScope)
 
 # Probe tolerance, relative to the largest |reward| of the group (at least 1). Rewards are float32 from here on
 # (TRL converts them too), and a per-sample function evaluated vectorized over a group may legitimately differ from

@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from ..errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
-from ..types import Rollout, TurnEvent
+from ..types import Rollout, TurnBackward, TurnEvent
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
@@ -45,8 +45,7 @@ from .source import loss_mask, policy_value
 from .turn_reference import TurnReference
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
-# "boundary_cut": linear cost, no activation checkpointing; "naive": every turn re-runs its context (quadratic)
-TURN_BACKWARDS = ("boundary_cut", "naive")
+TURN_BACKWARDS: tuple[TurnBackward, ...] = get_args(TurnBackward)
 
 
 @dataclass
@@ -74,7 +73,7 @@ class TurnScoreBackward:
                  ref_model: Any = None, ref_context: ContextFactory | None = None, bias_correction_kl: bool = True,
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
-                 turn_backward: str = "boundary_cut", entropy_coef: float | None = None,
+                 turn_backward: TurnBackward = "boundary_cut", entropy_coef: float | None = None,
                  off_policy_sampling: bool = False) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")

@@ -1,8 +1,9 @@
 """Trace records of training steps: what ran where and when (perf_counter seconds), for exports and the model.
 
 One `StepTrace` per optimizer step. Lanes: "rollout" (trajectory generation, per trajectory), "tool" (tool calls),
-"learner" (per-source backward passes and group folds), "barrier" (normalize, clip, optimizer step) and
-"publish" (weights to the rollout engine, acknowledged). The scheduling model (paper Appendix F) reads the learner
+"learner" (per-source backward passes and group folds), "barrier" (normalize, clip, optimizer step),
+"publish" (weights to the rollout engine, acknowledged) and, in distillation, "teacher" (a turn's teacher scoring);
+the `Literal` aliases below name every lane and kind. The scheduling model (paper Appendix F) reads the learner
 lane's (ready, start, end) and the step landmarks; exports turn a list of steps into Chrome/Perfetto JSON and a PNG.
 
 Learner kinds: "source_backward" (a trajectory's backward at reward release), "content_backward" (its backward at
@@ -16,14 +17,23 @@ point (`model.predict_release`). Traces written before these fields existed load
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+TraceLane = Literal["rollout", "tool", "learner", "barrier", "publish", "teacher"]
+# Rollout lane: a trajectory, one agent turn, the wait for its reward; stock TRL's whole batch and its grading.
+RolloutKind = Literal["trajectory", "turn", "reward", "generate_batch", "grading"]
+# Learner lane (module docstring); "context_replay": distillation's deferred context adjoints when a trajectory closes.
+LearnerKind = Literal["source_backward", "content_backward", "turn_backward", "turn_close", "bind", "group_fold",
+                      "context_replay", "score_loss_backward"]
+TraceKind = Literal[RolloutKind, "tool_call", LearnerKind, "teacher_score", "optimizer", "publish"]
 
 
 @dataclass(frozen=True)
 class TraceEvent:
     """One interval on one lane."""
 
-    lane: str  # "rollout" | "tool" | "learner" | "barrier" | "publish"
-    kind: str  # e.g. "trajectory", "turn", "tool_call", "source_backward", "group_fold", "optimizer", "publish"
+    lane: TraceLane
+    kind: TraceKind  # tool lane: "tool_call"; teacher: "teacher_score"; barrier: "optimizer"; publish: "publish"
     start: float  # seconds (perf_counter, same clock for every event of the run)
     end: float
     index: int = -1  # trajectory index in the batch (-1: not per trajectory)

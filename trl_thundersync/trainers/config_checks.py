@@ -5,7 +5,8 @@ TRL and transformers accept `max_completion_length=0`, `per_device_train_batch_s
 `per_device_train_batch_size=None`) raise a `ZeroDivisionError` / `TypeError` from TRL's own `__post_init__`. The
 configs call `require_counts` first, so each such value is a `ConfigurationError` naming the field, the value and
 what it must be. Values TRL gives a meaning to stay accepted (`max_tool_calling_iterations=0`: no tool calls;
-`None` where TRL documents `None`).
+`None` where TRL documents `None`). `require_choice` does the same for a string option typed as a `Literal`: the
+allowed values are the alias's `typing.get_args`, so the check and the annotation cannot drift apart.
 
 `converted_config` turns a plain TRL config (what a user of stock TRL already has) into the ThunderSync config that
 extends it, so the refusals above and in each config's `__post_init__` apply to the user's own values.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import fields
+from typing import Any, get_args
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 
@@ -29,6 +31,15 @@ def require_counts(config, names: Iterable[str], *, minimum: int = 1, optional: 
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             allowed = f"an integer ≥ {minimum}" + (" (or None)" if optional else "")
             raise ConfigurationError(f"{type(config).__name__}: {name}={value!r} must be {allowed}")
+
+
+def require_choice(config, name: str, options: Any, allowed: tuple[str, ...] | None = None) -> None:
+    """The field `name` must be one of the `Literal` alias `options` (or of `allowed`, a subset of it that this
+    config accepts)."""
+    allowed = get_args(options) if allowed is None else allowed
+    value = getattr(config, name)
+    if value not in allowed:
+        raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
 
 
 def converted_config(config, target: type, *, rederived: Iterable[str] = ()):

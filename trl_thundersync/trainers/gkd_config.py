@@ -2,44 +2,51 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from trl.experimental.gkd import GKDConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
-from .config_checks import converted_config, require_counts
-from .rollout_config import RolloutFields, TRLVLLMServerFields
+from ..types import AgentProtocol, Schedule, TurnBackward
+from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
+from .agent_config import AgentLoopFields, GenerationBudget, agent_protocol_field
+from .config_checks import converted_config, require_choice, require_counts
+from .rollout_config import RolloutEngine, RolloutFields, TRLVLLMServerFields
 
-OBJECTIVES = ("gjsd", "opd")
-TURN_BACKWARDS = ("auto", "boundary_cut", "naive")
-SCHEDULES = ("thundersync", "sync")
-ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "embedded_server", "vllm_server")
-AGENT_PROTOCOLS = ("paper", "trl")
-PAPER_AGENT_FIELDS = ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens",
-                      "agent_max_context_tokens", "agent_max_observation_tokens")
+Objective = Literal["gjsd", "opd"]
+TurnBackwardSetting = Literal["auto", TurnBackward]  # "auto" is resolved in __post_init__
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+TURN_BACKWARDS: tuple[TurnBackwardSetting, ...] = get_args(TurnBackwardSetting)
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+# TRL's own batch generation ("trl") is GRPO's; distillation streams turns from ThunderSync's engines
+ROLLOUT_ENGINES: tuple[RolloutEngine, ...] = tuple(e for e in get_args(RolloutEngine) if e != "trl")
+AGENT_PROTOCOLS: tuple[AgentProtocol, ...] = get_args(AgentProtocol)
 
 
 @dataclass
-class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
-    objective: str = field(
+class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentLoopFields):
+    GENERATION_BUDGET = GenerationBudget(length_field="max_new_tokens", per_turn=True)
+
+    objective: Objective = field(
         default="gjsd",
         metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
                   "(a local teacher model), as trl's GKDTrainer; 'opd': the paper's turn-level on-policy distillation, "
                   "sampled-token advantage sg(log π_T − log π_θ). Both are "
                   "normalized by the batch's scored-token count."},
     )
-    schedule: str = field(
+    schedule: Schedule = field(
         default="thundersync",
         metadata={"help": "'thundersync' runs each turn's student backward as soon as the teacher scored it, while "
                   "tools and other turns still run; 'sync' waits until the batch closed (same code, same update)."},
     )
-    turn_backward: str = field(
+    turn_backward: TurnBackwardSetting = field(
         default="auto",
         metadata={"help": "'boundary_cut': each turn forwards only its new tokens over detached key/value proxies and "
                   "the deferred context adjoints are replayed when the trajectory closes (linear cost); 'naive': "
-                  "every turn re-runs its whole context (quadratic; the reference, and what works with activation checkpointing); "
-                  "'auto': boundary_cut, or naive when gradient_checkpointing is on."},
+                  "every turn re-runs its whole context (quadratic; the reference, and what works with activation "
+                  "checkpointing); 'auto': boundary_cut, or naive when gradient_checkpointing is on."},
     )
     max_open_trajectories: int | None = field(
         default=None,
@@ -68,34 +75,12 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
     teacher_server_timeout: float = field(
         default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
     )
-    agent_protocol: str = field(
-        default="paper",
-        metadata={"help": "What an episode is with tools / environment_factory. 'paper' (default here): the paper's "
-                  "turn-level OPD protocol (one tool call per turn, an unparsable call answered with a parser-error "
-                  "observation, the agent_max_* budgets). 'trl': TRL 1.16's tool loop as in GRPO and "
-                  "trl.DistillationTrainer (every call of a turn runs, the episode ends at a turn without a parsed "
-                  "call or after max_tool_calling_iterations rounds, max_new_tokens bounds the whole multi-turn "
-                  "completion including tool tokens). TRL's GKDTrainer has no tool loop, so neither is a drop-in "
-                  "default; 'paper' keeps the published OPD workloads reproducible."},
-    )
+    agent_protocol: AgentProtocol = agent_protocol_field("paper")  # agent_config: why it differs from GRPO's
     max_tool_calling_iterations: int | None = field(
         default=None,
         metadata={"help": "agent_protocol='trl': rounds of tool execution per episode (TRL's field; None: no cap, 0: "
                   "no tool runs)."},
     )
-    agent_max_turns: int = field(default=8, metadata={"help": "Agent loop (tools/environments): turns per trajectory."})
-    agent_max_tokens_per_turn: int | None = field(
-        default=None, metadata={"help": "Agent loop: generated tokens per turn. None: max_new_tokens."}
-    )
-    agent_max_completion_tokens: int | None = field(
-        default=None,
-        metadata={"help": "Agent loop: model tokens per trajectory over all turns. None: agent_max_turns × max_new_tokens."},
-    )
-    agent_max_context_tokens: int = field(default=8192, metadata={"help": "Agent loop: prompt + everything appended."})
-    agent_max_observation_tokens: int = field(
-        default=256, metadata={"help": "Agent loop: tool-result tokens kept per observation (head and tail)."}
-    )
-    agent_tool_timeout: float = field(default=60.0, metadata={"help": "Agent loop: seconds per tool call."})
     trace: bool = field(
         default=True,
         metadata={"help": "Record a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
@@ -112,45 +97,25 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             raise
         except ValueError as exc:  # TRL's own checks (lmbda, beta ranges): same text, typed
             raise ConfigurationError(str(exc)) from exc
-        for name, value, allowed in (("objective", self.objective, OBJECTIVES), ("schedule", self.schedule, SCHEDULES),
-                                     ("turn_backward", self.turn_backward, TURN_BACKWARDS)):
-            if value not in allowed:
-                raise ConfigurationError(f"{name}={value!r} is not one of {allowed}")
+        require_choice(self, "objective", Objective)
+        require_choice(self, "schedule", Schedule)
+        require_choice(self, "turn_backward", TurnBackwardSetting)
         self.check_rollout_fields(ROLLOUT_ENGINES)
         if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
             raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "
                                      "no cap)")
-        require_counts(self, ("agent_max_turns", "agent_max_context_tokens"))
-        require_counts(self, ("agent_max_tokens_per_turn", "agent_max_completion_tokens"), optional=True)
-        if self.agent_max_observation_tokens < 2 or self.agent_tool_timeout <= 0:
-            raise ConfigurationError(
-                f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 and agent_tool_timeout="
-                f"{self.agent_tool_timeout} must be > 0"
-            )
-        self._check_agent_protocol()
+        self.check_agent_fields()
+        if self.agent_protocol == "paper" and self.max_tool_calling_iterations is not None:
+            # GKD has this field for agent_protocol='trl' only (GRPO's is TRL's own, a default for agent_max_turns)
+            raise ConfigurationError(f"max_tool_calling_iterations={self.max_tool_calling_iterations} applies to "
+                                     "agent_protocol='trl'; with 'paper' use agent_max_turns")
         self._refuse_unstreamable()
 
     @classmethod
-    def from_trl(cls, config: GKDConfig) -> "ThunderSyncGKDConfig":
+    def from_trl(cls, config: GKDConfig) -> ThunderSyncGKDConfig:
         """A plain `trl.experimental.gkd.GKDConfig` as a `ThunderSyncGKDConfig`: every field carried over, the
         ThunderSync fields at their defaults, every check and refusal applied (an unsupported option by name)."""
         return converted_config(config, cls)
-
-    def _check_agent_protocol(self) -> None:
-        if self.agent_protocol not in AGENT_PROTOCOLS:
-            raise ConfigurationError(f"agent_protocol={self.agent_protocol!r} is not one of {AGENT_PROTOCOLS}")
-        require_counts(self, ("max_tool_calling_iterations",), minimum=0, optional=True)
-        if self.agent_protocol == "trl":
-            defaults = {f.name: f.default for f in fields(self)}
-            for name in PAPER_AGENT_FIELDS:
-                if getattr(self, name) != defaults[name]:
-                    raise ConfigurationError(
-                        f"{name}={getattr(self, name)!r} is a budget of agent_protocol='paper'; with "
-                        "agent_protocol='trl' an episode is bounded by max_tool_calling_iterations and max_new_tokens "
-                        "(the whole multi-turn completion). Set agent_protocol='paper' to use it")
-        elif self.max_tool_calling_iterations is not None:
-            raise ConfigurationError(f"max_tool_calling_iterations={self.max_tool_calling_iterations} applies to "
-                                     "agent_protocol='trl'; with 'paper' use agent_max_turns")
 
     def _refuse_unstreamable(self) -> None:
         def refuse(name: str, value, why: str) -> None:
@@ -188,23 +153,3 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
             self.turn_backward = "naive" if self.gradient_checkpointing else "boundary_cut"
         if self.use_liger_kernel:
             refuse("use_liger_kernel", self.use_liger_kernel, "the Liger loss bypasses the streamed learner")
-
-    def agent_limits(self):
-        """The agent loop's budgets, defaulting to the GKD generation fields (TRL's loop: max_new_tokens in all)."""
-        from ..envs.agent_loop import AgentLimits
-        from ..envs.trl_tool_loop import TRLLoopLimits
-
-        if self.agent_protocol == "trl":
-            return TRLLoopLimits(max_completion_length=self.max_new_tokens,
-                                 max_tool_calling_iterations=self.max_tool_calling_iterations,
-                                 tool_timeout_s=self.agent_tool_timeout)
-
-        per_turn = self.agent_max_tokens_per_turn or self.max_new_tokens
-        return AgentLimits(
-            max_turns=self.agent_max_turns,
-            max_tokens_per_turn=per_turn,
-            max_completion_tokens=self.agent_max_completion_tokens or self.agent_max_turns * per_turn,
-            max_context_tokens=self.agent_max_context_tokens,
-            max_observation_tokens=self.agent_max_observation_tokens,
-            tool_timeout_s=self.agent_tool_timeout,
-        )

@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..streaming.normalization import SUPPORTED_LOSS_TYPES
-from ..streaming.release import RELEASE_POINTS
-from ..streaming.reward_scope import REWARD_SCOPES
-from .config_checks import converted_config, require_counts
-from .rollout_config import RolloutFields
+from ..types import AgentProtocol, ReleasePoint, RewardScope, Schedule
+from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
+from .agent_config import AgentLoopFields, GenerationBudget
+from .config_checks import converted_config, require_choice, require_counts
+from .rollout_config import RolloutEngine, RolloutFields
 
-SCHEDULES = ("thundersync", "sync")
-ROLLOUT_ENGINES = ("auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server")
-AGENT_PROTOCOLS = ("trl", "paper")
-PAPER_AGENT_FIELDS = ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens",
-                      "agent_max_context_tokens", "agent_max_observation_tokens")
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+ROLLOUT_ENGINES: tuple[RolloutEngine, ...] = get_args(RolloutEngine)
+AGENT_PROTOCOLS: tuple[AgentProtocol, ...] = get_args(AgentProtocol)
 
 
 @dataclass
-class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
-    schedule: str = field(
+class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
+    GENERATION_BUDGET = GenerationBudget(length_field="max_completion_length", per_turn=False)
+
+    schedule: Schedule = field(
         default="thundersync",
         metadata={
             "help": "'thundersync' runs each trajectory's backward as soon as its reward is known; 'sync' waits until "
@@ -36,46 +38,6 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "memory to 4·(2k+1)·P bytes. None = every group of the batch may be open."
         },
     )
-    agent_protocol: str = field(
-        default="trl",
-        metadata={
-            "help": "What an episode is with tools / environment_factory. 'trl': TRL 1.16's tool loop (every tool call "
-            "of a turn runs, results are `tool` messages, errors {'error': str(e)}, the episode ends at a turn "
-            "without a parsed call or after max_tool_calling_iterations rounds, max_completion_length bounds the "
-            "whole multi-turn completion including tool tokens). 'paper': the ThunderSync paper's protocol (one call "
-            "per turn, an unparsable call is answered with a parser-error observation that consumes the turn, the "
-            "agent_max_* budgets, a `done` environment ends the episode)."
-        },
-    )
-    agent_max_turns: int | None = field(
-        default=None,
-        metadata={"help": "agent_protocol='paper': generation turns per trajectory. None: max_tool_calling_iterations "
-                  "+ 1, or 8."},
-    )
-    agent_max_tokens_per_turn: int | None = field(
-        default=None,
-        metadata={"help": "agent_protocol='paper': generated tokens per turn. None: max_completion_length."},
-    )
-    agent_max_completion_tokens: int | None = field(
-        default=None,
-        metadata={"help": "agent_protocol='paper': model-generated tokens per trajectory, all turns. None: "
-                  "max_completion_length."},
-    )
-    agent_max_context_tokens: int | None = field(
-        default=None,
-        metadata={"help": "agent_protocol='paper': prompt + everything appended (actions and observations). None: "
-                  "8192. (With 'trl' the model's window applies, as in TRL.)"},
-    )
-    agent_max_observation_tokens: int | None = field(
-        default=None,
-        metadata={"help": "agent_protocol='paper': tool-result tokens kept per observation (equal head and tail, "
-                  "marker between). None: 256. (TRL keeps whole results and drops one that overflows the budget.)"},
-    )
-    agent_tool_timeout: float = field(
-        default=60.0,
-        metadata={"help": "Agent loop (both protocols): seconds a tool call may take before it fails; the failure is the "
-                  "tool's result as the protocol renders errors (TRL itself has no timeout)."},
-    )
     trace: bool = field(
         default=True,
         metadata={"help": "Record a per-step trace (rollouts, tool calls, learner items, barrier, publication) as JSON "
@@ -87,7 +49,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         metadata={"help": "Peak FLOP/s of one trainer device (e.g. 989e12 for H100/H200 dense BF16); enables the "
                   "trainer active MFU metric (paper Appendix B)."},
     )
-    reward_scope: str = field(
+    reward_scope: RewardScope = field(
         default="auto",
         metadata={
             "help": "How reward functions are called. 'trajectory': with one completion as soon as it ends (exact for "
@@ -114,7 +76,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             "large machines; raise it for graders that only wait (remote judges)."
         },
     )
-    release: str = field(
+    release: ReleasePoint = field(
         default="content",
         metadata={
             "help": "When a trajectory's backward runs under schedule='thundersync'. 'content' (default): when its "
@@ -158,15 +120,12 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
             ) from exc
         self._refuse_unstreamable()
         self._check_lengths()
-        if self.schedule not in SCHEDULES:
-            raise ConfigurationError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if self.reward_scope not in REWARD_SCOPES:
-            raise ConfigurationError(f"reward_scope={self.reward_scope!r} is not one of {REWARD_SCOPES}")
+        require_choice(self, "schedule", Schedule)
+        require_choice(self, "reward_scope", RewardScope)
         if self.grading_workers is not None and self.grading_workers < 1:
             raise ConfigurationError(f"grading_workers={self.grading_workers} must be ≥ 1 (1 = serial grading, None = "
                                      "min(2 × CPU cores, 8))")
-        if self.release not in RELEASE_POINTS:
-            raise ConfigurationError(f"release={self.release!r} is not one of {RELEASE_POINTS}")
+        require_choice(self, "release", ReleasePoint)
         if self.release == "turn" and self.gradient_checkpointing:
             raise ConfigurationError(
                 "release='turn' with gradient_checkpointing=True (TRL's default): the per-turn backward keeps each "
@@ -177,11 +136,11 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
                 f"max_buffered_trajectories={self.max_buffered_trajectories} must be ≥ 1 (or None for no cap)")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
-        self._check_agent_fields()
+        self.check_agent_fields()
         self.check_rollout_fields(ROLLOUT_ENGINES)
 
     @classmethod
-    def from_trl(cls, config: GRPOConfig) -> "ThunderSyncGRPOConfig":
+    def from_trl(cls, config: GRPOConfig) -> ThunderSyncGRPOConfig:
         """A plain `trl.GRPOConfig` as a `ThunderSyncGRPOConfig`: every field carried over, the ThunderSync fields at
         their defaults, every check and refusal applied (an unsupported option is refused by name)."""
         return converted_config(config, cls, rederived=("generation_batch_size",))
@@ -198,47 +157,6 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
         else:
             require_counts(self, ("max_completion_length",))
         require_counts(self, ("vllm_max_model_length",), optional=True)
-        # TRL's meaning: 0 = no tool call is executed (one turn), None = the default turn budget
-        require_counts(self, ("max_tool_calling_iterations",), minimum=0, optional=True)
-
-    def _check_agent_fields(self) -> None:
-        if self.agent_protocol not in AGENT_PROTOCOLS:
-            raise ConfigurationError(f"agent_protocol={self.agent_protocol!r} is not one of {AGENT_PROTOCOLS}")
-        require_counts(self, PAPER_AGENT_FIELDS, optional=True)
-        if self.agent_max_observation_tokens is not None and self.agent_max_observation_tokens < 2:
-            raise ConfigurationError(f"agent_max_observation_tokens={self.agent_max_observation_tokens} must be ≥ 2 "
-                                     "(observations keep at least one head and one tail token)")
-        if self.agent_tool_timeout <= 0:
-            raise ConfigurationError(f"agent_tool_timeout={self.agent_tool_timeout} must be > 0")
-        if self.agent_protocol == "trl":
-            for name in PAPER_AGENT_FIELDS:
-                if getattr(self, name) is not None:
-                    raise ConfigurationError(
-                        f"{name}={getattr(self, name)!r} is a budget of agent_protocol='paper'; with "
-                        "agent_protocol='trl' (the default) TRL's fields bound an episode: max_tool_calling_iterations "
-                        "(tool rounds) and max_completion_length (the whole multi-turn completion). Set "
-                        "agent_protocol='paper' to use it, or leave it None")
-
-    def agent_limits(self):
-        """The agent loop's budgets: TRL's fields (agent_protocol='trl'), or the paper's with TRL's as defaults."""
-        from ..envs.agent_loop import AgentLimits
-        from ..envs.trl_tool_loop import TRLLoopLimits
-
-        if self.agent_protocol == "trl":
-            return TRLLoopLimits(max_completion_length=self.max_completion_length,
-                                 max_tool_calling_iterations=self.max_tool_calling_iterations,
-                                 tool_timeout_s=self.agent_tool_timeout)
-        turns = self.agent_max_turns
-        if turns is None:
-            turns = self.max_tool_calling_iterations + 1 if self.max_tool_calling_iterations is not None else 8
-        return AgentLimits(
-            max_turns=turns,
-            max_tokens_per_turn=self.agent_max_tokens_per_turn or self.max_completion_length,
-            max_completion_tokens=self.agent_max_completion_tokens or self.max_completion_length,
-            max_context_tokens=self.agent_max_context_tokens or 8192,
-            max_observation_tokens=self.agent_max_observation_tokens or 256,
-            tool_timeout_s=self.agent_tool_timeout,
-        )
 
     def _refuse_unstreamable(self) -> None:
         def refuse(name: str, value, why: str) -> None:

@@ -2,27 +2,32 @@
 rollout servers and how θ_{k+1} reaches them. One definition, one validation, the same defaults for both trainers.
 
 `RolloutFields` is a dataclass mixin; a config calls `check_rollout_fields(allowed_engines)` from its
-`__post_init__`. `TRLVLLMServerFields` adds TRL's `use_vllm` / `vllm_*` server fields (taken from `trl.GRPOConfig`,
-defaults and help included) to a config whose TRL parent does not have them (GKD's).
+`__post_init__` (every `RolloutEngine`, or the subset it supports). `TRLVLLMServerFields` adds TRL's `use_vllm` /
+`vllm_*` server fields (taken from `trl.GRPOConfig`, defaults and help included) to a config whose TRL parent does
+not have them (GKD's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
+from .config_checks import require_choice
 
-WEIGHT_PUBLISHERS = ("auto", "nccl", "lora", "http")
-SERVER_ENGINES = ("embedded_server", "vllm_server")
+RolloutEngine = Literal["auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server"]
+WeightPublisher = Literal["auto", "nccl", "lora", "http"]
+WEIGHT_PUBLISHERS: tuple[WeightPublisher, ...] = get_args(WeightPublisher)
+SERVER_ENGINES: tuple[RolloutEngine, ...] = ("embedded_server", "vllm_server")
 
 
 @dataclass(kw_only=True)  # keyword-only: positional arguments stay TRL's (output_dir first)
 class RolloutFields:
-    rollout_engine: str = field(
+    rollout_engine: RolloutEngine = field(
         default="auto",
         metadata={
             "help": "'local_process': the embedded engine in a worker process, no HTTP; 'local_thread': the same "
@@ -42,7 +47,7 @@ class RolloutFields:
             "replica (prefix cache); new trajectories go to the least-loaded one."
         },
     )
-    vllm_weight_publisher: str = field(
+    vllm_weight_publisher: WeightPublisher = field(
         default="auto",
         metadata={
             "help": "How θ_{k+1} reaches the servers after each optimizer step: 'nccl' (TRL's weight-transfer "
@@ -109,24 +114,20 @@ class RolloutFields:
             return [self.vllm_server_base_url]
         return [f"http://{self.vllm_server_host}:{self.vllm_server_port}"]
 
-    def check_rollout_fields(self, engines: tuple[str, ...]) -> None:
+    def check_rollout_fields(self, engines: tuple[RolloutEngine, ...]) -> None:
         """Validate the rollout fields; `engines` are the `rollout_engine` values this config accepts."""
         if self.use_vllm and self.vllm_mode != "server":
             raise UnsupportedOptionError(
                 f"{type(self).__name__}: vllm_mode={self.vllm_mode!r} is not supported: ThunderSync generates on "
                 "rollout servers in other processes while the learner runs; use vllm_mode='server' (or "
                 "use_vllm=False for the embedded engine)")
-        if self.rollout_engine not in engines:
-            raise ConfigurationError(f"rollout_engine={self.rollout_engine!r} is not one of {engines}")
+        require_choice(self, "rollout_engine", RolloutEngine, engines)
         if self.rollout_max_in_flight < 1 or self.rollout_num_threads < 1:
             raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} and rollout_num_threads="
                                      f"{self.rollout_num_threads} must be ≥ 1")
         if self.learner_num_threads is not None and self.learner_num_threads < 1:
             raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
-        if self.vllm_weight_publisher not in WEIGHT_PUBLISHERS:
-            raise ConfigurationError(
-                f"vllm_weight_publisher={self.vllm_weight_publisher!r} is not one of {WEIGHT_PUBLISHERS}"
-            )
+        require_choice(self, "vllm_weight_publisher", WeightPublisher)
         if self.rollout_num_servers < 1 or self.rollout_retries < 0 or self.rollout_server_restarts < 0:
             raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1, "
                                      f"rollout_retries={self.rollout_retries} ≥ 0 and "
