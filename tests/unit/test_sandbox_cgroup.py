@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.sandbox_cgroup import CommandCgroup, cgroup_parents, find_parents
+from trl_thundersync.envs.runtimes.cgroup import CommandCgroup, cgroup_parents, find_parents
 
 
 def mountinfo_line(mount_id: int, root: str, point: Path, fstype: str, options: str) -> str:

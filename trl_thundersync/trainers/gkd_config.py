@@ -191,8 +191,8 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields):
 
     def agent_limits(self):
         """The agent loop's budgets, defaulting to the GKD generation fields (TRL's loop: max_new_tokens in all)."""
-        from ..envs.agent_loop import AgentLimits
-        from ..envs.trl_tool_loop import TRLLoopLimits
+        from ..envs.harness.agent_loop import AgentLimits
+        from ..envs.harness.trl_tool_loop import TRLLoopLimits
 
         if self.agent_protocol == "trl":
             return TRLLoopLimits(max_completion_length=self.max_new_tokens,

@@ -221,8 +221,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields):
 
     def agent_limits(self):
         """The agent loop's budgets: TRL's fields (agent_protocol='trl'), or the paper's with TRL's as defaults."""
-        from ..envs.agent_loop import AgentLimits
-        from ..envs.trl_tool_loop import TRLLoopLimits
+        from ..envs.harness.agent_loop import AgentLimits
+        from ..envs.harness.trl_tool_loop import TRLLoopLimits
 
         if self.agent_protocol == "trl":
             return TRLLoopLimits(max_completion_length=self.max_completion_length,
