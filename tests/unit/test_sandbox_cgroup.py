@@ -1,4 +1,4 @@
-"""Cgroup discovery and per-command cgroups of the sandbox (`envs/sandbox_cgroup.py`).
+"""Cgroup discovery and per-command cgroups of the sandbox (`envs/runtimes/cgroup.py`).
 
 Discovery is checked on synthetic /proc/self/cgroup and mountinfo text over fake mount points (cgroup v1 as on the
 development host, and v2, which the host does not have); the real per-command cgroups are checked as root.

@@ -151,6 +151,11 @@ def run_agent_trajectory(
     environment: Any = None,
     on_turn: Callable[[TurnEvent], None] | None = None,
 ) -> AgentTrajectory:
+    """One trajectory of the paper's protocol (the state machine of the module docstring).
+
+    Longer than ~60 lines on purpose: it is that state machine written out top to bottom, every `break` one stop
+    reason, with the budgets and counters in one place; split into helpers, each would need them all.
+    """
     traj = AgentTrajectory(prompt_ids=list(prompt_ids))
     schemas = list(tools.values())
     tool_call_start = tokenizer.convert_tokens_to_ids("<tool_call>") if "<tool_call>" in tokenizer.get_vocab() else None

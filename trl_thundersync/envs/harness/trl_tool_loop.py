@@ -68,6 +68,11 @@ def run_trl_trajectory(
     limits: TRLLoopLimits,
     on_turn: Callable[[TurnEvent], None] | None = None,
 ) -> AgentTrajectory:
+    """One trajectory of TRL's episode (the state machine of the module docstring).
+
+    Longer than ~60 lines on purpose: it is that state machine written out top to bottom, next to TRL's
+    `_tool_call_loop` it mirrors, every `break` one stop reason; split into helpers, each would need every counter.
+    """
     traj = AgentTrajectory(prompt_ids=list(prompt_ids))
     traj.truncated = None  # TRL's rule at the learner: last token neither EOS nor pad
     schemas = list(tools.values())
