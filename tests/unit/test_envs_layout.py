@@ -121,3 +121,20 @@ def test_sandbox_and_task_errors_live_in_one_module_and_are_the_same_classes_eve
                 bases = {ast.unparse(b) for b in node.bases}
                 where = f"{path.relative_to(ENVS)}: {node.name}"
                 assert not any("Error" in b or "Exception" in b for b in bases), where
+
+
+def test_the_sandbox_hides_exactly_the_task_data_the_wheel_ships() -> None:
+    import tomllib
+
+    from trl_thundersync.envs.runtimes import mounts
+    from trl_thundersync.envs.tasks.suites import tasks_root
+
+    pyproject = ENVS.parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("an installed package: no pyproject.toml next to it")
+    package_data = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {f"envs/tasks/{pattern.split('/')[0]}" for pattern in package_data[f"{PREFIX}.tasks"]}
+    assert set(mounts._TASK_DATA) == shipped
+    assert mounts._PACKAGE_DIR == ENVS.parent.resolve()
+    for folder in shipped:
+        assert (mounts._PACKAGE_DIR / folder).is_dir() and (tasks_root() / folder.split("/")[-1]).is_dir()
