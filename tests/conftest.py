@@ -39,7 +39,7 @@ def tiny_agent(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runner():
     """A tool runner with its own event loop thread (async tools), as the trainers build one."""
-    from trl_thundersync.envs.agent_loop import ToolRunner
+    from trl_thundersync.envs.harness.agent_loop import ToolRunner
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
+from trl_thundersync.envs.environments.validate import validate
 from trl_thundersync.envs.tasks import load_swe_suite, load_terminal_suite
-from trl_thundersync.envs.validate import validate
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),

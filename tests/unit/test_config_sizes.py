@@ -60,8 +60,8 @@ def test_paper_budgets_are_refused_under_the_trl_protocol(tmp_path, field, value
 
 
 def test_agent_protocol_is_trl_by_default_and_checked(tmp_path):
-    from trl_thundersync.envs.agent_loop import AgentLimits
-    from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits
+    from trl_thundersync.envs.harness.agent_loop import AgentLimits
+    from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits
 
     limits = grpo(tmp_path, max_completion_length=48, max_tool_calling_iterations=3).agent_limits()
     assert limits == TRLLoopLimits(max_completion_length=48, max_tool_calling_iterations=3)
@@ -71,8 +71,8 @@ def test_agent_protocol_is_trl_by_default_and_checked(tmp_path):
 
 
 def test_gkd_keeps_the_paper_protocol_by_default_and_offers_trls(tmp_path):
-    from trl_thundersync.envs.agent_loop import AgentLimits
-    from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits
+    from trl_thundersync.envs.harness.agent_loop import AgentLimits
+    from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits
 
     assert isinstance(gkd(tmp_path).agent_limits(), AgentLimits)
     limits = gkd(tmp_path, agent_protocol="trl", max_new_tokens=64, max_tool_calling_iterations=2).agent_limits()

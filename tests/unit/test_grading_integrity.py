@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.sandbox_api import SandboxLimits
-from trl_thundersync.envs.swe import SWERepairEnv
+from trl_thundersync.envs.environments.swe import SWERepairEnv
+from trl_thundersync.envs.environments.terminal import TerminalTaskEnv
+from trl_thundersync.envs.environments.validate import overlay_command
+from trl_thundersync.envs.runtimes.api import SandboxLimits
+from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
 from trl_thundersync.envs.tasks import TaskFormatError, load_swe_suite, load_terminal_suite
-from trl_thundersync.envs.tasks._local_sandbox import LocalSubprocessSandbox
 from trl_thundersync.envs.tasks.grading import GradingLimits, UngradableWorkspace, copy_workspace
 from trl_thundersync.envs.tasks.pytest_channel import pytest_invocation, read_records, run_pytest
-from trl_thundersync.envs.terminal import TerminalTaskEnv
-from trl_thundersync.envs.validate import overlay_command
 from trl_thundersync.errors import ConfigurationError
 
 needs_bwrap = pytest.mark.skipif(
@@ -475,7 +475,7 @@ class _RecordingSandbox:
     timeouts: list[float] = []
 
     def __init__(self, workspace: Path, limits: SandboxLimits) -> None:
-        from trl_thundersync.envs.sandbox import make_sandbox
+        from trl_thundersync.envs.runtimes import make_sandbox
 
         self._inner = make_sandbox(workspace, limits)
         self.workspace, self.workdir = self._inner.workspace, self._inner.workdir

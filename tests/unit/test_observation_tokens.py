@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from trl_thundersync.envs.observation_tokens import encode_data, split_inside_markers, valid_text
-from trl_thundersync.envs.tool_calls import ToolResponseRenderer, truncate_observation
+from trl_thundersync.envs.harness.observation_tokens import encode_data, split_inside_markers, valid_text
+from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer, truncate_observation
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
-from trl_thundersync.envs.agent_loop import AgentLimits
+from trl_thundersync.envs.harness.agent_loop import AgentLimits
 from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 from trl_thundersync.types import RolloutRequest
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.sandbox import SANDBOX_UID, BwrapSandbox, make_sandbox
-from trl_thundersync.envs.sandbox_api import Sandbox, SandboxError, SandboxLimits
+from trl_thundersync.envs.runtimes import make_sandbox
+from trl_thundersync.envs.runtimes.api import Sandbox, SandboxError, SandboxLimits
+from trl_thundersync.envs.runtimes.bwrap import SANDBOX_UID, BwrapSandbox
 from trl_thundersync.errors import ConfigurationError
 
 # CI sets THUNDERSYNC_REQUIRE_SANDBOX=1 so that a missing install fails loudly instead of skipping.

@@ -1,4 +1,4 @@
-"""Cgroup discovery and per-command cgroups of the sandbox (`envs/sandbox_cgroup.py`).
+"""Cgroup discovery and per-command cgroups of the sandbox (`envs/runtimes/cgroup.py`).
 
 Discovery is checked on synthetic /proc/self/cgroup and mountinfo text over fake mount points (cgroup v1 as on the
 development host, and v2, which the host does not have); the real per-command cgroups are checked as root.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.sandbox_cgroup import CommandCgroup, cgroup_parents, find_parents
+from trl_thundersync.envs.runtimes.cgroup import CommandCgroup, cgroup_parents, find_parents
 
 
 def mountinfo_line(mount_id: int, root: str, point: Path, fstype: str, options: str) -> str:

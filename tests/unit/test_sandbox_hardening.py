@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-import trl_thundersync.envs.sandbox as sandbox_module
-from trl_thundersync.envs.sandbox import BwrapSandbox
-from trl_thundersync.envs.sandbox_api import SandboxError, SandboxLimits
+import trl_thundersync.envs.runtimes.bwrap as sandbox_module
+from trl_thundersync.envs.environments.shell_env import ShellTaskEnv
+from trl_thundersync.envs.runtimes.api import SandboxError, SandboxLimits
+from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+from trl_thundersync.envs.runtimes.workspace import create_workspace, quota_enforced, release_workspace
 from trl_thundersync.envs.tasks.grading import GradeReport
-from trl_thundersync.envs.tasks.shell_env import ShellTaskEnv
 from trl_thundersync.envs.tasks.suites import tasks_root
-from trl_thundersync.envs.tasks.workspace import create_workspace, quota_enforced, release_workspace
 from trl_thundersync.errors import ConfigurationError
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),
@@ -317,8 +317,8 @@ def test_a_users_task_answers_under_a_bound_prefix_are_hidden_from_agent_and_gra
     import sys
     import tempfile
 
+    from trl_thundersync.envs.environments.terminal import TerminalTaskEnv
     from trl_thundersync.envs.tasks.suites import load_terminal_suite
-    from trl_thundersync.envs.terminal import TerminalTaskEnv
 
     bundled = load_terminal_suite()["greet_script"]
     suite_dir = Path(tempfile.mkdtemp(prefix="ts-user-suite-", dir=sys.prefix))
@@ -348,8 +348,8 @@ def test_a_users_task_answers_under_a_bound_prefix_are_hidden_from_agent_and_gra
 @as_root
 def test_grading_copies_get_the_workspace_quota(monkeypatch: pytest.MonkeyPatch) -> None:
     """The graded code writes into the grading copy: as root that copy is a capped tmpfs like the workspace."""
-    from trl_thundersync.envs.sandbox import make_sandbox
-    from trl_thundersync.envs.swe import SWERepairEnv
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
+    from trl_thundersync.envs.runtimes import make_sandbox
 
     seen: list[bool] = []
 

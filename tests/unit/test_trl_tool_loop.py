@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from trl_thundersync.envs.tool_messages import ToolMessagesRenderer
-from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
+from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
+from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from trl_thundersync.testing.scripted import tool_call_text
 from tests.tools import echo, observation_spans
 
@@ -181,7 +181,7 @@ def test_hostile_model_output_never_crashes_the_trl_loop(tokenizer, template, ru
 
 
 def test_failure_frequency_has_trls_meaning(tokenizer, template, runner):
-    from trl_thundersync.envs.metrics import agent_metrics
+    from trl_thundersync.envs.harness.metrics import agent_metrics
 
     two = tool_call_text("explode", {"reason": "x"}) + "\n" + tool_call_text("add", {"a": 1, "b": 1})
     failing = run(tokenizer, template, runner, [two, "done"])[0]

@@ -11,10 +11,10 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from trl_thundersync.envs.agent_loop import AgentLimits, run_agent_trajectory
-from trl_thundersync.envs.tool_calls import ToolResponseRenderer
-from trl_thundersync.envs.tool_messages import ToolMessagesRenderer
-from trl_thundersync.envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
+from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
+from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer
+from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
+from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.source import TrajectoryBackward

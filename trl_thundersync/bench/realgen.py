@@ -98,7 +98,7 @@ def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
 
 
 def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_dir: Path):
-    from ..envs.swe import SWERepairEnv
+    from ..envs.environments.swe import SWERepairEnv
     from ..envs.tasks import swe_dataset
     from ..testing.parity import cpu_config, load_model
     from ..trainers.grpo_config import ThunderSyncGRPOConfig
@@ -112,7 +112,7 @@ def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_
 
 
 def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
-    from ..envs.swe import SWERepairEnv
+    from ..envs.environments.swe import SWERepairEnv
     from ..envs.tasks import swe_dataset
     from ..testing.parity import load_model
     from ..trainers.gkd_config import ThunderSyncGKDConfig
@@ -135,7 +135,7 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     rollout item = TRL's generation call incl. its tool loop, one learner item = scoring + loss + backward)."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from ..envs.swe import SWERepairEnv
+    from ..envs.environments.swe import SWERepairEnv
     from ..envs.tasks import swe_dataset
     from ..testing.parity import cpu_config, load_model
     from ..trace.flops import ModelShape, learner_flops

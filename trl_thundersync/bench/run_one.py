@@ -121,7 +121,7 @@ class ScriptedBatchRollout:
         self.last: list = []
 
     def _build(self, trainer):
-        from ..envs.agent_loop import AgentLimits, ToolRunner
+        from ..envs.harness.agent_loop import AgentLimits, ToolRunner
         from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
         from ..testing.scripted import ScriptedTurnGenerator
 

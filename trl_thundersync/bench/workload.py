@@ -175,8 +175,8 @@ class ShellBenchEnv:
     workload: Workload | None = None
 
     def __init__(self) -> None:
-        from ..envs.sandbox import make_sandbox
-        from ..envs.sandbox_api import SandboxLimits
+        from ..envs.runtimes import make_sandbox
+        from ..envs.runtimes.api import SandboxLimits
 
         workspace = Path(tempfile.mkdtemp(prefix="ts-bench-ws-"))
         _WORKSPACES.append(workspace)

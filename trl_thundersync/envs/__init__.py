@@ -1,6 +1,22 @@
-"""Agentic environments: the multi-turn agent loop, the sandbox, and the bundled SWE / terminal task suites.
+"""Agentic environments, in layers: harness, runtimes, environments, task data (verifiers' split).
 
     from trl_thundersync.envs.swe import SWERepairEnv            # environment_factory=SWERepairEnv
     from trl_thundersync.envs.terminal import TerminalTaskEnv
     from trl_thundersync.envs.tasks import swe_dataset, terminal_dataset, load_swe_rows
+
+- `harness/`: the agent loops (paper and TRL protocols), tool-call parsing, tool messages, observation tokens,
+  rollout metrics. Tokens in, tokens out; knows nothing of sandboxes or tasks.
+- `runtimes/`: where commands run: the `Sandbox` protocol, `make_sandbox`, the bubblewrap backend, the unsandboxed
+  local fallback, their shared launcher and bounded output capture, workspaces with a disk quota.
+- `environments/`: the shell-task base class and the SWE and terminal environments (TRL `environment_factory`),
+  and the suite validator.
+- `tasks/`: task data: records, the bundled suites (`tasks/swe/`, `tasks/terminal/`, package data), the SWE-bench row
+  loader, prompts and datasets, grading, the authenticated pytest channel and its runner.
+- `errors.py`: every sandbox and task error (`SandboxError`, `TaskFormatError`, `UnknownTaskError`,
+  `TaskSetupError`, `UngradableWorkspace`).
+
+Dependencies point one way: environments → tasks → runtimes; the harness stands alone. The modules left at this
+level (`swe`, `terminal`, `validate`, `sandbox`, `sandbox_api`, `agent_loop`, `trl_tool_loop`, `tool_calls`,
+`tool_messages`, `observation_tokens`, `metrics`) only re-export their names from the layer they moved to, so
+imports written before the split keep working.
 """

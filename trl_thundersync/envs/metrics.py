@@ -1,74 +1,7 @@
-"""Batch metrics of agentic rollouts (logged through TRL's `report_to` next to its own `tools/*` metrics)."""
+"""Moved to `trl_thundersync.envs.harness.metrics`: envs/ is split by layer, and this old path keeps working."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
+from .harness.metrics import agent_metrics, completion_metrics, model_token_counts
 
-from ..types import AgentStats
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def model_token_counts(completion_ids: Sequence[Sequence[int]],
-                       env_masks: Sequence[Sequence[int] | None]) -> list[int]:
-    """Per completion, the tokens TRL's `completions/*_length` metrics count: the model's own (mask 1) when there is
-    a tool/environment mask, else all of them (`GRPOTrainer._generate`: "count only model-generated tokens")."""
-    return [len(ids) if mask is None else sum(mask) for ids, mask in zip(completion_ids, env_masks)]
-
-
-def completion_metrics(completion_ids: Sequence[Sequence[int]], env_masks: Sequence[Sequence[int] | None],
-                       eos_and_pad: set[int] | frozenset[int]) -> dict[str, float]:
-    """TRL 1.16's completion-length metrics of one batch (`GRPOTrainer._generate`), from the trajectories' ids and
-    masks: mean/min/max model tokens, the share of truncated completions (last token neither EOS nor pad; an empty
-    completion, where TRL would fail, counts as not truncated) and mean/min/max model tokens of the others (0 when
-    every completion was truncated)."""
-    lengths = model_token_counts(completion_ids, env_masks)
-    if not lengths:
-        return {}
-    truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
-    terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
-    return {
-        "completions/mean_length": sum(lengths) / len(lengths),
-        "completions/min_length": float(min(lengths)),
-        "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": sum(truncated) / len(truncated),
-        "completions/mean_terminated_length": sum(terminated) / len(terminated),
-        "completions/min_terminated_length": float(min(terminated)),
-        "completions/max_terminated_length": float(max(terminated)),
-    }
-
-
-def agent_metrics(stats: Sequence[AgentStats]) -> dict[str, float]:
-    """Aggregate per-trajectory statistics of one batch; empty when the batch was not agentic."""
-    if not stats:
-        return {}
-    n = len(stats)
-    calls = sum(s.tool_calls for s in stats)
-    latencies = [t for s in stats for t in s.tool_seconds]
-    walls = [s.wall_seconds for s in stats]
-    out = {
-        "tools/call_frequency": calls / n,  # same meaning as TRL's: calls per completion
-        # TRL's meaning under agent_protocol="trl" (failed calls / calls); the paper's also counts unparsable calls
-        "tools/failure_frequency": sum(s.tool_failures for s in stats) / max(calls + sum(
-            s.parse_errors for s in stats if s.protocol == "paper"), 1),
-        "agent/turns_mean": sum(s.turns for s in stats) / n,
-        "agent/turns_max": float(max(s.turns for s in stats)),
-        "agent/parse_errors": float(sum(s.parse_errors for s in stats)),
-        "agent/observation_truncations": float(sum(s.observation_truncations for s in stats)),
-        "agent/tool_latency_p50": _percentile(latencies, 0.5),
-        "agent/tool_latency_p90": _percentile(latencies, 0.9),
-        "agent/tool_latency_p99": _percentile(latencies, 0.99),
-        "agent/trajectory_seconds_mean": sum(walls) / n,
-        "agent/trajectory_seconds_max": max(walls),
-    }
-    for reason, count in Counter(s.stop_reason for s in stats).items():
-        out[f"agent/stop_{reason}"] = count / n
-    return out
+__all__ = ["agent_metrics", "completion_metrics", "model_token_counts"]

@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..envs.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
-from ..envs.observation_tokens import contains_control_text, encode_data, valid_text
-from ..envs.tool_calls import ToolResponseRenderer
-from ..envs.tool_messages import ToolMessagesRenderer
-from ..envs.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
+from ..envs.harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+from ..envs.harness.observation_tokens import contains_control_text, encode_data, valid_text
+from ..envs.harness.tool_calls import ToolResponseRenderer
+from ..envs.harness.tool_messages import ToolMessagesRenderer
+from ..envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from ..errors import RolloutError, UnknownEnvironmentError
 from ..types import Rollout, RolloutRequest, TurnEvent
 

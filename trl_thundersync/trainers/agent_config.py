@@ -20,8 +20,8 @@ from ..types import AgentProtocol
 from .config_checks import require_choice, require_counts
 
 if TYPE_CHECKING:
-    from ..envs.agent_loop import AgentLimits
-    from ..envs.trl_tool_loop import TRLLoopLimits
+    from ..envs.harness.agent_loop import AgentLimits
+    from ..envs.harness.trl_tool_loop import TRLLoopLimits
 
 PAPER_AGENT_FIELDS = ("agent_max_turns", "agent_max_tokens_per_turn", "agent_max_completion_tokens",
                       "agent_max_context_tokens", "agent_max_observation_tokens")
@@ -116,8 +116,8 @@ class AgentLoopFields:
 
     def agent_limits(self) -> AgentLimits | TRLLoopLimits:
         """The agent loop's budgets: TRL's fields (agent_protocol='trl'), or the paper's with TRL's as defaults."""
-        from ..envs.agent_loop import AgentLimits
-        from ..envs.trl_tool_loop import TRLLoopLimits
+        from ..envs.harness.agent_loop import AgentLimits
+        from ..envs.harness.trl_tool_loop import TRLLoopLimits
 
         budget = self.GENERATION_BUDGET
         tokens = getattr(self, budget.length_field)

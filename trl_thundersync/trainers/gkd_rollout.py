@@ -46,7 +46,7 @@ def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] |
                  on_turn: Callable | None, policy: Any = None):
     """The multi-turn agent engine over any turn generator (`submit`/`publish`), emitting turn events to `on_turn`;
     its context budget is capped by the windows of `policy` and of the generator's servers."""
-    from ..envs.agent_loop import ToolRunner
+    from ..envs.harness.agent_loop import ToolRunner
     from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
     from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving

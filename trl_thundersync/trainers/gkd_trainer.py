@@ -28,7 +28,7 @@ from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
-from ..envs.metrics import agent_metrics, model_token_counts
+from ..envs.harness.metrics import agent_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics

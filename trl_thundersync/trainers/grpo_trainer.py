@@ -26,7 +26,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 from trl.trainer.utils import get_config_model_id, nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
-from ..envs.metrics import agent_metrics, completion_metrics, model_token_counts
+from ..envs.harness.metrics import agent_metrics, completion_metrics, model_token_counts
 from ..rollout.engine import RolloutEngine
 from ..rollout.trl_batch import TRLBatchEngine
 from ..rollout.vllm_client import VLLMServerEngine
@@ -453,7 +453,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         return self._engine
 
     def _agent_engine(self, generator):
-        from ..envs.agent_loop import ToolRunner
+        from ..envs.harness.agent_loop import ToolRunner
         from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
         def render_prompt(prompt: list[dict], tools: list) -> list[int]:

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .errors import TaskFormatError, TaskSetupError, UnknownTaskError
+from ..errors import TaskFormatError, TaskSetupError, UnknownTaskError
 from .grading import GradeReport, seta_reward, swe_reward
 from .prompts import swe_dataset, swe_prompt, terminal_dataset, terminal_prompt
 from .records import DEFAULT_TEST_COMMAND, SWETask, TerminalTask

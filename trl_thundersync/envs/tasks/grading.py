@@ -5,7 +5,8 @@ touch it. The copy of the agent's files is bounded (`GradingLimits`, inside the 
 too large or too slow to copy is the attempt's failure (`UngradableWorkspace`), never a hang. Host-side writes into
 that copy never follow a symlink the agent planted (`restore_file`), and the host reads nothing the agent could have
 written but the workspace itself, without following links: test outcomes come over the runner's channel
-(`pytest_channel`).
+(`pytest_channel`). `UngradableWorkspace` (envs/errors.py) and `remove_path` (runtimes/workspace.py) are
+importable from here too, as before.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import ConfigurationError, ThunderSyncError
+from ...errors import ConfigurationError
+from ..errors import UngradableWorkspace
+from ..runtimes.workspace import remove_path
 
 # pytest's documented exit codes: 0 all passed, 1 some tests failed; 2 interrupted (e.g. collection errors),
 # 3 internal error, 4 usage error (e.g. a node id not found), 5 no tests collected.
@@ -29,11 +32,6 @@ PYTEST_REPORT_FLAGS = ("-rfEpsxX", "--tb=no")
 
 PASSING_OUTCOMES = frozenset({"PASSED", "XFAIL"})  # SWE-bench counts an expected failure as a pass
 FAILING_OUTCOMES = frozenset({"FAILED", "ERROR", "XPASS"})
-
-
-class UngradableWorkspace(ThunderSyncError):
-    """The attempt's workspace is over the grading limits (entries, bytes, path length, copy time): a failed
-    attempt (reward 0.0), since only the agent's own commands could have made it so."""
 
 
 @dataclass(frozen=True)
@@ -161,34 +159,6 @@ def check_relative(rel: str, where: str) -> str:
     if not rel or Path(rel).is_absolute() or ".." in parts:
         raise ValueError(f"{where}: {rel!r} is not a plain repo-relative path")
     return rel
-
-
-def remove_path(path: Path) -> None:
-    """Delete a file, link or directory (no-op when absent); never follows a link.
-
-    Directories the agent made unreadable or unwritable (chmod 000, its own files) are opened up on the way: as
-    a non-root user they would otherwise make the workspace or its grading copy impossible to delete.
-    """
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path, onerror=_open_up_and_retry)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
-def _open_up_and_retry(function, failed: str, exc_info) -> None:
-    """rmtree error hook: on a permission error, make the directories involved ours again (u+rwx), then retry."""
-    if not issubclass(exc_info[0], PermissionError):
-        raise exc_info[1]
-    for directory in (os.path.dirname(failed), failed):
-        info = os.lstat(directory)
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # only our own: a parent may not be
-            os.chmod(directory, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
-    if function is os.open or function is os.scandir:  # could not list the directory: list it again, now readable
-        shutil.rmtree(failed, onerror=_open_up_and_retry)
-    else:
-        function(failed)
 
 
 def _real_parents(root: Path, rel: str) -> Path:

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sandbox_api import Sandbox
-from .errors import TaskFormatError
+from ..errors import TaskFormatError
+from ..runtimes.api import Sandbox
 from .grading import PYTEST_TESTS_RAN
 
 OUTCOMES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})  # what the runner reports

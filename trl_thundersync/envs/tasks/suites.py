@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .errors import TaskFormatError
+from ..errors import TaskFormatError
 from .grading import check_relative
 from .records import DEFAULT_TEST_COMMAND, SWETask, TerminalTask
 

@@ -18,7 +18,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .errors import TaskSetupError
+from ..errors import TaskSetupError
 from .grading import copy_tree, remove_path, restore_file
 from .records import SWETask
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import TaskFormatError
+from ..errors import TaskFormatError
 from .grading import check_relative
 from .records import DEFAULT_TEST_COMMAND, SWETask
 from .swe_files import patch_paths

@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .sandbox_api import SandboxError
+from ..errors import SandboxError
 
 CONTROLLERS = ("pids", "memory")
 _RELEASE_S = 2.0  # how long a finished command's cgroup may take to become removable

@@ -28,7 +28,7 @@ _MASKED_ROOT = "/etc"  # scanned for entries other users may not read
 _PROC_OWN = ("self", "thread-self")  # besides /proc/<pid>: the sandbox's own processes
 # The package data of pyproject's [tool.setuptools.package-data], relative to the package directory.
 _TASK_DATA = ("envs/tasks/swe", "envs/tasks/terminal")
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # this copy of trl_thundersync
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # this copy of trl_thundersync (this file: envs/runtimes/)
 
 
 def _mask_args(path: str, is_dir: bool) -> list[str]:

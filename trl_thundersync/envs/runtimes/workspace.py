@@ -3,6 +3,7 @@
     workspace = create_workspace("ts-swe-task1-", limits)   # limits.workspace_bytes / workspace_inodes
     ...                                                     # sandbox commands write into it; ENOSPC past the caps
     release_workspace(workspace)                            # unmounts (if mounted) and deletes it
+    remove_path(path)                                       # deletes a tree the agent may have locked (chmod 000)
 
 The sandbox binds the workspace read-write, so without a cap one command can fill the host disk or its inode table
 (measured before this module: 2.1 GB in 0.9 s, 200 000 files in 4 s). As root the directory gets a tmpfs mounted
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from ...errors import ConfigurationError
-from ..sandbox_api import SandboxError, SandboxLimits
-from .grading import remove_path
+from ..errors import SandboxError
+from .api import SandboxLimits
 
 _MS_NOSUID, _MS_NODEV = 2, 4  # <sys/mount.h>
 _MNT_DETACH = 2
@@ -66,3 +69,31 @@ def _check(limits: SandboxLimits) -> None:
         value = getattr(limits, field)
         if value is not None and value < 1:
             raise ConfigurationError(f"SandboxLimits.{field}={value!r} must be positive, or None for no cap")
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, link or directory (no-op when absent); never follows a link.
+
+    Directories the agent made unreadable or unwritable (chmod 000, its own files) are opened up on the way: as
+    a non-root user they would otherwise make the workspace or its grading copy impossible to delete.
+    """
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, onerror=_open_up_and_retry)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _open_up_and_retry(function, failed: str, exc_info) -> None:
+    """rmtree error hook: on a permission error, make the directories involved ours again (u+rwx), then retry."""
+    if not issubclass(exc_info[0], PermissionError):
+        raise exc_info[1]
+    for directory in (os.path.dirname(failed), failed):
+        info = os.lstat(directory)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # only our own: a parent may not be
+            os.chmod(directory, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+    if function is os.open or function is os.scandir:  # could not list the directory: list it again, now readable
+        shutil.rmtree(failed, onerror=_open_up_and_retry)
+    else:
+        function(failed)

@@ -1,6 +1,7 @@
 """Process I/O of one sandboxed command: bounded output capture, stdin feeding, waiting and killing.
 
-Used by `sandbox.BwrapSandbox`; nothing here knows about bubblewrap beyond "kill the process group".
+Shared by the backends (`bwrap.BwrapSandbox` reads its pipes with `drain`, `local.LocalSubprocessSandbox` its output
+files with `BoundedCapture.feed_file`); nothing here knows about a backend beyond "kill the process group".
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ class BoundedCapture:
             self._tail += chunk[-self._tail_cap :]
             del self._tail[: max(0, len(self._tail) - self._tail_cap)]
 
+    def feed_file(self, stream: BinaryIO) -> None:
+        """Take a whole output file, reading only the bytes kept (its head, then its end) and counting the rest."""
+        size = stream.seek(0, os.SEEK_END)
+        stream.seek(0)
+        self.feed(stream.read(self._head_cap))
+        start = max(stream.tell(), size - self._tail_cap)
+        self.total += start - stream.tell()  # passed over unread: they fall between head and tail
+        stream.seek(start)
+        self.feed(stream.read())
+
     @property
     def elided(self) -> int:
         return self.total - len(self._head) - len(self._tail)
@@ -62,9 +73,11 @@ def drain(stream: BinaryIO, capture: BoundedCapture) -> None:
         capture.error = error
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL bwrap's process group; `--die-with-parent` then takes down the sandbox's pid namespace."""
-    if proc.poll() is None:
+def kill_group(proc: subprocess.Popen[bytes], *, after_exit: bool = False) -> None:
+    """SIGKILL the process group `proc` leads (started with `start_new_session=True`) while `proc` runs: for bwrap,
+    `--die-with-parent` then takes down the sandbox's pid namespace. `after_exit=True` kills the group also once `proc`
+    has exited, to end background children it left (the local backend has no pid namespace to end them)."""
+    if after_exit or proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):  # exited between poll() and killpg()
             os.killpg(proc.pid, signal.SIGKILL)
 

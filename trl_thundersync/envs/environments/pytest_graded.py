@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..sandbox_api import Sandbox
-from .grading import GradingLimits, UngradableWorkspace, copy_workspace
-from .pytest_channel import PytestRun, run_pytest
+from ..runtimes.api import Sandbox
+from ..runtimes.workspace import create_workspace, release_workspace
+from ..tasks.grading import GradingLimits, UngradableWorkspace, copy_workspace
+from ..tasks.pytest_channel import PytestRun, run_pytest
 from .shell_env import ShellTaskEnv
-from .workspace import create_workspace, release_workspace
 
 # Output kept per stream of a grading run: the channel carries ~100 bytes per test, so this holds tens of
 # thousands of tests; the sandbox keeps head and tail halves, and a record cut by elision is rejected, not misread.

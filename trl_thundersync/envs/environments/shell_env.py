@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..sandbox_api import CommandResult, Sandbox, SandboxError, SandboxLimits
-from .errors import TaskSetupError, UnknownTaskError
-from .grading import GradeReport
-from .workspace import create_workspace, release_workspace
+from ..errors import SandboxError, TaskSetupError, UnknownTaskError
+from ..runtimes import make_sandbox
+from ..runtimes.api import CommandResult, Sandbox, SandboxLimits
+from ..runtimes.workspace import create_workspace, release_workspace
+from ..tasks.grading import GradeReport
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class ShellTaskEnv:
         self.task = tasks[task_id]
         self._reset_episode_state()
         try:
-            # As root a tmpfs capped at limits.workspace_bytes / workspace_inodes (see envs/tasks/workspace.py).
+            # As root a tmpfs capped at limits.workspace_bytes / workspace_inodes (see envs/runtimes/workspace.py).
             self.workspace = create_workspace(f"ts-{self.kind}-{task_id}-", self.limits)
         except (OSError, SandboxError) as exc:
             raise TaskSetupError(f"task {task_id}: could not create the workspace: {exc}") from exc
@@ -195,8 +196,6 @@ class ShellTaskEnv:
         limits = self.limits if limits is None else limits
         if self._sandbox_factory is not None:
             return self._sandbox_factory(workspace, limits)
-        from ..sandbox import make_sandbox  # lazy: the backend module is only needed once an episode starts
-
         kwargs = {"hidden_paths": self._answer_paths()} if self.backend == "bwrap" else {}
         return make_sandbox(workspace, limits=limits, backend=self.backend, **kwargs)
 
