@@ -1,10 +1,10 @@
 """The embedded server's generation loop: one scheduler thread, every request decoded on its own.
 
-The arithmetic is the embedded engine's (`rollout/local_worker.py`), so that the same (θ, prompt, seed) gives the
-same tokens and log-probs through either path:
+The arithmetic is the embedded engine's (`rollout/sampling.py`, shared with `rollout/local_worker.py`), so that the
+same (θ, prompt, seed) gives the same tokens and log-probs through either path:
 
 - each request has its own KV cache (batch size 1) and its own `torch.Generator` seeded with its seed;
-- per token: last-position logits → the processor chain of `local_worker._build_processors` (repetition penalty →
+- per token: last-position logits → the processor chain of `sampling.build_processors` (repetition penalty →
   temperature → top-k → top-p → min-p) → `torch.multinomial`; the reported log-prob is the log-softmax of that
   processed distribution at the sampled token (vLLM's `processed_logprobs`). Temperature 0 is greedy (argmax).
 - every tick advances each active request by one token (round-robin), admits queued requests while fewer than
@@ -18,8 +18,6 @@ up by name when a request is admitted; replacing or removing one never touches a
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import threading
 import time
 from collections import deque
@@ -29,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..rollout.local_worker import _build_processors, sample_next
+from ..rollout.sampling import Decoder, cache_argument, sampling_chain
 from ..types import SamplingParams
 
 
@@ -61,23 +59,13 @@ class AdapterMissing(KeyError):
     """The adapter a request names is not loaded (any more)."""
 
 
-class _Decoding:
+class _Decoding(Decoder):
     """State of one request in flight."""
 
     def __init__(self, request: GenerationRequest, future: Future, model: Any, version: int) -> None:
-        from transformers import DynamicCache
-
+        super().__init__(request.prompt_ids, request.seed, sampling_chain(request.sampling))
         self.request, self.future, self.model, self.version = request, future, model, version
-        greedy = request.sampling.temperature == 0.0
-        sampling = dataclasses.replace(request.sampling, temperature=1.0) if greedy else request.sampling
-        self.greedy, self.processors = greedy, _build_processors(sampling)
-        self.cache = DynamicCache()
-        self.generator = torch.Generator().manual_seed(request.seed)
-        self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
-        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)
-        self.logprobs: list[float] = []
         self.top: list[tuple[tuple[int, float], ...]] = []
-        self.started = time.monotonic()
 
 
 class GenerationLoop:
@@ -87,8 +75,7 @@ class GenerationLoop:
         self.base = model.eval()
         self.version = policy_version
         self.max_in_flight = max_in_flight
-        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kwarg = cache_argument(model)
         self.weights_lock = threading.RLock()  # held while base weights change (and while copying them)
         self._cond = threading.Condition()
         self._pending: deque[tuple[GenerationRequest, Future]] = deque()
@@ -216,23 +203,19 @@ class GenerationLoop:
     def _step(self, state: _Decoding) -> tuple[str, int | None] | None:
         """Sample one token; (finish_reason, stop_reason) when the request is done, else None."""
         request = state.request
-        token, logprobs = sample_next(state.model, self.cache_kwarg, state.cache, state.next_input, state.tokens,
-                                      state.processors, None if state.greedy else state.generator)
-        state.logprobs.append(float(logprobs[token]))
+        token, logprobs = state.step(state.model, self.cache_kwarg)
         if request.top_logprobs > 0:
             values, ids = torch.topk(logprobs, min(request.top_logprobs, logprobs.numel()))
             state.top.append(tuple((int(i), float(v)) for i, v in zip(ids, values)))
-        state.tokens.append(token)
-        state.next_input = torch.tensor([[token]], dtype=torch.long)
         if token in request.sampling.eos_token_ids:
             return "stop", token if token in request.stop_token_ids else None
-        if len(state.tokens) - len(request.prompt_ids) >= request.sampling.max_new_tokens:
+        if state.num_new >= request.sampling.max_new_tokens:
             return "length", None
         return None
 
     def _output(self, state: _Decoding, finish_reason: str, stop_reason: int | None) -> GenerationOutput:
         return GenerationOutput(
-            token_ids=tuple(state.tokens[len(state.request.prompt_ids):]), logprobs=tuple(state.logprobs),
+            token_ids=state.completion_ids, logprobs=tuple(state.logprobs),
             top_logprobs=tuple(state.top), finish_reason=finish_reason, stop_reason=stop_reason,
             policy_version=state.version, started=state.started, finished=time.monotonic(),
         )
