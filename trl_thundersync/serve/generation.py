@@ -9,6 +9,9 @@ same (θ, prompt, seed) gives the same tokens and log-probs through either path:
   processed distribution at the sampled token (vLLM's `processed_logprobs`). Temperature 0 is greedy (argmax).
 - every tick advances each active request by one token (round-robin), admits queued requests while fewer than
   `max_in_flight` are active, and resolves a request's future the moment it ends.
+- a request that asks for prompt log-probs gets, before its first token, one more forward over its prompt without a
+  cache (`score_prompt`): the raw model distribution at every prompt position, as vLLM computes them (no
+  temperature or other processors). It is a separate forward so that the sampled tokens stay those of the engine.
 
 Weight updates never mix versions within a request: `update_weights` stops admitting requests, lets the active ones
 finish (they keep the version they started with), swaps the weights in place, bumps the version, and only then
@@ -41,6 +44,17 @@ class GenerationRequest:
     seed: int
     adapter: str | None = None  # LoRA adapter name; None = the base model
     top_logprobs: int = 0  # alternatives reported per position besides the sampled token
+    prompt_logprobs: int | None = None  # None: no prompt log-probs; k: each prompt position with its k top tokens
+
+
+@dataclass(frozen=True)
+class PromptPosition:
+    """The log-probs at one prompt position after the first, under the raw model distribution (vLLM's entry)."""
+
+    token: int  # the prompt token at this position
+    logprob: float  # its log-prob given the prompt tokens before it
+    rank: int  # how many tokens are at least as likely as it (1 = the most likely), as vLLM counts
+    top: tuple[tuple[int, float], ...]  # the k most likely tokens with their log-probs, most likely first
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,7 @@ class GenerationOutput:
     policy_version: int  # version of the base weights that generated it
     started: float  # time.monotonic() at admission
     finished: float
+    prompt_logprobs: tuple[PromptPosition, ...] | None = None  # positions 1..T-1 of the prompt, when asked for
 
 
 class AdapterMissing(KeyError):
@@ -66,6 +81,27 @@ class _Decoding(Decoder):
         super().__init__(request.prompt_ids, request.seed, sampling_chain(request.sampling))
         self.request, self.future, self.model, self.version = request, future, model, version
         self.top: list[tuple[tuple[int, float], ...]] = []
+        self.prompt_logprobs: tuple[PromptPosition, ...] | None = None  # filled before the first token, if asked
+
+
+@torch.inference_mode()
+def score_prompt(model: Any, prompt_ids: tuple[int, ...], top: int) -> tuple[PromptPosition, ...]:
+    """Log-probs of prompt tokens 1..T-1 given the tokens before each, as vLLM computes prompt log-probs: the FP32
+    log-softmax of the raw logits (no temperature or processors), the token's rank = the number of tokens at least
+    as likely, and the `top` most likely tokens (clipped to the vocabulary)."""
+    if len(prompt_ids) < 2:
+        return ()
+    logits = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=False).logits[0, :-1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [T-1, V]
+    targets = torch.tensor(prompt_ids[1:], dtype=torch.long)[:, None]  # [T-1, 1]
+    chosen = logprobs.gather(-1, targets)  # [T-1, 1]
+    ranks = (logprobs >= chosen).sum(dim=-1)  # [T-1]
+    values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]), dim=-1)  # [T-1, k]
+    return tuple(
+        PromptPosition(token=int(t), logprob=float(v), rank=int(r),
+                       top=tuple((int(i), float(x)) for i, x in zip(row_ids, row_values)))
+        for t, v, r, row_ids, row_values in zip(targets[:, 0], chosen[:, 0], ranks, ids, values)
+    )
 
 
 class GenerationLoop:
@@ -203,6 +239,8 @@ class GenerationLoop:
     def _step(self, state: _Decoding) -> tuple[str, int | None] | None:
         """Sample one token; (finish_reason, stop_reason) when the request is done, else None."""
         request = state.request
+        if request.prompt_logprobs is not None and state.prompt_logprobs is None:
+            state.prompt_logprobs = score_prompt(state.model, request.prompt_ids, request.prompt_logprobs)
         token, logprobs = state.step(state.model, self.cache_kwarg)
         if request.top_logprobs > 0:
             values, ids = torch.topk(logprobs, min(request.top_logprobs, logprobs.numel()))
@@ -218,6 +256,7 @@ class GenerationLoop:
             token_ids=state.completion_ids, logprobs=tuple(state.logprobs),
             top_logprobs=tuple(state.top), finish_reason=finish_reason, stop_reason=stop_reason,
             policy_version=state.version, started=state.started, finished=time.monotonic(),
+            prompt_logprobs=state.prompt_logprobs,
         )
 
     def _fail_all(self, error: Exception) -> None:
