@@ -9,6 +9,9 @@ Only the subset this project uses, with vLLM's field names and shapes (vLLM ≥ 
         200 -> {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text",
                 "logprobs": {"text_offset", "token_logprobs", "tokens": ["token_id:<id>", ...], "top_logprobs"},
                 "finish_reason": "stop"|"length", "stop_reason", "token_ids", "prompt_token_ids"}], "usage"}
+    POST /v1/completions   {"model", "prompt": [int, ...], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        200 -> {..., "choices": [{..., "prompt_logprobs": [null, {"<id>": {"logprob", "rank", "decoded_token"}},
+                ...]}]}   (teacher scoring: one entry per prompt token, the first null; the raw model distribution)
     GET  /v1/models        200 -> {"object": "list", "data": [{"id", "object": "model", "root", "parent", ...}]}
     errors                 {"error": {"message", "type", "param", "code"}} (vLLM ≥ 0.9; older: the same fields at
                            the top level with "object": "error"; FastAPI's own 404: {"detail": "Not Found"})
@@ -216,6 +219,14 @@ def completion_payload(model: str, prompt_ids: Sequence[int], sampling: Sampling
         "n": 1,
         "stream": False,
     }
+
+
+def prompt_logprobs_payload(model: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """The body that asks a server for the log-prob of every prompt token given the ones before it (a teacher's
+    score of a turn): one generated token, which the caller ignores, and `prompt_logprobs: 0` (the prompt token
+    only, no alternatives)."""
+    return {"model": model, "prompt": [int(t) for t in prompt_ids], "max_tokens": 1, "temperature": 1.0,
+            "prompt_logprobs": 0}
 
 
 @dataclass(frozen=True)
