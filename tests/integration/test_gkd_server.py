@@ -56,7 +56,7 @@ def assert_same_update(run: Run, reference: Run) -> None:
     assert reference.directions[0].norm() > 0
     # 1e-5: the FP32 bound of ARCHITECTURE invariant 3; the order of the turns differs between the two engines, and
     # reordering the sum of ~100 turn gradients measured up to 1.03e-6 (a 1e-6 bound failed once in CI)
-    for mine, theirs in zip(run.directions, reference.directions):
+    for mine, theirs in zip(run.directions, reference.directions, strict=True):
         assert relative_error(mine, theirs) <= 1e-5
     assert relative_error(run.params, reference.params) <= 1e-5
 

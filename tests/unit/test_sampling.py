@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_thundersync.rollout.sampling import (Decoder, build_processors, cache_argument, sample_next,
-                                              sampling_chain)
+from trl_thundersync.rollout.sampling import Decoder, build_processors, cache_argument, sample_next, sampling_chain
 from trl_thundersync.types import SamplingParams
 
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.5, 1.25, 0.0, -0.75]])  # [1, V], distinct values

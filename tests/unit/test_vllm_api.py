@@ -14,12 +14,20 @@ import pytest
 import torch
 
 from trl_thundersync.errors import ConfigurationError, RolloutError
-from trl_thundersync.rollout.vllm_api import (HTTPReply, completion_payload, error_message, lora_name, lora_version,
-                                              parse_completion, parse_max_model_len, parse_model_ids)
+from trl_thundersync.rollout.vllm_api import (
+    HTTPReply,
+    completion_payload,
+    error_message,
+    lora_name,
+    lora_version,
+    parse_completion,
+    parse_max_model_len,
+    parse_model_ids,
+)
 from trl_thundersync.rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
 from trl_thundersync.rollout.vllm_replicas import make_publisher, percentile
 from trl_thundersync.serve.generation import GenerationOutput, PromptPosition
-from trl_thundersync.serve.protocol import (APIError, ServedModel, completion_response, parse_completion_request)
+from trl_thundersync.serve.protocol import APIError, ServedModel, completion_response, parse_completion_request
 from trl_thundersync.types import SamplingParams
 
 # POST /v1/completions {"prompt": [151644, 872, 198], "max_tokens": 4, "logprobs": 0, "return_token_ids": true,

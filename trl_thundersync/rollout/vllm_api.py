@@ -257,7 +257,7 @@ def parse_completion(body: Any) -> Completion:
     tokens = logprobs.get("tokens") or []
     if len(values) != len(token_ids) or (tokens and len(tokens) != len(token_ids)):
         raise RolloutError(f"{len(token_ids)} token ids but {len(values)} log-probs and {len(tokens)} tokens")
-    for position, (token, spelled) in enumerate(zip(token_ids, tokens)):
+    for position, (token, spelled) in enumerate(zip(token_ids, tokens, strict=False)):  # tokens may be absent
         if spelled.startswith(TOKEN_ID_PREFIX) and int(spelled[len(TOKEN_ID_PREFIX):]) != token:
             raise RolloutError(f"log-prob entry {position} is for {spelled!r}, but token_ids[{position}] = {token}")
     if any(v is None or math.isnan(v) for v in values):

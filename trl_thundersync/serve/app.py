@@ -77,8 +77,8 @@ class EmbeddedServer:
             self.tokenizer = None
         self.served = ServedModel(
             name=served_name or self.model_path, vocab_size=int(model.config.vocab_size),
-            max_model_len=int(getattr(model.config, "max_position_embeddings", 2**31 - 1)), eos_token_ids=_eos_ids(model),
-            max_logprobs=max_logprobs,
+            max_model_len=int(getattr(model.config, "max_position_embeddings", 2**31 - 1)),
+            eos_token_ids=_eos_ids(model), max_logprobs=max_logprobs,
         )
         self.loop = GenerationLoop(model, max_in_flight=max_in_flight, policy_version=policy_version)
         self._adapter_paths: dict[str, str] = {}  # name -> path, for /v1/models

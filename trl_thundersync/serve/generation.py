@@ -99,8 +99,8 @@ def score_prompt(model: Any, prompt_ids: tuple[int, ...], top: int) -> tuple[Pro
     values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]), dim=-1)  # [T-1, k]
     return tuple(
         PromptPosition(token=int(t), logprob=float(v), rank=int(r),
-                       top=tuple((int(i), float(x)) for i, x in zip(row_ids, row_values)))
-        for t, v, r, row_ids, row_values in zip(targets[:, 0], chosen[:, 0], ranks, ids, values)
+                       top=tuple((int(i), float(x)) for i, x in zip(row_ids, row_values, strict=True)))
+        for t, v, r, row_ids, row_values in zip(targets[:, 0], chosen[:, 0], ranks, ids, values, strict=True)
     )
 
 
@@ -244,7 +244,7 @@ class GenerationLoop:
         token, logprobs = state.step(state.model, self.cache_kwarg)
         if request.top_logprobs > 0:
             values, ids = torch.topk(logprobs, min(request.top_logprobs, logprobs.numel()))
-            state.top.append(tuple((int(i), float(v)) for i, v in zip(ids, values)))
+            state.top.append(tuple((int(i), float(v)) for i, v in zip(ids, values, strict=True)))
         if token in request.sampling.eos_token_ids:
             return "stop", token if token in request.stop_token_ids else None
         if state.num_new >= request.sampling.max_new_tokens:

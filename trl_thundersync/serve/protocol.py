@@ -91,7 +91,8 @@ def _check(ok: bool, name: str, message: str) -> None:
         raise APIError(400, f"`{name}` {message}", param=name)
 
 
-def _prompts(body: dict, served: ServedModel, tokenize: Callable[[str, bool], list[int]] | None) -> list[tuple[int, ...]]:
+def _prompts(body: dict, served: ServedModel,
+             tokenize: Callable[[str, bool], list[int]] | None) -> list[tuple[int, ...]]:
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt)):
         if tokenize is None:
@@ -205,7 +206,7 @@ def _logprobs_body(output: GenerationOutput, spell: Callable[[int], str]) -> dic
         position += len(text)
     top = []
     for token, value, alternatives in zip(output.token_ids, output.logprobs, output.top_logprobs or
-                                          [()] * len(output.token_ids)):
+                                          [()] * len(output.token_ids), strict=True):
         entry = {spell(t): max(v, _LOGPROB_FLOOR) for t, v in alternatives}
         entry[spell(token)] = max(value, _LOGPROB_FLOOR)  # the sampled token is always listed
         top.append(entry)
