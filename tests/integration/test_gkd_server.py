@@ -1,7 +1,8 @@
 """ThunderSyncGKDTrainer over HTTP rollout servers (the `rollout_setup` engines GRPO uses): embedded servers started
 for the run sample what the in-process `LocalProcessEngine` samples on the same seeds, θ_{k+1} is published and
 acknowledged after every step, and the update equals the local engine's up to FP32 summation order (turns arrive
-in another order). Also the multi-turn agent loop with tools over the server engine."""
+in another order). Also the multi-turn agent loop with tools over the server engine, and an embedded server as the
+OPD teacher (vLLM's `prompt_logprobs`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from datasets import Dataset
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError
+from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
 from trl_thundersync.testing.tiny import save_tiny_model
 
@@ -54,14 +56,15 @@ def assert_same_update(run: Run, reference: Run) -> None:
     assert reference.directions[0].norm() > 0
     # 1e-5: the FP32 bound of ARCHITECTURE invariant 3; the order of the turns differs between the two engines, and
     # reordering the sum of ~100 turn gradients measured up to 1.03e-6 (a 1e-6 bound failed once in CI)
-    for mine, theirs in zip(run.directions, reference.directions):
+    for mine, theirs in zip(run.directions, reference.directions, strict=True):
         assert relative_error(mine, theirs) <= 1e-5
     assert relative_error(run.params, reference.params) <= 1e-5
 
 
 def train(model_path, teacher_path, tokenizer, args, **kwargs) -> Run:
     capture = CaptureGrads()
-    trainer = ThunderSyncGKDTrainer(model=load_model(model_path), teacher_model=load_model(teacher_path), args=args,
+    teacher = load_model(teacher_path) if args.teacher_server_url is None else None
+    trainer = ThunderSyncGKDTrainer(model=load_model(model_path), teacher_model=teacher, args=args,
                                     processing_class=tokenizer, callbacks=[capture], **kwargs)
     samples, record = [], trainer._record_step
 
@@ -91,6 +94,22 @@ def test_embedded_servers_give_the_local_engine_update(tmp_path, tokenizer, tiny
     published = [h["thundersync/publish_seconds"] for h in trainer.state.log_history
                  if "thundersync/publish_seconds" in h]
     assert published and all(s > 0 for s in published)
+
+
+def test_an_embedded_server_as_the_teacher_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path,
+                                                                         teacher_path):
+    local = train(tiny_model_path, teacher_path, tokenizer,
+                  config(tmp_path / "local", objective="opd", rollout_engine="local_process"), train_dataset=messages())
+    app, bodies = EmbeddedServer(teacher_path, max_in_flight=4), []
+    complete = app.complete
+    app.complete = lambda body: (bodies.append(body), complete(body))[1]
+    with ServerThread(app) as teacher:  # student rollouts and teacher scores both over HTTP
+        served = train(tiny_model_path, teacher_path, tokenizer,
+                       config(tmp_path / "served", objective="opd", teacher_server_url=teacher.url),
+                       train_dataset=messages())
+    assert served.trainer.args.resolved_rollout_engine() == "embedded_server"
+    assert len(bodies) == 2 * 4 and all(b["prompt_logprobs"] == 0 for b in bodies)  # one request per turn
+    assert_same_update(served, local)
 
 
 def test_agent_loop_with_tools_over_the_server_engine(tmp_path, tokenizer, tiny_model_path, teacher_path):

@@ -303,7 +303,7 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
 
 
 def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path, teacher_path):
-    from trl_thundersync.testing.fake_teacher_server import FakeTeacherServer
+    from tests.fake_teacher_server import FakeTeacherServer
 
     local = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
                                   args=config(tmp_path / "local", objective="opd"), train_dataset=messages(),

@@ -61,7 +61,7 @@ def test_map_must_be_total_and_in_range(tmp_path):
 
 def test_teacher_server_with_another_vocabulary_scores_through_the_map(teacher):
     from trl_thundersync.distill.teacher_server import ServerTeacher
-    from trl_thundersync.testing.fake_teacher_server import FakeTeacherServer
+    from tests.fake_teacher_server import FakeTeacherServer
 
     other, mapping = relabelled_teacher(teacher, seed=2)
     vocab = teacher.config.vocab_size

@@ -1,49 +1,127 @@
-"""The teacher-server client against a fake vLLM-compatible server: same scores as the local teacher; bad answers
-are typed errors."""
+"""The teacher-server client against the embedded server (vLLM's `prompt_logprobs` contract): same scores as the
+local teacher; the server's prompt log-probs are the raw model distribution in vLLM's shape, and it refuses what
+vLLM refuses; bad answers are typed errors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
+from trl_thundersync.distill import teacher_server
 from trl_thundersync.distill.teacher import LocalTeacher, check_teacher_scores
 from trl_thundersync.distill.teacher_server import ServerTeacher
 from trl_thundersync.errors import TeacherScoringError
-from trl_thundersync.testing.fake_teacher_server import FakeTeacherServer
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.rollout.vllm_api import HTTPReply, http_call
+from trl_thundersync.serve import EmbeddedServer, ServerThread
+from trl_thundersync.testing.tiny import save_tiny_model
+
+MAX_LOGPROBS = 5  # the server's --max-logprobs here
 
 
 @pytest.fixture(scope="module")
-def teacher_model():
-    return build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=4).eval()
+def teacher_path(tmp_path_factory):
+    return str(save_tiny_model(tmp_path_factory.mktemp("teacher") / "tiny-teacher", hidden_size=32, num_layers=2,
+                               seed=4))
 
 
-def test_server_scores_equal_local_teacher(teacher_model):
-    server = FakeTeacherServer(teacher_model)
-    try:
-        client = ServerTeacher(server.url)
-        assert client.model == "tiny-teacher"
-        context, action = [5, 17, 30, 2, 9], [44, 3, 100]
-        remote = client.score(context, action)
-        local = LocalTeacher(teacher_model).score(context, action)
-        assert torch.allclose(remote.logprobs, local.logprobs, atol=1e-5)
-        assert remote.logits is None and not client.full_vocabulary
-        assert server.requests[-1]["prompt"] == context + action and server.requests[-1]["prompt_logprobs"] == 0
-    finally:
-        server.close()
+@pytest.fixture(scope="module")
+def teacher_model(teacher_path):
+    return AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float32).eval()
 
 
-def test_too_few_logprobs_and_nan_are_refused(teacher_model):
-    short, nan = FakeTeacherServer(teacher_model, drop_last=True), FakeTeacherServer(teacher_model, nan=True)
-    try:
-        with pytest.raises(TeacherScoringError, match="returned 7 prompt log-probabilities for 8 prompt tokens"):
-            ServerTeacher(short.url).score([1, 2, 3, 4, 5], [6, 7, 8])
-        scores = ServerTeacher(nan.url).score([1, 2, 3], [4, 5])
-        with pytest.raises(TeacherScoringError, match="NaN"):
-            check_teacher_scores(scores, 2, None, "turn 0")
-    finally:
-        short.close()
-        nan.close()
+@pytest.fixture(scope="module")
+def server(teacher_path):
+    app = EmbeddedServer(teacher_path, served_name="tiny-teacher", max_in_flight=4, max_logprobs=MAX_LOGPROBS)
+    with ServerThread(app) as running:
+        yield running
+
+
+def test_server_scores_equal_local_teacher(server, teacher_model, monkeypatch):
+    bodies = []
+    complete = server.app.complete
+    monkeypatch.setattr(server.app, "complete", lambda body: (bodies.append(body), complete(body))[1])
+    client = ServerTeacher(server.url)
+    assert client.model == "tiny-teacher"
+    context, action = [5, 17, 30, 2, 9], [44, 3, 100]
+    remote = client.score(context, action)
+    local = LocalTeacher(teacher_model).score(context, action)
+    assert torch.allclose(remote.logprobs, local.logprobs, atol=1e-5)
+    assert remote.logits is None and not client.full_vocabulary
+    assert bodies[-1]["prompt"] == context + action and bodies[-1]["prompt_logprobs"] == 0
+
+
+def test_prompt_logprobs_are_the_raw_distribution_in_vllm_shape(server, teacher_model, teacher_path):
+    from transformers import AutoTokenizer
+
+    prompt = [5, 17, 30, 2, 9, 44]
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0.7, "top_k": 3, "seed": 11, "n": 2,
+            "prompt_logprobs": 3, "logprobs": 0, "return_token_ids": True}
+    reply = http_call(server.url, "POST", "/v1/completions", body, timeout=60)
+    assert reply.status == 200
+    choices = reply.json()["choices"]
+    with torch.no_grad():  # vLLM: log_softmax of the raw logits (no temperature, no top-k), FP32
+        reference = torch.log_softmax(teacher_model(input_ids=torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    spell = AutoTokenizer.from_pretrained(teacher_path).convert_ids_to_tokens
+    entries = choices[0]["prompt_logprobs"]
+    assert len(entries) == len(prompt) and entries[0] is None and choices[1]["prompt_logprobs"] == entries
+    for position, entry in enumerate(entries[1:], start=1):
+        row, token = reference[position - 1], prompt[position]
+        top = torch.topk(row, 3).indices.tolist()
+        assert list(entry) == list(dict.fromkeys([str(token)] + [str(t) for t in top]))  # prompt token first
+        for key, value in entry.items():
+            assert value["logprob"] == pytest.approx(float(row[int(key)]), abs=1e-5)
+            assert value["decoded_token"] == spell(int(key))
+        assert [entry[str(t)]["rank"] for t in top] == [1, 2, 3]
+        assert entry[str(token)]["rank"] == int((row >= row[token]).sum())
+    # asking for prompt log-probs leaves the samples as they are (same seed, same tokens and log-probs)
+    plain = http_call(server.url, "POST", "/v1/completions", {**body, "prompt_logprobs": None}, timeout=60).json()
+    assert [c["token_ids"] for c in plain["choices"]] == [c["token_ids"] for c in choices]
+    assert [c["logprobs"] for c in plain["choices"]] == [c["logprobs"] for c in choices]
+    assert all(c["prompt_logprobs"] is None for c in plain["choices"])
+
+
+@pytest.mark.parametrize("value, message", [
+    (-2, "`prompt_logprobs` must be a positive value or -1."),
+    (MAX_LOGPROBS + 1, f"Requested prompt logprobs of {MAX_LOGPROBS + 1}, which is greater than max allowed: "
+                       f"{MAX_LOGPROBS}"),
+    (-1, "which is greater than max allowed"),  # -1 asks for the whole vocabulary
+])
+def test_prompt_logprobs_vllm_refuses_are_refused_with_its_status(server, value, message):
+    reply = http_call(server.url, "POST", "/v1/completions", {"prompt": [1, 2, 3], "prompt_logprobs": value},
+                      timeout=60)
+    error = reply.json()["error"]
+    assert reply.status == 400 and error["code"] == 400 and error["type"] == "BadRequestError"
+    assert message in error["message"] and error["param"] == "prompt_logprobs"
+
+
+def tamper(monkeypatch, edit) -> None:
+    """The client reads the server's real answer with `edit` applied to its prompt_logprobs list."""
+    def call(*args, **kwargs):
+        reply = http_call(*args, **kwargs)
+        body = reply.json()
+        if isinstance(body, dict) and "choices" in body:
+            edit(body["choices"][0]["prompt_logprobs"])
+        return HTTPReply(reply.status, reply.headers, json.dumps(body).encode())
+
+    monkeypatch.setattr(teacher_server, "http_call", call)
+
+
+def test_too_few_logprobs_and_nan_are_refused(server, monkeypatch):
+    tamper(monkeypatch, lambda entries: entries.pop())
+    with pytest.raises(TeacherScoringError, match="returned 7 prompt log-probabilities for 8 prompt tokens"):
+        ServerTeacher(server.url).score([1, 2, 3, 4, 5], [6, 7, 8])
+    tamper(monkeypatch, lambda entries: [v.update(logprob=float("nan")) for e in entries[1:] for v in e.values()])
+    scores = ServerTeacher(server.url).score([1, 2, 3], [4, 5])
+    with pytest.raises(TeacherScoringError, match="NaN"):
+        check_teacher_scores(scores, 2, None, "turn 0")
+
+
+def test_http_errors_carry_the_server_message(server):
+    with pytest.raises(TeacherScoringError, match="HTTP 404: NotFoundError: The model `nope` does not exist"):
+        ServerTeacher(server.url, model="nope").score([1, 2], [3])
 
 
 def test_unreachable_server_is_a_typed_error():

@@ -14,12 +14,20 @@ import pytest
 import torch
 
 from trl_thundersync.errors import ConfigurationError, RolloutError
-from trl_thundersync.rollout.vllm_api import (HTTPReply, completion_payload, error_message, lora_name, lora_version,
-                                              parse_completion, parse_max_model_len, parse_model_ids)
+from trl_thundersync.rollout.vllm_api import (
+    HTTPReply,
+    completion_payload,
+    error_message,
+    lora_name,
+    lora_version,
+    parse_completion,
+    parse_max_model_len,
+    parse_model_ids,
+)
 from trl_thundersync.rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
 from trl_thundersync.rollout.vllm_replicas import make_publisher, percentile
-from trl_thundersync.serve.generation import GenerationOutput
-from trl_thundersync.serve.protocol import (APIError, ServedModel, completion_response, parse_completion_request)
+from trl_thundersync.serve.generation import GenerationOutput, PromptPosition
+from trl_thundersync.serve.protocol import APIError, ServedModel, completion_response, parse_completion_request
 from trl_thundersync.types import SamplingParams
 
 # POST /v1/completions {"prompt": [151644, 872, 198], "max_tokens": 4, "logprobs": 0, "return_token_ids": true,
@@ -170,6 +178,47 @@ def test_unknown_models_answer_404_like_vllm():
     with pytest.raises(APIError) as info:
         parse_completion_request({"prompt": [1, 2], "model": "policy-v2"}, served, adapters=["policy-v1"])
     assert info.value.status == 404 and "policy-v2" in info.value.message
+
+
+def test_prompt_logprobs_are_answered_in_vllm_shape_once_per_prompt():
+    served = ServedModel(name="tiny", vocab_size=1000, max_model_len=64, eos_token_ids=frozenset(), max_logprobs=20)
+    body = {"prompt": [[7, 8, 9], [4, 5]], "n": 2, "max_tokens": 1, "prompt_logprobs": 1}
+    call = parse_completion_request(body, served, adapters=[])
+    assert [r.prompt_logprobs for r in call.requests] == [1, None, 1, None]  # the first sample scores the prompt
+    scored = (PromptPosition(token=8, logprob=-math.inf, rank=1000, top=((3, -0.25),)),
+              PromptPosition(token=9, logprob=-0.125, rank=1, top=((9, -0.125),)))
+    outputs = [GenerationOutput(token_ids=(1,), logprobs=(-1.0,), top_logprobs=(), finish_reason="length",
+                                stop_reason=None, policy_version=0, started=0.0, finished=1.0, prompt_logprobs=p)
+               for p in (scored, None, (PromptPosition(5, -2.0, 7, ((6, -0.5),)),), None)]
+    answer = json.loads(json.dumps(completion_response(call, outputs, decode=None, token_text=lambda t: f"<{t}>")))
+    first = [None, {"8": {"logprob": -9999.0, "rank": 1000, "decoded_token": "<8>"},  # vLLM clamps -inf
+                    "3": {"logprob": -0.25, "rank": 1, "decoded_token": "<3>"}},
+             {"9": {"logprob": -0.125, "rank": 1, "decoded_token": "<9>"}}]  # in the top: one entry
+    choices = answer["choices"]
+    assert choices[0]["prompt_logprobs"] == choices[1]["prompt_logprobs"] == first
+    assert choices[2]["prompt_logprobs"] == choices[3]["prompt_logprobs"] == [
+        None, {"5": {"logprob": -2.0, "rank": 7, "decoded_token": "<5>"},
+               "6": {"logprob": -0.5, "rank": 1, "decoded_token": "<6>"}}]
+    plain = parse_completion_request({"prompt": [7, 8]}, served, adapters=[])
+    assert plain.requests[0].prompt_logprobs is None
+    assert completion_response(plain, outputs[1:2], decode=None)["choices"][0]["prompt_logprobs"] is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"prompt_logprobs": -2}, "`prompt_logprobs` must be a positive value or -1."),
+    ({"prompt_logprobs": 21}, "Requested prompt logprobs of 21, which is greater than max allowed: 20"),
+    ({"prompt_logprobs": -1}, "Requested prompt logprobs of 1000, which is greater than max allowed: 20"),
+    ({"logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+    ({"prompt_logprobs": True}, "`prompt_logprobs` must be a number"),
+])
+def test_log_prob_counts_vllm_refuses_are_400s(fields, message):
+    served = ServedModel(name="tiny", vocab_size=1000, max_model_len=64, eos_token_ids=frozenset(), max_logprobs=20)
+    with pytest.raises(APIError) as info:
+        parse_completion_request({"prompt": [1, 2], **fields}, served, adapters=[])
+    assert info.value.status == 400 and message in info.value.message and info.value.param == next(iter(fields))
+    unlimited = ServedModel(name="tiny", vocab_size=1000, max_model_len=64, eos_token_ids=frozenset())
+    assert parse_completion_request({"prompt": [1, 2], "prompt_logprobs": -1}, unlimited,
+                                    adapters=[]).requests[0].prompt_logprobs == 1000  # -1 = the vocabulary
 
 
 def test_publisher_selection():

@@ -1,33 +1,39 @@
 """A teacher behind a vLLM-compatible HTTP server: sampled-token log-probabilities of each turn in its context.
 
 One `POST {url}/v1/completions` per turn with the token ids of context + action as the prompt, `max_tokens: 1` and
-`prompt_logprobs: 0`; vLLM answers `choices[0].prompt_logprobs`, one entry per prompt token (the first is null), each
-a mapping from token id to `{"logprob": …}` that contains at least the prompt token itself. The action's entries are
-the last T. Enough for the OPD objective; the generalized JSD needs a local teacher (`full_vocabulary = False`).
-Standard library only (urllib), so it adds no dependency.
+`prompt_logprobs: 0` (`rollout.vllm_api.prompt_logprobs_payload`); vLLM answers `choices[0].prompt_logprobs`, one
+entry per prompt token (the first is null), each a mapping from token id to `{"logprob", "rank", "decoded_token"}`
+that contains at least the prompt token itself. The action's entries are the last T. Enough for the OPD objective;
+the generalized JSD needs a local teacher (`full_vocabulary = False`). The embedded server
+(`python -m trl_thundersync.serve`) answers the same way, so it can serve the teacher too.
+
+HTTP goes through the rollout client's wire helpers (`rollout.vllm_api.http_call`: plain `http.client`, one
+connection per request, the `timeout` per request); every failure — no answer, an HTTP error (with the server's
+message, in any of vLLM's error shapes), a malformed answer — is a `TeacherScoringError` naming the server.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from ..errors import TeacherScoringError
+from ..errors import RolloutError, TeacherScoringError
+from ..rollout.vllm_api import error_message, http_call, parse_model_ids, prompt_logprobs_payload
 from .records import TeacherScores
 from .vocab_map import VocabularyMap
 
 
 class ServerTeacher:
+    """`TeacherScorer` over HTTP (see the module docstring); `close()` has nothing to release."""
+
     full_vocabulary = False
 
     def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
                  vocab_map: VocabularyMap | None = None) -> None:
         self.url = url.rstrip("/")
-        self.timeout = timeout
+        self.timeout = timeout  # seconds per request
         self.model = model or self._first_model()
         self.vocab_map = vocab_map  # student ids are sent (and looked up) as the teacher's ids
 
@@ -37,8 +43,15 @@ class ServerTeacher:
         if self.vocab_map is not None:
             context_ids, action_ids = self.vocab_map.to_teacher(context_ids), self.vocab_map.to_teacher(action_ids)
         prompt = [int(t) for t in context_ids] + [int(t) for t in action_ids]
-        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        answer = self._request("/v1/completions", body)
+        answer = self._request("POST", "/v1/completions", prompt_logprobs_payload(self.model, prompt))
+        return TeacherScores(torch.tensor(self._action_logprobs(answer, prompt, len(context_ids)),
+                                          dtype=torch.float32))
+
+    def close(self) -> None:
+        return None
+
+    def _action_logprobs(self, answer: Any, prompt: list[int], start: int) -> list[float]:
+        """The log-probs of prompt[start:] (the action) in a `prompt_logprobs` answer; refuses a malformed one."""
         try:
             entries = answer["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError) as exc:
@@ -49,38 +62,34 @@ class ServerTeacher:
             got = len(entries) if isinstance(entries, list) else type(entries).__name__
             raise TeacherScoringError(
                 f"teacher server {self.url}: returned {got} prompt log-probabilities for {len(prompt)} prompt tokens "
-                f"({len(action_ids)} action tokens to score)")
+                f"({len(prompt) - start} action tokens to score)")
         values = []
-        for position, token in enumerate(action_ids, start=len(context_ids)):
+        for position in range(start, len(prompt)):
             entry = entries[position]
-            scored = entry.get(str(int(token))) if isinstance(entry, dict) else None
+            scored = entry.get(str(prompt[position])) if isinstance(entry, dict) else None
             if not isinstance(scored, dict) or "logprob" not in scored:
                 raise TeacherScoringError(
-                    f"teacher server {self.url}: no log-probability for action token {token} at prompt position "
-                    f"{position}")
+                    f"teacher server {self.url}: no log-probability for action token {prompt[position]} at prompt "
+                    f"position {position}")
             values.append(float(scored["logprob"]))
-        return TeacherScores(torch.tensor(values, dtype=torch.float32))
-
-    def close(self) -> None:
-        return None
+        return values
 
     def _first_model(self) -> str:
-        answer = self._request("/v1/models", None)
+        answer = self._request("GET", "/v1/models", None)
         try:
-            return answer["data"][0]["id"]
-        except (KeyError, IndexError, TypeError) as exc:
+            return parse_model_ids(answer)[0]
+        except (RolloutError, IndexError, KeyError, TypeError) as exc:
             raise TeacherScoringError(f"teacher server {self.url}: /v1/models lists no model; pass the model name"
                                       ) from exc
 
-    def _request(self, path: str, body: dict | None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method="POST" if body is not None else "GET",
-                                         headers={"Content-Type": "application/json"})
+    def _request(self, method: str, path: str, body: dict | None) -> Any:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            raise TeacherScoringError(f"teacher server {self.url}{path}: HTTP {exc.code}: {detail}") from exc
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
+            reply = http_call(self.url, method, path, body, timeout=self.timeout)
+        except OSError as exc:  # refused, reset, timed out: no HTTP answer
             raise TeacherScoringError(f"teacher server {self.url}{path}: {type(exc).__name__}: {exc}") from exc
+        if reply.status != 200:
+            raise TeacherScoringError(f"teacher server {self.url}{path}: HTTP {reply.status}: {error_message(reply)}")
+        try:
+            return reply.json()
+        except ValueError as exc:
+            raise TeacherScoringError(f"teacher server {self.url}{path}: the answer is not JSON: {exc}") from exc

@@ -7,7 +7,6 @@ Protocol over two queues. Commands: ("submit", [(key, RolloutRequest, max_new_to
 
 from __future__ import annotations
 
-import inspect
 import queue
 import threading
 import time
@@ -19,61 +18,19 @@ import torch
 
 from ..errors import RolloutError
 from ..types import Rollout, RolloutRequest, SamplingParams
+from .sampling import Decoder, SamplingChain, cache_argument, sampling_chain
+from .sampling import sample_next as sample_next  # re-exported: its home was this module
 from .weights import FlatLayout
 
 
-def _build_processors(sampling: SamplingParams) -> list[Any]:
-    from transformers.generation import logits_process as lp
+class _Trajectory(Decoder):
+    """Decoding state of one request (cache, generator, tokens so far), with its key and token budget."""
 
-    procs: list[Any] = []
-    if sampling.repetition_penalty != 1.0:
-        procs.append(lp.RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
-    procs.append(lp.TemperatureLogitsWarper(sampling.temperature))
-    if sampling.top_k > 0:
-        procs.append(lp.TopKLogitsWarper(sampling.top_k))
-    if sampling.top_p < 1.0:
-        procs.append(lp.TopPLogitsWarper(sampling.top_p))
-    if sampling.min_p > 0.0:
-        procs.append(lp.MinPLogitsWarper(sampling.min_p))
-    return procs
-
-
-@torch.inference_mode()
-def sample_next(model: Any, cache_kwarg: str, cache: Any, next_input: torch.Tensor, tokens: list[int],
-                processors: list[Any], generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
-    """One decoding step, shared with the embedded server so both sample bit-identically.
-
-    `next_input` [1, T] is fed with `cache`; `tokens` (prompt + completion so far) feed the repetition penalty.
-    Returns the sampled token (argmax when `generator` is None: greedy) and the log-softmax of the processed
-    scores [V], whose entry at the token is the reported (vLLM "processed") log-prob.
-    """
-    out = model(input_ids=next_input, use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
-    scores = out.logits[:, -1, :].float()  # [1, V]
-    seen = torch.tensor([tokens], dtype=torch.long)
-    for proc in processors:
-        scores = proc(seen, scores)
-    if generator is None:
-        token = int(torch.argmax(scores, dim=-1).item())
-    else:
-        token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).item())
-    return token, torch.log_softmax(scores, dim=-1)[0]
-
-
-class _Trajectory:
-    """Decoding state of one request: its cache, generator and tokens so far."""
-
-    def __init__(self, key: Any, request: RolloutRequest, max_new_tokens: int) -> None:
-        from transformers import DynamicCache
-
+    def __init__(self, key: Any, request: RolloutRequest, max_new_tokens: int, chain: SamplingChain) -> None:
+        super().__init__(request.prompt_ids, request.seed, chain)
         self.key = key
         self.max_new_tokens = max_new_tokens
         self.request = request
-        self.cache = DynamicCache()
-        self.generator = torch.Generator().manual_seed(request.seed)
-        self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
-        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)  # [1, T]: prompt, then one token
-        self.logprobs: list[float] = []
-        self.started = time.monotonic()
 
 
 class _Worker:
@@ -88,10 +45,9 @@ class _Worker:
         unknown = sorted(floats ^ {name for name, _, _ in layout.entries})
         if unknown:
             raise RolloutError(f"policy weights and the worker model disagree on tensor names: {unknown[:5]}")
-        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.cache_kwarg = cache_argument(self.model)
         self.layout, self.buf, self.sampling = layout, buf, sampling
-        self.processors = _build_processors(sampling)
+        self.chain = sampling_chain(sampling)  # temperature > 0 here (LocalProcessEngine refuses 0)
         self.eos = frozenset(sampling.eos_token_ids)
         self.max_in_flight, self.commands, self.results = max_in_flight, commands, results
         self.version = -1  # set by the first load
@@ -131,7 +87,7 @@ class _Worker:
     def tick(self) -> None:
         while self.pending and len(self.active) < self.max_in_flight:
             key, request, max_new = self.pending.popleft()
-            self.active.append(_Trajectory(key, request, max_new or self.sampling.max_new_tokens))
+            self.active.append(_Trajectory(key, request, max_new or self.sampling.max_new_tokens, self.chain))
         still: list[_Trajectory] = []
         for traj in self.active:
             if self.step(traj):
@@ -142,13 +98,8 @@ class _Worker:
 
     def step(self, traj: _Trajectory) -> bool:
         """Sample one token for `traj`; True when the trajectory is finished."""
-        token, logprobs = sample_next(self.model, self.cache_kwarg, traj.cache, traj.next_input, traj.tokens,
-                                      self.processors, traj.generator)
-        traj.logprobs.append(float(logprobs[token]))
-        traj.tokens.append(token)
-        traj.next_input = torch.tensor([[token]], dtype=torch.long)
-        n_new = len(traj.tokens) - len(traj.request.prompt_ids)
-        return token in self.eos or n_new >= traj.max_new_tokens
+        token, _ = traj.step(self.model, self.cache_kwarg)
+        return token in self.eos or traj.num_new >= traj.max_new_tokens
 
     def finish(self, traj: _Trajectory) -> Rollout:
         req = traj.request
@@ -157,7 +108,7 @@ class _Worker:
             group=req.group,
             policy_version=self.version,
             prompt_ids=tuple(req.prompt_ids),
-            completion_ids=tuple(traj.tokens[len(req.prompt_ids) :]),
+            completion_ids=traj.completion_ids,
             sampling_logprobs=tuple(traj.logprobs),
             started_at=traj.started,  # time.monotonic(); mapped to the parent's perf_counter on receipt
             finished_at=time.monotonic(),

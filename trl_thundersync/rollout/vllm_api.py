@@ -9,6 +9,9 @@ Only the subset this project uses, with vLLM's field names and shapes (vLLM ≥ 
         200 -> {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text",
                 "logprobs": {"text_offset", "token_logprobs", "tokens": ["token_id:<id>", ...], "top_logprobs"},
                 "finish_reason": "stop"|"length", "stop_reason", "token_ids", "prompt_token_ids"}], "usage"}
+    POST /v1/completions   {"model", "prompt": [int, ...], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        200 -> {..., "choices": [{..., "prompt_logprobs": [null, {"<id>": {"logprob", "rank", "decoded_token"}},
+                ...]}]}   (teacher scoring: one entry per prompt token, the first null; the raw model distribution)
     GET  /v1/models        200 -> {"object": "list", "data": [{"id", "object": "model", "root", "parent", ...}]}
     errors                 {"error": {"message", "type", "param", "code"}} (vLLM ≥ 0.9; older: the same fields at
                            the top level with "object": "error"; FastAPI's own 404: {"detail": "Not Found"})
@@ -218,6 +221,14 @@ def completion_payload(model: str, prompt_ids: Sequence[int], sampling: Sampling
     }
 
 
+def prompt_logprobs_payload(model: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """The body that asks a server for the log-prob of every prompt token given the ones before it (a teacher's
+    score of a turn): one generated token, which the caller ignores, and `prompt_logprobs: 0` (the prompt token
+    only, no alternatives)."""
+    return {"model": model, "prompt": [int(t) for t in prompt_ids], "max_tokens": 1, "temperature": 1.0,
+            "prompt_logprobs": 0}
+
+
 @dataclass(frozen=True)
 class Completion:
     """One parsed `/v1/completions` choice."""
@@ -246,7 +257,7 @@ def parse_completion(body: Any) -> Completion:
     tokens = logprobs.get("tokens") or []
     if len(values) != len(token_ids) or (tokens and len(tokens) != len(token_ids)):
         raise RolloutError(f"{len(token_ids)} token ids but {len(values)} log-probs and {len(tokens)} tokens")
-    for position, (token, spelled) in enumerate(zip(token_ids, tokens)):
+    for position, (token, spelled) in enumerate(zip(token_ids, tokens, strict=False)):  # tokens may be absent
         if spelled.startswith(TOKEN_ID_PREFIX) and int(spelled[len(TOKEN_ID_PREFIX):]) != token:
             raise RolloutError(f"log-prob entry {position} is for {spelled!r}, but token_ids[{position}] = {token}")
     if any(v is None or math.isnan(v) for v in values):

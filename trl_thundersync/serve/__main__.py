@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: the --model value)")
     parser.add_argument("--max-in-flight", type=int, default=16, help="requests decoded concurrently; more queue")
     parser.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--max-logprobs", type=int, default=-1,
+                        help="most (prompt) log-probs per position a request may ask for, as vLLM's flag; -1 (the "
+                             "default here; vLLM's is 20) = the whole vocabulary")
     parser.add_argument("--policy-version", type=int, default=0, help="version the weights at --model represent")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--exit-with-parent", action="store_true",
@@ -47,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_in_flight < 1 or args.policy_version < 0:
-        print("--max-in-flight must be >= 1 and --policy-version >= 0", file=sys.stderr)
+    if args.max_in_flight < 1 or args.policy_version < 0 or args.max_logprobs < -1:
+        print("--max-in-flight must be >= 1, --policy-version >= 0 and --max-logprobs >= -1", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s thundersync-serve %(levelname)s %(message)s")
     if args.num_threads is not None:
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.num_threads)
     app = EmbeddedServer(args.model, served_name=args.served_model_name, max_in_flight=args.max_in_flight,
-                         policy_version=args.policy_version)
+                         policy_version=args.policy_version, max_logprobs=args.max_logprobs)
     server = make_http_server(app, args.host, args.port)
 
     def stop(signum: int, _frame) -> None:

@@ -4,7 +4,7 @@ Routes (vLLM's shapes; every answer carries `x-thundersync-policy-version`, the 
 
     GET  /health                     200, empty body (503 once the generation loop is gone)
     GET  /v1/models                  {"object": "list", "data": [base card, adapter cards...]}
-    POST /v1/completions             see protocol.py
+    POST /v1/completions             see protocol.py (also `prompt_logprobs`, so the server can be a teacher)
     POST /tokenize                   {"prompt": str, "add_special_tokens"} -> {"count", "max_model_len", "tokens"}
     POST /reset_prefix_cache         {"success": true} (there is no prefix cache; answered for the client's protocol)
     POST /v1/load_lora_adapter       {"lora_name", "lora_path", "load_inplace"} -> "Success: LoRA adapter ..." (text)
@@ -14,6 +14,9 @@ Routes (vLLM's shapes; every answer carries `x-thundersync-policy-version`, the 
 
 TRL's NCCL endpoints (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
 `/finish_weight_update`) need CUDA and vLLM; here they answer 404 with a pointer to `/thundersync/update_weights`.
+
+`python -m trl_thundersync.serve` runs one in its own process; `ServerThread(EmbeddedServer(path))` runs one on a
+daemon thread of this process (tests, notebooks, a teacher next to a trainer).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class EmbeddedServer:
     """A transformers model behind vLLM's API: generation loop, versioned weight swaps, LoRA adapters."""
 
     def __init__(self, model_path: str, *, served_name: str | None = None, max_in_flight: int = 16,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, max_logprobs: int = -1) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = str(model_path)
@@ -74,7 +77,8 @@ class EmbeddedServer:
             self.tokenizer = None
         self.served = ServedModel(
             name=served_name or self.model_path, vocab_size=int(model.config.vocab_size),
-            max_model_len=int(getattr(model.config, "max_position_embeddings", 2**31 - 1)), eos_token_ids=_eos_ids(model),
+            max_model_len=int(getattr(model.config, "max_position_embeddings", 2**31 - 1)),
+            eos_token_ids=_eos_ids(model), max_logprobs=max_logprobs,
         )
         self.loop = GenerationLoop(model, max_in_flight=max_in_flight, policy_version=policy_version)
         self._adapter_paths: dict[str, str] = {}  # name -> path, for /v1/models
@@ -107,7 +111,7 @@ class EmbeddedServer:
             outputs.append(future.result())
         if len({o.policy_version for o in outputs}) != 1:  # cannot happen: the loop drains before it swaps
             raise APIError(500, "the samples of one request came from different policy versions", "InternalServerError")
-        return Versioned(completion_response(call, outputs, self._decode), outputs[0].policy_version)
+        return Versioned(completion_response(call, outputs, self._decode, self._token_text), outputs[0].policy_version)
 
     def tokenize(self, body: Any) -> dict:
         if self.tokenizer is None:
@@ -126,6 +130,10 @@ class EmbeddedServer:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _token_text(self, token: int) -> str | None:
+        """A token as vLLM spells it in `prompt_logprobs` (`decoded_token`: the tokenizer's token string)."""
+        return None if self.tokenizer is None else self.tokenizer.convert_ids_to_tokens(int(token))
 
     # -- full weights ------------------------------------------------------------------------------------------------
     def update_weights(self, body: Any) -> dict:
@@ -296,3 +304,35 @@ def make_http_server(app: EmbeddedServer, host: str, port: int) -> ThreadingHTTP
     """Bind the server (port 0 picks a free one: read `server.server_address`)."""
     handler = type("EmbeddedServerHandler", (_Handler,), {"app": app})
     return _Server((host, port), handler)
+
+
+class ServerThread:
+    """An embedded server answering on a daemon thread of this process; `close()` (or leaving the `with` block)
+    stops the HTTP side and the generation loop.
+
+        with ServerThread(EmbeddedServer(model_dir)) as server:
+            ServerTeacher(server.url).score(context_ids, action_ids)
+    """
+
+    def __init__(self, app: EmbeddedServer, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.http = make_http_server(app, host, port)
+        self._thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="thundersync-serve-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.http.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.app.close()
+
+    def __enter__(self) -> ServerThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

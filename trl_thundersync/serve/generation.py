@@ -1,14 +1,17 @@
 """The embedded server's generation loop: one scheduler thread, every request decoded on its own.
 
-The arithmetic is the embedded engine's (`rollout/local_worker.py`), so that the same (θ, prompt, seed) gives the
-same tokens and log-probs through either path:
+The arithmetic is the embedded engine's (`rollout/sampling.py`, shared with `rollout/local_worker.py`), so that the
+same (θ, prompt, seed) gives the same tokens and log-probs through either path:
 
 - each request has its own KV cache (batch size 1) and its own `torch.Generator` seeded with its seed;
-- per token: last-position logits → the processor chain of `local_worker._build_processors` (repetition penalty →
+- per token: last-position logits → the processor chain of `sampling.build_processors` (repetition penalty →
   temperature → top-k → top-p → min-p) → `torch.multinomial`; the reported log-prob is the log-softmax of that
   processed distribution at the sampled token (vLLM's `processed_logprobs`). Temperature 0 is greedy (argmax).
 - every tick advances each active request by one token (round-robin), admits queued requests while fewer than
   `max_in_flight` are active, and resolves a request's future the moment it ends.
+- a request that asks for prompt log-probs gets, before its first token, one more forward over its prompt without a
+  cache (`score_prompt`): the raw model distribution at every prompt position, as vLLM computes them (no
+  temperature or other processors). It is a separate forward so that the sampled tokens stay those of the engine.
 
 Weight updates never mix versions within a request: `update_weights` stops admitting requests, lets the active ones
 finish (they keep the version they started with), swaps the weights in place, bumps the version, and only then
@@ -18,8 +21,6 @@ up by name when a request is admitted; replacing or removing one never touches a
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import threading
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..rollout.local_worker import _build_processors, sample_next
+from ..rollout.sampling import Decoder, cache_argument, sampling_chain
 from ..types import SamplingParams
 
 
@@ -43,6 +44,17 @@ class GenerationRequest:
     seed: int
     adapter: str | None = None  # LoRA adapter name; None = the base model
     top_logprobs: int = 0  # alternatives reported per position besides the sampled token
+    prompt_logprobs: int | None = None  # None: no prompt log-probs; k: each prompt position with its k top tokens
+
+
+@dataclass(frozen=True)
+class PromptPosition:
+    """The log-probs at one prompt position after the first, under the raw model distribution (vLLM's entry)."""
+
+    token: int  # the prompt token at this position
+    logprob: float  # its log-prob given the prompt tokens before it
+    rank: int  # how many tokens are at least as likely as it (1 = the most likely), as vLLM counts
+    top: tuple[tuple[int, float], ...]  # the k most likely tokens with their log-probs, most likely first
 
 
 @dataclass(frozen=True)
@@ -55,29 +67,41 @@ class GenerationOutput:
     policy_version: int  # version of the base weights that generated it
     started: float  # time.monotonic() at admission
     finished: float
+    prompt_logprobs: tuple[PromptPosition, ...] | None = None  # positions 1..T-1 of the prompt, when asked for
 
 
 class AdapterMissing(KeyError):
     """The adapter a request names is not loaded (any more)."""
 
 
-class _Decoding:
+class _Decoding(Decoder):
     """State of one request in flight."""
 
     def __init__(self, request: GenerationRequest, future: Future, model: Any, version: int) -> None:
-        from transformers import DynamicCache
-
+        super().__init__(request.prompt_ids, request.seed, sampling_chain(request.sampling))
         self.request, self.future, self.model, self.version = request, future, model, version
-        greedy = request.sampling.temperature == 0.0
-        sampling = dataclasses.replace(request.sampling, temperature=1.0) if greedy else request.sampling
-        self.greedy, self.processors = greedy, _build_processors(sampling)
-        self.cache = DynamicCache()
-        self.generator = torch.Generator().manual_seed(request.seed)
-        self.tokens = list(request.prompt_ids)  # prompt + completion, for the repetition penalty
-        self.next_input = torch.tensor([request.prompt_ids], dtype=torch.long)
-        self.logprobs: list[float] = []
         self.top: list[tuple[tuple[int, float], ...]] = []
-        self.started = time.monotonic()
+        self.prompt_logprobs: tuple[PromptPosition, ...] | None = None  # filled before the first token, if asked
+
+
+@torch.inference_mode()
+def score_prompt(model: Any, prompt_ids: tuple[int, ...], top: int) -> tuple[PromptPosition, ...]:
+    """Log-probs of prompt tokens 1..T-1 given the tokens before each, as vLLM computes prompt log-probs: the FP32
+    log-softmax of the raw logits (no temperature or processors), the token's rank = the number of tokens at least
+    as likely, and the `top` most likely tokens (clipped to the vocabulary)."""
+    if len(prompt_ids) < 2:
+        return ()
+    logits = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=False).logits[0, :-1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [T-1, V]
+    targets = torch.tensor(prompt_ids[1:], dtype=torch.long)[:, None]  # [T-1, 1]
+    chosen = logprobs.gather(-1, targets)  # [T-1, 1]
+    ranks = (logprobs >= chosen).sum(dim=-1)  # [T-1]
+    values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]), dim=-1)  # [T-1, k]
+    return tuple(
+        PromptPosition(token=int(t), logprob=float(v), rank=int(r),
+                       top=tuple((int(i), float(x)) for i, x in zip(row_ids, row_values, strict=True)))
+        for t, v, r, row_ids, row_values in zip(targets[:, 0], chosen[:, 0], ranks, ids, values, strict=True)
+    )
 
 
 class GenerationLoop:
@@ -87,8 +111,7 @@ class GenerationLoop:
         self.base = model.eval()
         self.version = policy_version
         self.max_in_flight = max_in_flight
-        # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kwarg = cache_argument(model)
         self.weights_lock = threading.RLock()  # held while base weights change (and while copying them)
         self._cond = threading.Condition()
         self._pending: deque[tuple[GenerationRequest, Future]] = deque()
@@ -216,25 +239,24 @@ class GenerationLoop:
     def _step(self, state: _Decoding) -> tuple[str, int | None] | None:
         """Sample one token; (finish_reason, stop_reason) when the request is done, else None."""
         request = state.request
-        token, logprobs = sample_next(state.model, self.cache_kwarg, state.cache, state.next_input, state.tokens,
-                                      state.processors, None if state.greedy else state.generator)
-        state.logprobs.append(float(logprobs[token]))
+        if request.prompt_logprobs is not None and state.prompt_logprobs is None:
+            state.prompt_logprobs = score_prompt(state.model, request.prompt_ids, request.prompt_logprobs)
+        token, logprobs = state.step(state.model, self.cache_kwarg)
         if request.top_logprobs > 0:
             values, ids = torch.topk(logprobs, min(request.top_logprobs, logprobs.numel()))
-            state.top.append(tuple((int(i), float(v)) for i, v in zip(ids, values)))
-        state.tokens.append(token)
-        state.next_input = torch.tensor([[token]], dtype=torch.long)
+            state.top.append(tuple((int(i), float(v)) for i, v in zip(ids, values, strict=True)))
         if token in request.sampling.eos_token_ids:
             return "stop", token if token in request.stop_token_ids else None
-        if len(state.tokens) - len(request.prompt_ids) >= request.sampling.max_new_tokens:
+        if state.num_new >= request.sampling.max_new_tokens:
             return "length", None
         return None
 
     def _output(self, state: _Decoding, finish_reason: str, stop_reason: int | None) -> GenerationOutput:
         return GenerationOutput(
-            token_ids=tuple(state.tokens[len(state.request.prompt_ids):]), logprobs=tuple(state.logprobs),
+            token_ids=state.completion_ids, logprobs=tuple(state.logprobs),
             top_logprobs=tuple(state.top), finish_reason=finish_reason, stop_reason=stop_reason,
             policy_version=state.version, started=state.started, finished=time.monotonic(),
+            prompt_logprobs=state.prompt_logprobs,
         )
 
     def _fail_all(self, error: Exception) -> None:

@@ -158,7 +158,7 @@ class EmbeddedServers:
             model_dir = write_policy_folder(model, tokenizer, folder.path / "policy", without_adapters=without_adapters)
             logs = [folder.path / f"server-{i}.log" for i in range(replicas)]
             processes.extend(_spawn(model_dir, log, options, policy_version) for log in logs)  # load in parallel
-            urls = [_await_address(p, log, options.startup_timeout) for p, log in zip(processes, logs)]
+            urls = [_await_address(p, log, options.startup_timeout) for p, log in zip(processes, logs, strict=True)]
         except BaseException:
             _stop(processes, folder)
             raise

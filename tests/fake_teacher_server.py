@@ -1,6 +1,8 @@
 """A small vLLM-compatible teacher server for tests: `/v1/models` and `/v1/completions` with `prompt_logprobs`,
-answered by a local causal LM (so its scores can be compared with a `LocalTeacher`'s). Misbehaviours on request:
-`drop_last` returns one log-probability too few, `nan` returns NaN scores."""
+answered by a causal LM held in memory (so its scores can be compared with a `LocalTeacher`'s), and recording every
+request body. The contract tests use the embedded server (`trl_thundersync.serve`, which answers `prompt_logprobs`
+as vLLM does); this fake stays for tests that serve a model they never save (a relabelled vocabulary) or count the
+requests. Misbehaviours on request: `drop_last` returns one log-probability too few, `nan` returns NaN scores."""
 
 from __future__ import annotations
 
