@@ -48,3 +48,32 @@ def runner():
     yield r
     r.close()
     loop.call_soon_threadsafe(loop.stop)
+
+
+# Test layers (README "Tests"): every test in tests/unit that needs none of a model, a sandbox or a spawned
+# process is marked `fast`, so `pytest -m fast` runs the pure layer alone in seconds. A unit module that needs one
+# is listed below with what it needs; a test that asks for a model fixture is marked `model` whatever its module.
+_UNIT_MODULE_MARKS = {
+    "test_rollout_local.py": ("spawn", "model"),
+    "test_server_lifecycle.py": ("spawn",),
+    "test_teacher_server.py": ("spawn", "model"),
+    "test_distill_vocab_map.py": ("model",),
+    "test_grading_integrity.py": ("sandbox",),
+    "test_task_envs.py": ("sandbox",),
+    "test_sandbox.py": ("sandbox",),
+    "test_sandbox_hardening.py": ("sandbox",),
+    "test_sandbox_cgroup.py": ("sandbox",),
+    "test_sandbox_launcher.py": ("sandbox",),
+}
+_MODEL_FIXTURES = frozenset({"tiny_model_path", "tokenizer", "tiny_agent"})
+_HEAVY_MARKS = frozenset({"slow", "sandbox", "spawn", "model", "gpu"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _UNIT_MODULE_MARKS.get(item.path.name, ()) if item.path.parent.name == "unit" else ():
+            item.add_marker(getattr(pytest.mark, name))
+        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        if item.path.parent.name == "unit" and not _HEAVY_MARKS & {m.name for m in item.iter_markers()}:
+            item.add_marker(pytest.mark.fast)
