@@ -98,3 +98,20 @@ def test_both_trainers_share_the_lifecycle_and_grpo_re_exports_the_seed():
         assert issubclass(cls, StreamingLifecycle)
         assert cls.train is StreamingLifecycle.train and cls._publish is StreamingLifecycle._publish
     assert grpo_trainer.trajectory_seed is trajectory_seed
+
+
+def test_no_trainer_module_imports_the_other_trainers_modules():
+    """GRPO's modules and GKD's share only `lifecycle`, `rollout_setup` and the config helpers."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(grpo_trainer.__file__).parent
+    for path in folder.glob("*.py"):
+        family = "grpo_" if path.name.startswith("grpo_") else "gkd_" if path.name.startswith("gkd_") else None
+        if family is None:
+            continue
+        other = "gkd_" if family == "grpo_" else "grpo_"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                assert not any(n.split(".")[-1].startswith(other) for n in names), (path.name, names)
