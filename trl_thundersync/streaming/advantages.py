@@ -73,8 +73,7 @@ def statistics_rewards(totals: BatchTotals) -> torch.Tensor | None:
     return None
 
 
-def batch_advantages(totals: BatchTotals, gathered: torch.Tensor | None,
-                     num_generations: int) -> Advantages:
+def batch_advantages(totals: BatchTotals, gathered: torch.Tensor | None, num_generations: int) -> Advantages:
     """The advantages of one batch; `gathered` is `statistics_rewards` of every process, concatenated (CPU)."""
     if totals.objective_rewards is not None:
         return objective_advantages(totals.objective_rewards, gathered)
