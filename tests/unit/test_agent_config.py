@@ -48,7 +48,7 @@ def test_grpo_and_gkd_share_each_agent_loop_field(name):
 
 
 def test_budgets_left_at_none_resolve_by_one_rule(tmp_path):
-    from trl_thundersync.envs.agent_loop import AgentLimits
+    from trl_thundersync.envs.harness.agent_loop import AgentLimits
 
     # GRPO: max_completion_length bounds the whole completion (TRL's GRPO), so the trajectory budget is it
     assert grpo(tmp_path, agent_protocol="paper", max_completion_length=40).agent_limits() == AgentLimits(

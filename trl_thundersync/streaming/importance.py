@@ -29,7 +29,8 @@ MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 @dataclass(frozen=True)
 class SamplingCorrection:
-    """`GRPOConfig.vllm_importance_sampling_mode / _clip_min / _clip_max`."""
+    """`GRPOConfig.vllm_importance_sampling_mode / _clip_min / _clip_max` (built from a config by
+    `trainers/grpo_settings.sampling_correction`)."""
 
     mode: str  # one of MODES
     clip_min: float | None  # None: no lower bound
@@ -38,14 +39,6 @@ class SamplingCorrection:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"vllm_importance_sampling_mode={self.mode!r} is not one of {MODES}")
-
-    @staticmethod
-    def from_config(args: Any) -> SamplingCorrection | None:
-        """The correction TRL would apply for this config, or None when it applies none."""
-        if not (args.use_vllm and args.vllm_importance_sampling_correction):
-            return None
-        return SamplingCorrection(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
-                                  args.vllm_importance_sampling_clip_max)
 
     def weights(self, logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """c for one trajectory: `logps`, `sampling_logps`, `mask` are [1, T]; returns [1, T] (token modes) or

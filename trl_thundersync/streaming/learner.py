@@ -38,6 +38,7 @@ import torch
 from ..errors import BatchIncompleteError, StalePolicyError, UnscorableGroupError
 from ..types import Rollout, ScoredRollout, TurnEvent
 from .accumulators import BatchAccumulator, GroupStatistics
+from .advantages import RewardScaling
 from .learner_records import BatchTotals, SourceGradients, WorkItem
 from .moe_aux import RouterAuxLoss
 from .objectives import ObjectiveGroupStatistics
@@ -84,12 +85,11 @@ class GRPOBatchLearner:
         self.num_generations = num_generations
         self.num_groups = batch_size // num_generations
         self.policy_version = policy_version
-        self.scale_rewards = scale_rewards
+        self.scaling = RewardScaling(scale_rewards, eps)  # the group fold's σ here, the batch σ at the barrier
         self.source_backward = source_backward
         self.bucket_of = bucket_of
         self.max_open_groups = max_open_groups or self.num_groups
         self.allow_unscorable_groups = allow_unscorable_groups
-        self.eps = eps
         self.num_params = num_params
         self.release = release
         self.content_backward = content_backward
@@ -335,10 +335,7 @@ class GRPOBatchLearner:
             for index, value in group.normalized().items():
                 self.objective_rewards[index] = value
         else:
-            if self.scale_rewards == "group":
-                scale = 1.0 / (group.std + self.eps)
-            else:  # "batch" applies 1/(σ_batch + eps) at the barrier; "none" never scales
-                scale = 1.0
+            scale = self.scaling.group_scale(group.std)  # "batch": 1/(σ_B + eps) at the barrier (`advantages.py`)
             self.accumulator.add_policy(group.fold(scale))
         self._close_masked(group, scale)
         group.free()
@@ -397,6 +394,7 @@ class GRPOBatchLearner:
             work=tuple(replace(w, reward_at=self.reward_times.get(w.index)) if w.kind in ("content", "close", "turn")
                        else w for w in self.work),
             peak_stats_bytes=self.peak_bytes,
+            scaling=self.scaling,
             peak_held=self.peak_held,
             turn_fallbacks=self.turn_fallbacks,
             router_aux=router_aux,

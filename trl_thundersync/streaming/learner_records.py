@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .accumulators import BatchAccumulator
+from .advantages import RewardScaling
 from .moe_aux import RouterAuxResult
 
 
@@ -60,6 +61,7 @@ class BatchTotals:
     kl_sums: tuple[float, ...]  # per trajectory index: SourceGradients.kl_sum
     work: tuple[WorkItem, ...]
     peak_stats_bytes: int  # high-water mark of group statistics + batch buffers (+ release buffers, per-turn state)
+    scaling: RewardScaling  # the `scale_rewards` rule the groups were folded with (the barrier applies the rest)
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)

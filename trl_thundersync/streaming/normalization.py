@@ -31,7 +31,8 @@ _MICRO_BATCH_TOKEN_NORMALIZED = ("bnpo",)
 
 @dataclass(frozen=True)
 class LossNormalization:
-    """Normalization rule of one loss type for one generation batch shape."""
+    """Normalization rule of one loss type for one generation batch shape (built from a config by
+    `trainers/grpo_settings.loss_normalization`)."""
 
     loss_type: str
     batch_size: int  # B: trajectories in the local generation batch
@@ -39,13 +40,6 @@ class LossNormalization:
     max_completion_length: int
     policy_coefficient: float = 1.0  # c in the table above
     num_processes: int = 1  # W
-
-    @classmethod
-    def from_config(cls, args, batch_size: int, num_processes: int = 1) -> "LossNormalization":
-        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon  # as GRPOTrainer
-        coefficient = min(1.0, epsilon_high) if args.loss_type == "cispo" else 1.0
-        return cls(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length, coefficient,
-                   num_processes)
 
     @property
     def uses_buckets(self) -> bool:

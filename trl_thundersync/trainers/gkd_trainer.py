@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import torch
 from trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -32,15 +31,14 @@ from ..envs.harness.metrics import agent_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
 from ..rollout.vllm_client import VLLMServerEngine
 from ..rollout.vllm_replicas import server_metrics
-from ..trace.recorder import open_run_trace
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
-from .lifecycle import PublishCallback
+from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
 from .rollout_setup import RolloutTarget, build_turn_generator
 
 
-class ThunderSyncGKDTrainer(GKDTrainer):
+class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
     """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`)."""
 
     _tag_names = ["trl", "gkd", "thundersync"]
@@ -87,7 +85,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self._engine = None
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
+        self._open_step: StepRecord | None = None  # the streamed batch awaiting its step's trace (`lifecycle.py`)
         self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
         self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
         self.last_trace = None
@@ -187,7 +185,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens)):
             param.grad = direction.to(param.dtype)
         self.last_batch = (totals, timing)
-        self._open_step = (version, totals, timing, items)
+        self._open_step = StepRecord(version, totals, timing, items)
         self._log_batch(totals, timing, items)
         return torch.tensor(totals.loss_sum / totals.scored_tokens, device=self.args.device)
 
@@ -217,32 +215,23 @@ class ThunderSyncGKDTrainer(GKDTrainer):
 
     # -- publication, trace and metrics (called by PublishCallback after each optimizer step) -----------------------
     def _publish_due(self, global_step: int) -> bool:
-        """`PublishCallback`: every optimizer step ends a generation batch here."""
+        """`PublishCallback`: every optimizer step ends a generation batch here (`lifecycle.StreamingLifecycle`
+        publishes, traces, closes and trains)."""
         return True
 
-    def _publish(self, version: int) -> None:
-        if self._engine is not None:
-            seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)
-            self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
-        self.policy_version = version
+    def _step_trace(self, step: StepRecord, optimizer_end: float, publish_end: float):
+        return distill_step_trace(step=step.version, schedule=self.args.schedule, start=step.timing.start,
+                                  rollout_end=step.timing.rollout_end, totals=step.totals, items=step.items,
+                                  optimizer_end=optimizer_end, publish_end=publish_end)
 
-    def _record_step(self, optimizer_end: float, publish_end: float) -> None:
-        if self._open_step is None:
-            return
-        version, totals, timing, items = self._open_step
-        self._open_step = None
-        trace = distill_step_trace(step=version, schedule=self.args.schedule, start=timing.start,
-                                   rollout_end=timing.rollout_end, totals=totals, items=items,
-                                   optimizer_end=optimizer_end, publish_end=publish_end)
-        self._metrics["train"]["thundersync/step_wall_with_publish_seconds"].append(trace.wall)
-        if getattr(self, "_trace_writer", None) is not None:
-            self._trace_writer.append(trace)
-        self.last_trace = trace
+    def close(self) -> None:
+        """Stop the rollout engine, release the trace and close the teacher (also done at interpreter exit)."""
+        super().close()
+        self._teacher.close()
 
     def _log_batch(self, totals: DistillTotals, timing: DistillTiming, items: list) -> None:
         m = self._metrics["train"]
         turns = [w for w in totals.work if w.kind == "turn_backward"]
-        wall = timing.barrier - timing.start
         m["thundersync/on_policy"].append(1.0)
         m["thundersync/scored_tokens"].append(float(totals.scored_tokens))
         m["thundersync/turns"].append(float(totals.turns))
@@ -250,11 +239,8 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         m["thundersync/teacher_queue_wait_seconds"].append(timing.teacher_wait / max(len(turns), 1))
         m["thundersync/teacher_scoring_seconds"].append(timing.teacher_seconds / max(len(turns), 1))
         m["thundersync/teacher_busy_seconds"].append(timing.teacher_seconds)
-        m["thundersync/step_wall_seconds"].append(wall)
-        m["thundersync/rollout_seconds"].append(timing.rollout_end - timing.start)
-        m["thundersync/learner_busy_seconds"].append(timing.learner_busy)
-        m["thundersync/learner_tail_seconds"].append(timing.tail)
-        m["thundersync/learner_idle_fraction"].append(max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0)
+        for name, value in step_timing_metrics(timing).items():
+            m[name].append(value)
         m["thundersync/policy_version"].append(float(self.policy_version))
         if self.args.objective == "opd":  # −Σ A / N = mean of log π_θ − log π_T over sampled tokens
             m["opd/reverse_kl"].append(totals.loss_sum / totals.scored_tokens)
@@ -267,24 +253,6 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         if isinstance(server, VLLMServerEngine):
             for name, value in server_metrics(server.stats()).items():
                 m[name].append(value)
-
-    def close(self) -> None:
-        """Stop the rollout engine and release the trace (also done at interpreter exit)."""
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
-        if getattr(self, "_trace_writer", None) is not None:
-            self._trace_writer.close()
-            self._trace_writer = None
-        self._teacher.close()
-
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        try:
-            # the run's trace, held exclusively until close(): a second live run on this output_dir is refused here
-            self._trace_writer = open_run_trace(self.args, self.accelerator.is_main_process, resume_from_checkpoint)
-            return super().train(resume_from_checkpoint, *args, **kwargs)
-        finally:
-            self.close()
 
 
 def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:

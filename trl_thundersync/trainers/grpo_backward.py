@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from trl.trainer.grpo_trainer import use_adapter
 
-from ..streaming.importance import SamplingCorrection
 from ..streaming.moe_aux import ChunkBackward, RouterAuxLoss, padded_micro_batch
 from ..streaming.normalization import LossNormalization
 from ..streaming.source import TrajectoryBackward, flatten_grads, loss_mask
 from ..streaming.turn_grpo import TurnScoreBackward
+from .grpo_settings import sampling_correction
 
 
 def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalization,
@@ -39,7 +39,7 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
         normalization=normalization, eos_and_pad=[*trainer.eos_token_ids, trainer._tokenizer.pad_token_id],
         mask_truncated=trainer.mask_truncated_completions, beta=trainer.beta,
         bias_correction_kl=trainer.args.use_bias_correction_kl, device=trainer.accelerator.device,
-        correction=SamplingCorrection.from_config(trainer.args),
+        correction=sampling_correction(trainer.args),
         logps_entropy_fn=logps_and_entropies if entropy_coef is not None else None, entropy_coef=entropy_coef,
         off_policy_sampling=off_policy_sampling(trainer),
     )
@@ -80,7 +80,7 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
         eos_and_pad=[*trainer.eos_token_ids, trainer._tokenizer.pad_token_id],
         mask_truncated=trainer.mask_truncated_completions, temperature=trainer.args.temperature, beta=trainer.beta,
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=trainer.args.use_bias_correction_kl,
-        correction=SamplingCorrection.from_config(trainer.args), device=trainer.accelerator.device,
+        correction=sampling_correction(trainer.args), device=trainer.accelerator.device,
         policy_version=trainer.policy_version, autocast=trainer.accelerator.autocast, entropy_coef=entropy_coef,
         off_policy_sampling=off_policy_sampling(trainer),
     )

@@ -3,10 +3,10 @@
 TRL subtracts `apply_coef · Σ_t m·H / max(N_b, 1) / GA` in every micro-batch b (`GRPOTrainer._compute_loss`). Each
 trajectory's E_i = ∇ Σ_t m·(−apply_coef)·H is computed by its own backward (`streaming/source.py`, per turn in
 `streaming/turn_grpo.py`) and summed per TRL micro-batch by the learner; here each micro-batch's sum gets its
-normalizer 1/(max(N_b, 1)·GA) (`normalization.entropy_scales`), the loss value and TRL's `entropy`, `policy_loss` and
-`entropy_coef` metrics are produced, and adaptive entropy's coefficient is updated once per optimizer step from the
-generation batch's token-weighted entropy summed over processes, with TRL's own state (`trainer.entropy_coef`,
-`trainer._last_world_entropy`), so TRL's checkpoint hooks save and restore it.
+normalizer 1/(max(N_b, 1)·GA) (`normalization.entropy_scales`, applied with the bonus's value by `streaming.barrier`),
+TRL's `entropy`, `policy_loss` and `entropy_coef` metrics are produced, and adaptive entropy's coefficient is
+updated once per optimizer step from the generation batch's token-weighted entropy summed over processes, with TRL's
+own state (`trainer.entropy_coef`, `trainer._last_world_entropy`), so TRL's checkpoint hooks save and restore it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..streaming.barrier import EntropyNormalizers
 from ..streaming.normalization import entropy_scales, micro_batch_of
 
 
@@ -46,29 +47,22 @@ def entropy_batch(trainer: Any, permutation: list[int]) -> EntropyBatch | None:
     return EntropyBatch(coef, micro_batch_of(permutation, ga), ga)
 
 
-def add_entropy_direction(batch: EntropyBatch, totals, direction: torch.Tensor) -> dict[int, int]:
-    """direction += Σ_b E_b / (max(N_b, 1)·GA) (this process's, before DDP's average); returns N_b."""
+def entropy_normalizers(batch: EntropyBatch, totals) -> EntropyNormalizers:
+    """The bonus at the barrier (`streaming.barrier`): N_b of this process and 1/(max(N_b, 1)·GA) per micro-batch."""
     tokens = batch.tokens(totals.scored_tokens)
-    scales = entropy_scales(tokens, batch.micro_batches)
-    for b, vector in totals.entropy_terms.items():
-        direction.add_(vector, alpha=scales[b])
-    return tokens
+    return EntropyNormalizers(batch.coef, batch.micro_batch, tokens, entropy_scales(tokens, batch.micro_batches))
 
 
-def entropy_barrier(trainer: Any, batch: EntropyBatch, totals, micro_tokens: dict[int, int], policy_terms) -> float:
-    """The bonus's loss value; TRL's `entropy`, `policy_loss`, `entropy_coef` metrics; the adaptive update.
+def entropy_step(trainer: Any, bonus: EntropyNormalizers, policy_terms, entropy_sums) -> None:
+    """TRL's `entropy`, `policy_loss`, `entropy_coef` metrics and the adaptive update, once per optimizer step.
 
     `policy_terms[i]` is trajectory i's share of the policy loss value, s_b·(free_i − A_i·V_i) as TRL computes it at
-    ratio 1 (`ThunderSyncGRPOTrainer._policy_loss_terms`)."""
-    ga, device = batch.micro_batches, trainer.accelerator.device
-    sums, policy = [0.0] * ga, [0.0] * ga
-    for index, value in enumerate(policy_terms):
-        b = batch.micro_batch[index]
-        sums[b] += totals.entropy_sums[index]
-        policy[b] += value
+    ratio 1 (`streaming.barrier.policy_loss_terms`); `entropy_sums[i]` its Σ_t m H."""
+    ga, device = len(bonus.tokens), trainer.accelerator.device
+    sums, policy = bonus.sums(entropy_sums), bonus.sums(policy_terms)
     if trainer.loss_type not in ("cispo", "dapo", "vespo"):  # TRL takes policy_loss before its /GA for these
         policy = [ga * v for v in policy]
-    stats = torch.tensor([[sums[b], float(micro_tokens[b])] for b in range(ga)], dtype=torch.float64, device=device)
+    stats = torch.tensor([[sums[b], float(bonus.tokens[b])] for b in range(ga)], dtype=torch.float64, device=device)
     world = trainer.accelerator.reduce(stats.clone(), reduction="sum").cpu()
     m = trainer._metrics["train"]
     m["entropy"].extend((world[:, 0] / world[:, 1].clamp(min=1.0)).tolist())  # per micro-batch, global over ranks
@@ -84,4 +78,3 @@ def entropy_barrier(trainer: Any, batch: EntropyBatch, totals, micro_tokens: dic
             trainer.entropy_coef = max(trainer.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
         trainer._last_world_entropy = world_entropy
     m["entropy_coef"].append(trainer.entropy_coef)
-    return -batch.coef * sum(sums[b] / max(micro_tokens[b], 1) for b in range(ga)) / ga

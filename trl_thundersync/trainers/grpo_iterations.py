@@ -24,7 +24,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import pad, split_tensor_dict
 
 from ..errors import ConfigurationError
-from ..streaming.importance import SamplingCorrection
+from .grpo_settings import sampling_correction
 
 
 def replays(trainer: Any) -> bool:
@@ -126,7 +126,7 @@ def generation_batch(trainer: Any, scored, advantages: list[float],
                     for s in scored]
         out["sampling_per_token_logps"] = pad(sampling, padding_value=0.0, padding_side="right",
                                               pad_to_multiple_of=trainer.pad_to_multiple_of).to(ids.device)
-    correction = SamplingCorrection.from_config(trainer.args)
+    correction = sampling_correction(trainer.args)
     if correction is not None:
         if "sampling_per_token_logps" not in out:
             raise ConfigurationError("the vLLM importance-sampling correction of passes 2..num_iterations needs the "

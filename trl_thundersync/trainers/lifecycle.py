@@ -1,22 +1,53 @@
-"""What both ThunderSync trainers share around the optimizer step: each trajectory's sampling seed, and the callback
-that publishes θ_{k+1} to the rollout engine once a generation batch is done.
+"""What both ThunderSync trainers share around the optimizer step: each trajectory's sampling seed, the callback
+that publishes θ_{k+1} to the rollout engine once a generation batch is done, and the lifecycle mixin that owns
+publication, the step trace, `close` and `train`.
 
-A trainer using `PublishCallback` provides `_publish_due(global_step) -> bool` (is this optimizer step the last of its
-generation batch? always, except between the passes of GRPO's `num_iterations > 1`), `_publish(global_step)` (push
-the weights, wait for the engine's acknowledgement) and `_record_step(optimizer_end, publish_end)` (the step's trace
-and timing metrics).
+Lifecycle of one run (`StreamingLifecycle`): `train()` opens the run's trace and runs TRL's loop; each streamed
+batch leaves a `StepRecord` in `_open_step`; after each optimizer step `PublishCallback` asks `_publish_due`, calls
+`_publish(global_step)` (push the weights, wait for the engine's acknowledgement) when it is, and `_record_step`
+(the step's trace and timing metrics); `close()` (also when `train` fails) stops the engine and releases the trace.
+
+A trainer using the mixin provides `_engine` (the rollout engine, None until built), `policy_version`,
+`_publish_due(global_step) -> bool` (is this optimizer step the last of its generation batch? always, except between
+the passes of GRPO's `num_iterations > 1`) and `_step_trace(step, optimizer_end, publish_end) -> StepTrace`; it may
+extend `_trace_metrics(trace)` (GRPO: learner FLOPs and MFU) and `close()`.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any, NamedTuple
 
 from transformers import TrainerCallback
+
+from ..trace.recorder import open_run_trace
 
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
     """Sampling seed of one trajectory, independent of arrival order and schedule."""
     return (run_seed * 1_000_003 + step * 65_537 + index) % (2**63 - 1)
+
+
+class StepRecord(NamedTuple):
+    """One streamed batch awaiting its optimizer step's trace (a NamedTuple: immutable, and indexable as the tuple
+    it replaces)."""
+
+    version: int  # policy version θ_k the batch was sampled with (= the optimizer step it feeds)
+    totals: Any  # the learner's totals (`BatchTotals` for GRPO, `DistillTotals` for GKD)
+    timing: Any  # wall-clock landmarks (`BatchTiming` / `DistillTiming`: start, rollout_end, learner_busy, barrier)
+    items: list  # what the trace is built from: GRPO's scored sources, GKD's scored turns and closed trajectories
+
+
+def step_timing_metrics(timing: Any) -> dict[str, float]:
+    """The `thundersync/*` timing metrics of one streamed batch (both trainers log the same names)."""
+    wall = timing.barrier - timing.start
+    return {
+        "thundersync/step_wall_seconds": wall,
+        "thundersync/rollout_seconds": timing.rollout_end - timing.start,
+        "thundersync/learner_busy_seconds": timing.learner_busy,
+        "thundersync/learner_tail_seconds": timing.tail,
+        "thundersync/learner_idle_fraction": max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0,
+    }
 
 
 class PublishCallback(TrainerCallback):
@@ -32,3 +63,55 @@ class PublishCallback(TrainerCallback):
             return
         self.trainer._publish(state.global_step)
         self.trainer._record_step(optimizer_end, time.perf_counter())
+
+
+class StreamingLifecycle:
+    """Mixin (before TRL's trainer class in the bases) owning publication, the step trace, `close` and `train`."""
+
+    _engine = None  # the rollout engine (built lazily by the trainer)
+    _open_step: StepRecord | None = None  # the streamed batch whose optimizer step has not been traced yet
+    _trace_writer = None  # the run's `TraceWriter` while `train` runs on the main process (None otherwise)
+    last_trace = None  # `StepTrace` of the latest optimizer step
+
+    def _publish(self, version: int) -> None:
+        """Push θ to the rollout engine (it acknowledges before returning) and make `version` current."""
+        if self._engine is not None:
+            seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)
+            self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
+        self.policy_version = version
+
+    def _record_step(self, optimizer_end: float, publish_end: float) -> None:
+        """Close the step's trace: its wall time (and the trainer's `_trace_metrics`) into the logs, a JSON line on
+        disk."""
+        if self._open_step is None:
+            return
+        step, self._open_step = self._open_step, None
+        trace = self._step_trace(step, optimizer_end, publish_end)
+        self._metrics["train"]["thundersync/step_wall_with_publish_seconds"].append(trace.wall)
+        self._trace_metrics(trace)
+        if self._trace_writer is not None:
+            self._trace_writer.append(trace)
+        self.last_trace = trace
+
+    def _step_trace(self, step: StepRecord, optimizer_end: float, publish_end: float):
+        raise NotImplementedError
+
+    def _trace_metrics(self, trace) -> None:
+        """Metrics derived from a finished step's trace (none by default)."""
+
+    def close(self) -> None:
+        """Stop the rollout engine's worker and release the trace (also done at interpreter exit)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        if self._trace_writer is not None:
+            self._trace_writer.close()
+            self._trace_writer = None
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        try:
+            # the run's trace, held exclusively until close(): a second live run on this output_dir is refused here
+            self._trace_writer = open_run_trace(self.args, self.accelerator.is_main_process, resume_from_checkpoint)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.close()

@@ -1,0 +1,117 @@
+"""The lifecycle both trainers share (`trainers/lifecycle.py`): publication, the step record and trace, close."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+
+from trl_thundersync.trainers import gkd_trainer, grpo_trainer
+from trl_thundersync.trainers.lifecycle import (PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics,
+                                                trajectory_seed)
+
+
+class Engine:
+    def __init__(self):
+        self.published, self.closed = [], False
+
+    def publish(self, model, version):
+        self.published.append((model, version))
+        return 0.25
+
+    def close(self):
+        self.closed = True
+
+
+class Writer:
+    def __init__(self):
+        self.traces, self.closed = [], False
+
+    def append(self, trace):
+        self.traces.append(trace)
+
+    def close(self):
+        self.closed = True
+
+
+class Trainer(StreamingLifecycle):
+    def __init__(self, due=True):
+        self.model = "model"
+        self.accelerator = SimpleNamespace(unwrap_model=lambda m: f"unwrapped {m}")
+        self._metrics = {"train": defaultdict(list)}
+        self._engine, self._trace_writer, self.policy_version, self.due = Engine(), Writer(), 0, due
+        self.traced: list = []
+
+    def _publish_due(self, global_step):
+        return self.due
+
+    def _step_trace(self, step, optimizer_end, publish_end):
+        self.traced.append(step)
+        return SimpleNamespace(wall=publish_end - step.timing.start)
+
+
+def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0):
+    return SimpleNamespace(start=start, rollout_end=rollout_end, barrier=barrier, learner_busy=busy,
+                           tail=max(0.0, barrier - rollout_end))
+
+
+def test_publish_then_record_closes_the_open_step_once():
+    trainer = Trainer()
+    trainer._open_step = StepRecord(0, "totals", timing(), ["item"])
+    callback = PublishCallback(trainer)
+    callback.on_step_end(None, SimpleNamespace(global_step=1), None)
+    assert trainer._engine.published == [("unwrapped model", 1)] and trainer.policy_version == 1
+    assert trainer._metrics["train"]["thundersync/publish_seconds"] == [0.25]
+    assert trainer._open_step is None and len(trainer.traced) == 1 and len(trainer._trace_writer.traces) == 1
+    assert trainer.last_trace is trainer._trace_writer.traces[0]
+    assert len(trainer._metrics["train"]["thundersync/step_wall_with_publish_seconds"]) == 1
+    callback.on_step_end(None, SimpleNamespace(global_step=2), None)  # nothing open: published, nothing traced
+    assert len(trainer.traced) == 1 and trainer.policy_version == 2
+
+
+def test_no_publish_between_passes_and_close_releases_engine_and_trace():
+    trainer = Trainer(due=False)
+    trainer._open_step = StepRecord(0, "totals", timing(), [])
+    PublishCallback(trainer).on_step_end(None, SimpleNamespace(global_step=1), None)
+    assert trainer._engine.published == [] and trainer.policy_version == 0 and len(trainer.traced) == 1
+    engine, writer = trainer._engine, trainer._trace_writer
+    trainer.close()
+    assert engine.closed and writer.closed and trainer._engine is None and trainer._trace_writer is None
+    trainer.close()  # idempotent
+
+
+def test_step_record_is_an_immutable_indexable_record_and_timing_metrics():
+    record = StepRecord(3, "totals", "timing", ["a"])
+    assert record[3] == ["a"] and record.items == ["a"] and record.version == 3
+    with pytest.raises(AttributeError):
+        record.version = 4
+    metrics = step_timing_metrics(timing())
+    assert metrics == {"thundersync/step_wall_seconds": 4.0, "thundersync/rollout_seconds": 2.0,
+                       "thundersync/learner_busy_seconds": 2.0, "thundersync/learner_tail_seconds": 2.0,
+                       "thundersync/learner_idle_fraction": 0.5}
+    assert step_timing_metrics(timing(start=5.0))["thundersync/learner_idle_fraction"] == 0.0
+
+
+def test_both_trainers_share_the_lifecycle_and_grpo_re_exports_the_seed():
+    for cls in (grpo_trainer.ThunderSyncGRPOTrainer, gkd_trainer.ThunderSyncGKDTrainer):
+        assert issubclass(cls, StreamingLifecycle)
+        assert cls.train is StreamingLifecycle.train and cls._publish is StreamingLifecycle._publish
+    assert grpo_trainer.trajectory_seed is trajectory_seed
+
+
+def test_no_trainer_module_imports_the_other_trainers_modules():
+    """GRPO's modules and GKD's share only `lifecycle`, `rollout_setup` and the config helpers."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(grpo_trainer.__file__).parent
+    for path in folder.glob("*.py"):
+        family = "grpo_" if path.name.startswith("grpo_") else "gkd_" if path.name.startswith("gkd_") else None
+        if family is None:
+            continue
+        other = "gkd_" if family == "grpo_" else "grpo_"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                assert not any(n.split(".")[-1].startswith(other) for n in names), (path.name, names)

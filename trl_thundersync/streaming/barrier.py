@@ -1,0 +1,129 @@
+"""The GRPO batch barrier's math: from the learner's totals to this process's batch direction and loss value.
+
+Pure: it runs after the trainer's collectives (the global loss-token count, the rewards gathered for the batch
+statistics, `advantages.py`) and before the cross-process mean, the non-finite check and the write into `param.grad`,
+which stay with the trainer. For bucket b (a TRL micro-batch for bnpo with several micro-batches, else 0) with
+barrier scalar s_b (`LossNormalization.bucket_scales`) the direction is
+
+    d = Σ_b s_b · (−policy_scale · (P_b − policy_offset · Q_b) − F_b + K_b)  (+ router term) (+ Σ_b e_b E_b)
+
+(`BatchAccumulator.direction`; F_b holds the off-policy masked rows that waited for the batch mean, decided here),
+plus the MoE router term and TRL's entropy bonus with its per-micro-batch normalizers e_b (`EntropyNormalizers`).
+The loss value is TRL's at ratio 1: Σ_i s_{b(i)} · (free_i − A_i · g(A_i) · V_i), plus the bonus's and the router
+term's values (`policy_loss_terms`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import Advantages
+from .learner_records import BatchTotals
+from .normalization import LossNormalization
+
+
+@dataclass(frozen=True)
+class EntropyNormalizers:
+    """TRL's entropy bonus of one batch at the barrier (`trainers/grpo_entropy.py` builds it)."""
+
+    coef: float  # apply_coef: the coefficient every micro-batch of this batch applied
+    micro_batch: Mapping[int, int]  # row → TRL micro-batch
+    tokens: dict[int, int]  # N_b: this process's loss tokens of every micro-batch b (all of 0..GA−1)
+    scales: dict[int, float]  # e_b = 1/(max(N_b, 1)·GA): the normalizer of micro-batch b's Σ E_i
+
+    def value(self, entropy_sums: tuple[float, ...]) -> float:
+        """The bonus's loss value: −coef · Σ_b (Σ_{i∈b} Σ_t m H) / max(N_b, 1) / GA."""
+        ga = len(self.tokens)
+        return -self.coef * sum(s / max(self.tokens[b], 1) for b, s in enumerate(self.sums(entropy_sums))) / ga
+
+    def sums(self, values) -> list[float]:
+        """Σ_{i∈b} values[i] for every micro-batch b, in row order."""
+        out = [0.0] * len(self.tokens)
+        for index, value in enumerate(values):
+            out[self.micro_batch[index]] += value
+        return out
+
+
+@dataclass(frozen=True)
+class PolicyValueRule:
+    """What the loss value of the policy term needs beyond the normalization: sapo's gate slope."""
+
+    sapo_temperatures: tuple[float, float] | None = None  # sapo: (τ_+, τ_−); g(A) = 2/τ by the sign of A
+
+
+@dataclass(frozen=True)
+class BarrierResult:
+    """This process's share of the batch update, ready for the cross-process mean."""
+
+    direction: torch.Tensor  # loss gradient, FP32 (P,), before the mean over processes
+    advantages: Advantages  # TRL's A_i and the barrier scalars used
+    bucket_scales: dict[int, float]  # s_b
+    dropped: tuple[int, ...]  # rows whose policy term TRL's off-policy mask dropped, sorted
+    policy_terms: tuple[float, ...]  # per trajectory index: s_b·(free_i − A_i·g·V_i)
+    loss: float  # the loss value TRL reports: Σ policy_terms + entropy bonus + router term
+    kl: float  # Σ_i KL sums / max(loss tokens, 1) (TRL's `kl` metric when β ≠ 0)
+
+
+def bucket_tokens(scored_tokens: tuple[int, ...], buckets: Mapping[int, int] | None) -> dict[int, int]:
+    """Loss tokens of this process per bucket (`buckets`: row → bucket, None: one bucket 0)."""
+    per_bucket: dict[int, int] = defaultdict(int)
+    for index, n in enumerate(scored_tokens):
+        per_bucket[buckets[index] if buckets else 0] += n
+    return dict(per_bucket)
+
+
+def grpo_barrier(totals: BatchTotals, advantages: Advantages, normalization: LossNormalization,
+                 global_tokens: int, buckets: Mapping[int, int] | None, rule: PolicyValueRule = PolicyValueRule(),
+                 entropy: EntropyNormalizers | None = None) -> BarrierResult:
+    """The barrier (module docstring). `global_tokens`: loss tokens of every process (after the reduction).
+    Off-policy masked rows that waited for the batch mean are folded into `totals.accumulator` here."""
+    scales = normalization.bucket_scales(bucket_tokens(totals.scored_tokens, buckets), global_tokens)
+    dropped = list(totals.off_policy_dropped)
+    for index, bucket, vector in totals.deferred:  # off-policy masked rows whose sign needed the batch mean
+        if advantages.values[index] < 0:
+            dropped.append(index)
+        else:
+            totals.accumulator.add_final(vector, advantages.values[index], bucket)
+    direction = totals.accumulator.direction(scales, advantages.policy_scale, advantages.policy_offset)
+    if totals.router_aux is not None:  # coef·aux_b/GA per micro-batch: already final, no barrier scalar
+        direction.add_(totals.router_aux.direction)
+    if entropy is not None:  # −coef·Σ_{i∈b} ∇Σ_t m H / (max(N_b, 1)·GA), before DDP's average
+        for b, vector in totals.entropy_terms.items():
+            direction.add_(vector, alpha=entropy.scales[b])
+    terms = policy_loss_terms(totals, advantages.values, scales, buckets, normalization, dropped, rule)
+    loss = sum(terms)
+    if entropy is not None:
+        loss += entropy.value(totals.entropy_sums)
+    if totals.router_aux is not None:
+        loss += totals.router_aux.loss
+    kl = sum(totals.kl_sums) / max(sum(totals.scored_tokens), 1)
+    return BarrierResult(direction, advantages, scales, tuple(sorted(dropped)), tuple(terms), loss, kl)
+
+
+def policy_loss_terms(totals: BatchTotals, advantages: tuple[float, ...], scales: dict[int, float],
+                      buckets: Mapping[int, int] | None, normalization: LossNormalization, dropped,
+                      rule: PolicyValueRule = PolicyValueRule()) -> list[float]:
+    """The loss value TRL reports, per trajectory: s_b·(free_i − A_i·g(A_i)·V_i) (ratio ≡ 1).
+
+    V_i = Σ_t m_it u_i c_it h_it (times cispo's min(1, ε_high)) comes with the trajectory's backward
+    (`streaming/source.py`); g = 2/τ_± for sapo (TRL's 4σ(0)/τ, τ by the sign of A_i), else 1. A row the
+    off-policy mask dropped has no policy value (TRL multiplies its policy loss by 0)."""
+    dropped = set(dropped)
+    terms = []
+    for index, n in enumerate(totals.scored_tokens):
+        value = totals.policy_values[index] if index < len(totals.policy_values) else None
+        if value is None:  # a backward that reports none: TRL's grpo-like value Σ_t m_it u_i
+            value = n * normalization.sequence_weight(n)
+        advantage = advantages[index]
+        if normalization.loss_type == "sapo":
+            positive, negative = rule.sapo_temperatures
+            value *= 2.0 / (positive if advantage > 0 else negative)
+        if index in dropped:
+            value = 0.0
+        scale = scales[buckets[index] if buckets else 0]
+        terms.append(scale * (totals.free_values[index] - advantage * value))
+    return terms

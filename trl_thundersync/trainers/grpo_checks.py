@@ -1,0 +1,59 @@
+"""What `ThunderSyncGRPOTrainer` refuses or converts before it streams: its `args`, the generation fields its
+engines do not forward, and the distributed setups its barrier cannot write into."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate.utils import DistributedType
+from trl import GRPOConfig
+from trl.trainer.utils import get_config_model_id
+
+from ..errors import ConfigurationError, UnsupportedOptionError
+from .grpo_config import ThunderSyncGRPOConfig
+
+
+def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
+    """`args` with TRL's meaning: None is TRL's default config named after the model, a plain `trl.GRPOConfig` is
+    converted (`ThunderSyncGRPOConfig.from_trl`); anything else is refused."""
+    if args is None:
+        model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return ThunderSyncGRPOConfig(output_dir=f"{model_name.split('/')[-1]}-GRPO")
+    if isinstance(args, ThunderSyncGRPOConfig):
+        return args
+    if isinstance(args, GRPOConfig):
+        return ThunderSyncGRPOConfig.from_trl(args)
+    raise UnsupportedOptionError(
+        f"args is a {type(args).__name__}; pass a ThunderSyncGRPOConfig or a trl.GRPOConfig so unsupported options "
+        "are checked")
+
+
+def refuse_dropped_generation_fields(trainer: Any) -> None:
+    """TRL forwards these into its own generation; ThunderSync's engines do not have them yet (refused by name)."""
+    if trainer._uses_trl_generation():
+        return
+    for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
+        value = getattr(trainer.args, name)
+        if value:
+            raise UnsupportedOptionError(
+                f"{name}={value!r}: ThunderSync's rollout engine (rollout_engine="
+                f"{trainer.args.resolved_rollout_engine(False)!r}) does not forward it to generation, so the samples "
+                "would not be what TRL would draw; leave it unset (temperature, top_p, top_k, min_p and "
+                "repetition_penalty are forwarded), or generate with TRL's own generation (rollout_engine='trl')")
+
+
+def check_distributed(trainer: Any) -> None:
+    """Refuse sharded setups and, with several processes, groups split across processes."""
+    kind = trainer.accelerator.distributed_type
+    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise UnsupportedOptionError(
+            f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
+            "gradients do not allow yet; use DDP or a single process"
+        )
+    local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
+        raise ConfigurationError(
+            f"per_device_train_batch_size × steps_per_generation = {local_rows} is not a multiple of "
+            f"num_generations={trainer.num_generations}: with {trainer.accelerator.num_processes} processes every "
+            "GRPO group must live on one process so it can close there; change per_device_train_batch_size"
+        )
