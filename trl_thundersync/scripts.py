@@ -24,7 +24,7 @@ def set_script_defaults(parser, **defaults: Any) -> None:
 
 def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> str:
     """`tiny` (or nothing) → the offline random-weight tiny model under `tiny_dir`; `tiny-agent` → the tiny model
-    warm-started to call tools (built once, well under a minute on two cores, with a progress bar); anything else is
+    warm-started to call tools (built once, under a minute on two cores, with a progress bar); anything else is
     returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main process
     builds the folder, showing progress, while the other processes wait and then reuse it."""
     if name in (None, "", "tiny"):
@@ -55,7 +55,7 @@ def finish_distributed() -> None:
 
 def resolve_teacher(name: str | None, tiny_dir: str = "tiny-agent-teacher", args=None) -> str:
     """The teacher of the distillation examples: `tiny-agent` (or nothing) → a second tool-calling tiny agent,
-    warm-started with another seed (built once, well under a minute on two cores); `tiny` → a random-weight tiny
+    warm-started with another seed (built once, under a minute on two cores); `tiny` → a random-weight tiny
     teacher, wider and deeper than the tiny student; anything else is returned unchanged. All share the student's
     tokenizer. `args`: as for `resolve_model`."""
     if name in (None, "", "tiny-agent"):

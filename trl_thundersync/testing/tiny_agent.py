@@ -1,7 +1,7 @@
 """A tiny *agent* model: the offline tiny Qwen3 warm-started to call tools, so CPU examples have real multi-turn work.
 
 A random-weight model never emits a tool call, so an agentic example on it would run one turn per trajectory and
-learn from identical rewards. Here the tiny model is fine-tuned for a few hundred steps (well under a minute on two
+learn from identical rewards. Here the tiny model is fine-tuned for a few hundred steps (under a minute on two
 cores, once; the result is cached in a folder) on synthetic transcripts in the chat template's tool-call format:
 inspect the repository, run the tests, maybe look again, submit. It knows nothing about fixing bugs — RL has
 plenty to learn — but its trajectories are uneven, multi-turn and execute real sandboxed commands.
