@@ -1,8 +1,8 @@
 """GRPO on terminal tasks (SETA / Terminal-Bench style) with a sandboxed shell, streamed with ThunderSync.
 
 Out of the box (CPU, offline): the tiny model warm-started to call tools (`tiny-agent`, built on first use),
-the bundled terminal tasks, bubblewrap-sandboxed shell tools and the embedded rollout server (started for the run). Reward:
-p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA reward).
+the bundled terminal tasks, bubblewrap-sandboxed shell tools and the embedded rollout server (started for the run).
+Reward: p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA reward).
 
     accelerate launch examples/terminal_grpo.py
     python examples/terminal_grpo.py --max_steps 2 --schedule sync
@@ -10,67 +10,43 @@ p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SETA rewar
 A real run: `--model_name_or_path Qwen/Qwen3-8B`, `--use_peft --lora_r 16` for LoRA.
 vLLM: start `vllm serve` (see README, "Rollout servers") and add `--use_vllm --vllm_mode server
 --vllm_server_base_url http://HOST:8000` (or `--vllm_server_base_urls URL1 URL2` for several replicas).
+The suite, its environment and data set, and the length-shaping reward come from `trl_thundersync.agentic`;
+the run ends with a summary of its steps, rewards and timings, and where its trace and timeline were written.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.scripts import finish_distributed, resolve_model, set_script_defaults
-
-
-@dataclass
-class TerminalArguments(ScriptArguments):
-    tiny_model_dir: str = field(default="tiny-agent", metadata={"help": "Where the offline tiny model is created."})
-    num_tasks: int | None = field(default=None, metadata={"help": "Use only the first N tasks."})
-    length_penalty: float = field(
-        default=0.001, metadata={"help": "Weight of a small per-token penalty that shapes the reward (0 disables)."}
-    )
-
-
-def shorter_is_better(completion_ids, **kwargs) -> list[float]:
-    """Minus the completion length: a dense shaping term next to the environment's pass/fail reward."""
-    return [-float(len(ids)) for ids in completion_ids]
+from trl_thundersync.agentic import LengthShapingArguments, TerminalSuiteArguments, length_shaping
+from trl_thundersync.scripts import finish_distributed, report_run, resolve_model, set_script_defaults
 
 
 def main() -> None:
-    parser = TrlParser((TerminalArguments, ThunderSyncGRPOConfig, ModelConfig))
+    parser = TrlParser((TerminalSuiteArguments, LengthShapingArguments, ThunderSyncGRPOConfig, ModelConfig))
     set_script_defaults(
         parser, model_name_or_path="tiny-agent",
         output_dir="outputs/terminal_grpo", per_device_train_batch_size=4, num_generations=4,
         max_completion_length=256, max_tool_calling_iterations=5, max_steps=3, learning_rate=1e-5,
         logging_steps=1, report_to="none", save_strategy="no",
     )
-    script_args, training_args, model_args = parser.parse_args_and_config()
-
-    from trl_thundersync.envs.tasks import load_terminal_suite, terminal_dataset
-    from trl_thundersync.envs.terminal import TerminalTaskEnv
-
-    tasks = load_terminal_suite()
-    if script_args.num_tasks:
-        tasks = dict(list(tasks.items())[: script_args.num_tasks])
-
-    reward_funcs, weights = [], []
-    if script_args.length_penalty:
-        reward_funcs, weights = [shorter_is_better], [script_args.length_penalty]
-    if training_args.reward_weights is None and weights:
-        training_args.reward_weights = weights  # TRL appends the environment's get_reward with weight 1
+    suite_args, shaping_args, training_args, model_args = parser.parse_args_and_config()
+    suite = suite_args.load_suite()
 
     trainer = ThunderSyncGRPOTrainer(
-        model=resolve_model(model_args.model_name_or_path, script_args.tiny_model_dir),
-        reward_funcs=reward_funcs,
+        model=resolve_model(model_args.model_name_or_path, suite_args.tiny_model_dir, training_args),
+        reward_funcs=length_shaping(shaping_args.length_penalty, training_args),
         args=training_args,
-        train_dataset=terminal_dataset(tasks),
+        train_dataset=suite.dataset,
         peft_config=get_peft_config(model_args),
-        environment_factory=lambda: TerminalTaskEnv(tasks),
+        environment_factory=suite.environment_factory,
     )
     trainer.train()
     trainer.save_model(training_args.output_dir)
-    print(f"done: {trainer.state.global_step} optimizer steps on {len(tasks)} tasks; "
+    print(f"done: {trainer.state.global_step} optimizer steps on {len(suite.tasks)} tasks; "
           f"policy version {trainer.policy_version}")
+    report_run(trainer)
     finish_distributed()
 
 

@@ -12,53 +12,43 @@ uses random-weight tiny models instead (fast, but they never call a tool).
 A real run: `--model_name_or_path Qwen/Qwen3-1.7B --teacher_model_name_or_path Qwen/Qwen3-8B` (same tokenizer
 family), `--use_peft --lora_r 16` for LoRA. `--objective opd` (default here) is the paper's sampled-token
 objective; `--objective gjsd --beta 0.5` is GKD's generalized JSD over the full vocabulary.
+The suite, its environment and data set come from `trl_thundersync.agentic`; the run ends with a summary of its
+steps, objective and timings, and where its trace and timeline were written.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
-from trl_thundersync.scripts import finish_distributed, resolve_model, resolve_teacher, set_script_defaults
-
-
-@dataclass
-class TerminalArguments(ScriptArguments):
-    tiny_model_dir: str = field(default="tiny-agent", metadata={"help": "Where the offline tiny student is created."})
-    tiny_teacher_dir: str = field(default="tiny-agent-teacher",
-                                  metadata={"help": "Where the offline tiny teacher is created."})
-    num_tasks: int | None = field(default=None, metadata={"help": "Use only the first N tasks."})
+from trl_thundersync.agentic import TerminalSuiteArguments, TinyTeacherArguments
+from trl_thundersync.scripts import finish_distributed, report_run, resolve_model, resolve_teacher, set_script_defaults
 
 
 def main() -> None:
-    parser = TrlParser((TerminalArguments, ThunderSyncGKDConfig, ModelConfig))
+    parser = TrlParser((TerminalSuiteArguments, TinyTeacherArguments, ThunderSyncGKDConfig, ModelConfig))
     set_script_defaults(
         parser, model_name_or_path="tiny-agent", output_dir="outputs/terminal_opd", per_device_train_batch_size=4,
         lmbda=1.0, objective="opd", max_new_tokens=96, agent_max_turns=6, max_steps=2, learning_rate=1e-5,
         logging_steps=1, report_to="none", save_strategy="no",
     )
-    script_args, training_args, model_args = parser.parse_args_and_config()
+    suite_args, teacher_args, training_args, model_args = parser.parse_args_and_config()
+    suite = suite_args.load_suite()
 
-    from trl_thundersync.envs.tasks import load_terminal_suite, terminal_dataset
-    from trl_thundersync.envs.terminal import TerminalTaskEnv
-
-    tasks = load_terminal_suite()
-    if script_args.num_tasks:
-        tasks = dict(list(tasks.items())[: script_args.num_tasks])
     trainer = ThunderSyncGKDTrainer(
-        model=resolve_model(model_args.model_name_or_path, script_args.tiny_model_dir),
-        teacher_model=resolve_teacher(training_args.teacher_model_name_or_path, script_args.tiny_teacher_dir),
+        model=resolve_model(model_args.model_name_or_path, suite_args.tiny_model_dir, training_args),
+        teacher_model=resolve_teacher(training_args.teacher_model_name_or_path, teacher_args.tiny_teacher_dir,
+                                      training_args),
         args=training_args,
-        train_dataset=terminal_dataset(tasks),
+        train_dataset=suite.dataset,
         peft_config=get_peft_config(model_args),
-        environment_factory=lambda: TerminalTaskEnv(tasks),
+        environment_factory=suite.environment_factory,
     )
     trainer.train()
     trainer.save_model(training_args.output_dir)
-    print(f"done: {trainer.state.global_step} optimizer steps on {len(tasks)} tasks; "
+    print(f"done: {trainer.state.global_step} optimizer steps on {len(suite.tasks)} tasks; "
           f"policy version {trainer.policy_version}")
+    report_run(trainer)
     finish_distributed()
 
 

@@ -5,7 +5,8 @@
 
 With `--model_name_or_path tiny` (the default) a random-weight Qwen3-style model and tokenizer are created offline
 under `--tiny_model_dir`; pass a hub id or local folder to train a real model. The data set is built-in (arithmetic
-questions) unless `--dataset_name` names a Hugging Face data set with a `prompt` column.
+questions) unless `--dataset_name` names a Hugging Face data set with a `prompt` column. The run ends with a summary
+of its steps, rewards and timings, and where its trace and timeline were written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datasets import Dataset, load_dataset
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.scripts import finish_distributed, resolve_model, set_script_defaults
+from trl_thundersync.scripts import finish_distributed, report_run, resolve_model, set_script_defaults
 
 
 @dataclass
@@ -41,7 +42,7 @@ def _text(completion) -> str:
 def correct_answer(completions, answer, **kwargs) -> list[float]:
     """1.0 if the first number in the completion is the right sum, else 0.0."""
     out = []
-    for completion, expected in zip(completions, answer):
+    for completion, expected in zip(completions, answer, strict=True):
         match = re.search(r"-?\d+", _text(completion) or "")
         out.append(float(match is not None and int(match.group()) == expected))
     return out
@@ -62,7 +63,7 @@ def main() -> None:
                         max_completion_length=24, max_steps=6, learning_rate=1e-4, logging_steps=1,
                         report_to="none", save_strategy="no")
     script_args, training_args, model_args = parser.parse_args_and_config()
-    model_name = resolve_model(model_args.model_name_or_path, script_args.tiny_model_dir)
+    model_name = resolve_model(model_args.model_name_or_path, script_args.tiny_model_dir, training_args)
     dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(torch, model_args.dtype)
     training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}), "dtype": dtype or "auto"}
 
@@ -89,6 +90,7 @@ def main() -> None:
         f"{timing.barrier - timing.start:.2f}s wall, learner tail {timing.tail:.2f}s, "
         f"stats peak {totals.peak_stats_bytes / 2**20:.2f} MiB"
     )
+    report_run(trainer)
     finish_distributed()
 
 

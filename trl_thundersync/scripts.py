@@ -1,4 +1,4 @@
-"""Shared plumbing of the example scripts: CPU-friendly defaults and the offline tiny model.
+"""Shared plumbing of the example scripts: CPU-friendly defaults, the offline tiny models, the end-of-run summary.
 
 Kept in the package (not in `examples/`) so that `python examples/x.py` and `accelerate launch examples/x.py`
 import it the same way.
@@ -6,6 +6,8 @@ import it the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,19 +22,29 @@ def set_script_defaults(parser, **defaults: Any) -> None:
     parser.set_defaults(**defaults)
 
 
-def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3") -> str:
+def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> str:
     """`tiny` (or nothing) → the offline random-weight tiny model under `tiny_dir`; `tiny-agent` → the tiny model
-    warm-started to call tools (built once, about a minute on two cores); anything else is returned unchanged."""
+    warm-started to call tools (built once, under a minute on two cores, with a progress bar); anything else is
+    returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main process
+    builds the folder, showing progress, while the other processes wait and then reuse it."""
     if name in (None, "", "tiny"):
         from .testing.tiny import save_tiny_model
 
-        return str(save_tiny_model(tiny_dir))
+        return _build_once(args, lambda progress: save_tiny_model(tiny_dir))
     if name == "tiny-agent":
         from .testing.tiny_agent import save_tiny_agent_model
 
-        print(f"preparing the tiny agent model in {tiny_dir} (first run only)", flush=True)
-        return str(save_tiny_agent_model(tiny_dir))
+        return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress))
     return name
+
+
+def _build_once(args, build: Callable[[bool], Path]) -> str:
+    """`build(progress)` on the local main process first (the others then find the folder built), progress shown
+    there only; without `args` (or with one process) just `build(True)`."""
+    if args is None or getattr(args, "world_size", 1) <= 1:
+        return str(build(True))
+    with args.main_process_first(local=True, desc="building the offline tiny model"):
+        return str(build(args.local_process_index == 0))
 
 
 def finish_distributed() -> None:
@@ -41,17 +53,35 @@ def finish_distributed() -> None:
         torch.distributed.destroy_process_group()
 
 
-def resolve_teacher(name: str | None, tiny_dir: str = "tiny-agent-teacher") -> str:
+def resolve_teacher(name: str | None, tiny_dir: str = "tiny-agent-teacher", args=None) -> str:
     """The teacher of the distillation examples: `tiny-agent` (or nothing) → a second tool-calling tiny agent,
-    warm-started with another seed (built once, about a minute on two cores); `tiny` → a random-weight tiny teacher,
-    wider and deeper than the tiny student; anything else is returned unchanged. All share the student's tokenizer."""
+    warm-started with another seed (built once, under a minute on two cores); `tiny` → a random-weight tiny
+    teacher, wider and deeper than the tiny student; anything else is returned unchanged. All share the student's
+    tokenizer. `args`: as for `resolve_model`."""
     if name in (None, "", "tiny-agent"):
         from .testing.tiny_agent import save_tiny_agent_model
 
-        print(f"preparing the tiny agent teacher in {tiny_dir} (first run only)", flush=True)
-        return str(save_tiny_agent_model(tiny_dir, seed=1))
+        return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, seed=1, progress=progress))
     if name == "tiny":
         from .testing.tiny import save_tiny_model
 
-        return str(save_tiny_model(tiny_dir, hidden_size=96, num_layers=3, seed=7))
+        return _build_once(args, lambda progress: save_tiny_model(tiny_dir, hidden_size=96, num_layers=3, seed=7))
     return name
+
+
+def report_run(trainer):
+    """Print the end-of-run summary (`trace.summary`) on the main process, after writing a Chrome/Perfetto trace and
+    a timeline PNG of the last steps beside the run's trace (`<output_dir>/thundersync_trace/`); returns the
+    `RunSummary` (None on other processes)."""
+    from .trace.export import read_jsonl
+    from .trace.recorder import TRACE_FILE
+    from .trace.summary import export_run, format_summary, summarize_run
+
+    if not trainer.accelerator.is_main_process:
+        return None
+    trace = Path(trainer.args.output_dir) / TRACE_FILE
+    steps = read_jsonl(trace) if getattr(trainer.args, "trace", False) and trace.exists() else []
+    files = ([("trace (one JSON line per step)", trace), *export_run(steps, trace.parent)] if steps else [])
+    summary = summarize_run(steps, trainer.state.log_history, optimizer_steps=trainer.state.global_step, files=files)
+    print(format_summary(summary), flush=True)
+    return summary

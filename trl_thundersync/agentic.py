@@ -1,0 +1,140 @@
+"""The agentic workloads of the examples: a task suite with its sandboxed environment and TRL data set, the flags
+that pick it, and the GRPO examples' length-shaping reward — so each example script holds only its trainer.
+
+    suite = load_suite("swe", num_tasks=8)                 # or "terminal"; swe_rows=... for your own SWE rows
+    trainer = ThunderSyncGRPOTrainer(..., train_dataset=suite.dataset, environment_factory=suite.environment_factory)
+
+Example scripts parse the flags with TRL's parser, next to the trainer's config:
+
+    parser = TrlParser((SWESuiteArguments, LengthShapingArguments, ThunderSyncGRPOConfig, ModelConfig))
+    suite_args, shaping_args, training_args, model_args = parser.parse_args_and_config()
+    suite = suite_args.load_suite()
+
+The default model of these examples is `tiny-agent` (`scripts.resolve_model`: the offline tiny model warm-started to
+call tools, `testing/tiny_agent.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from trl import ScriptArguments
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+SuiteName = Literal["swe", "terminal"]
+SUITES: tuple[SuiteName, ...] = ("swe", "terminal")
+TINY_AGENT = "tiny-agent"  # the agentic examples' default --model_name_or_path (built offline on first use)
+LENGTH_PENALTY = 0.001  # the GRPO examples' default weight of `shorter_is_better`
+
+
+@dataclass(frozen=True)
+class TaskSuite:
+    """The tasks of one run and what a trainer needs from them."""
+
+    name: SuiteName  # which environment the tasks run in
+    tasks: Mapping[str, Any]  # task id → SWETask / TerminalTask, in suite order (after --num_tasks)
+    dataset: Dataset  # one row per task: "prompt" (chat messages) and "task_id" (what the environment's reset gets)
+    environment_factory: Callable[[], Any]  # TRL's environment_factory: a fresh sandboxed environment per call
+
+
+def load_suite(name: SuiteName, *, num_tasks: int | None = None, swe_rows: str | None = None,
+               swe_repo_root: str | None = None) -> TaskSuite:
+    """The bundled `name` suite (or, for "swe", the SWE-smith / SWE-bench style rows in `swe_rows` with local
+    checkouts under `swe_repo_root`), cut to its first `num_tasks` tasks when that is given (0 or None: all)."""
+    from .envs.tasks import load_swe_rows, load_swe_suite, load_terminal_suite, swe_dataset, terminal_dataset
+
+    if name == "swe":
+        from .envs.swe import SWERepairEnv
+
+        tasks = load_swe_rows(swe_rows, swe_repo_root) if swe_rows else load_swe_suite()
+        environment, to_dataset = SWERepairEnv, swe_dataset
+    elif name == "terminal":
+        from .envs.terminal import TerminalTaskEnv
+
+        if swe_rows or swe_repo_root:
+            raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the terminal suite has bundled tasks only")
+        tasks = load_terminal_suite()
+        environment, to_dataset = TerminalTaskEnv, terminal_dataset
+    else:
+        raise ConfigurationError(f"suite={name!r} is not one of {SUITES}")
+    if num_tasks:
+        tasks = dict(list(tasks.items())[:num_tasks])
+    return TaskSuite(name=name, tasks=tasks, dataset=to_dataset(tasks),
+                     environment_factory=functools.partial(environment, tasks))
+
+
+def shorter_is_better(completion_ids, **kwargs) -> list[float]:
+    """Minus the completion length: a dense shaping term next to the environment's pass/fail reward."""
+    return [-float(len(ids)) for ids in completion_ids]
+
+
+def length_shaping(length_penalty: float, training_args) -> list[Callable]:
+    """The GRPO examples' reward functions besides the environment's own: `[shorter_is_better]`, or none when
+    `length_penalty` is 0. Sets `training_args.reward_weights` to `[length_penalty]` unless the user gave weights
+    (TRL appends the environment's `get_reward` with weight 1)."""
+    if not length_penalty:
+        return []
+    if training_args.reward_weights is None:
+        training_args.reward_weights = [length_penalty]
+    return [shorter_is_better]
+
+
+# -- command-line flags (TRL's HfArgumentParser dataclasses) -----------------------------------------------------
+
+
+@dataclass
+class SuiteArguments(ScriptArguments):
+    """Flags every agentic example has; use `SWESuiteArguments` or `TerminalSuiteArguments`."""
+
+    suite: ClassVar[SuiteName]
+    tiny_model_dir: str = field(
+        default=TINY_AGENT, metadata={"help": "Where the offline tiny model (the student, when distilling) is created."}
+    )
+    num_tasks: int | None = field(default=None, metadata={"help": "Use only the first N tasks."})
+
+    def load_suite(self) -> TaskSuite:
+        return load_suite(self.suite, num_tasks=self.num_tasks)
+
+
+@dataclass
+class TerminalSuiteArguments(SuiteArguments):
+    """The bundled terminal tasks (SETA / Terminal-Bench style)."""
+
+    suite: ClassVar[SuiteName] = "terminal"
+
+
+@dataclass
+class SWESuiteArguments(SuiteArguments):
+    """The bundled SWE-style repair tasks, or your own SWE-smith / SWE-bench rows."""
+
+    suite: ClassVar[SuiteName] = "swe"
+    swe_rows: str | None = field(default=None, metadata={"help": "SWE-smith / SWE-bench style JSON or JSONL rows."})
+    swe_repo_root: str | None = field(default=None, metadata={"help": "Local checkouts for --swe_rows."})
+
+    def load_suite(self) -> TaskSuite:
+        return load_suite("swe", num_tasks=self.num_tasks, swe_rows=self.swe_rows, swe_repo_root=self.swe_repo_root)
+
+
+@dataclass
+class LengthShapingArguments:
+    """The GRPO examples' shaping term (`length_shaping`)."""
+
+    length_penalty: float = field(
+        default=LENGTH_PENALTY,
+        metadata={"help": "Weight of a small per-token penalty that shapes the reward (0 disables)."},
+    )
+
+
+@dataclass
+class TinyTeacherArguments:
+    """The distillation examples' offline teacher (`scripts.resolve_teacher`)."""
+
+    tiny_teacher_dir: str = field(default="tiny-agent-teacher",
+                                  metadata={"help": "Where the offline tiny teacher is created."})
