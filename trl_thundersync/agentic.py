@@ -51,12 +51,12 @@ def load_suite(name: SuiteName, *, num_tasks: int | None = None, swe_rows: str |
     from .envs.tasks import load_swe_rows, load_swe_suite, load_terminal_suite, swe_dataset, terminal_dataset
 
     if name == "swe":
-        from .envs.swe import SWERepairEnv
+        from .envs.environments.swe import SWERepairEnv
 
         tasks = load_swe_rows(swe_rows, swe_repo_root) if swe_rows else load_swe_suite()
         environment, to_dataset = SWERepairEnv, swe_dataset
     elif name == "terminal":
-        from .envs.terminal import TerminalTaskEnv
+        from .envs.environments.terminal import TerminalTaskEnv
 
         if swe_rows or swe_repo_root:
             raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the terminal suite has bundled tasks only")
