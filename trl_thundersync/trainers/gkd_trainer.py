@@ -30,8 +30,8 @@ from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnB
 from ..distill.vocab_map import VocabularyMap
 from ..envs.metrics import agent_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
-from ..rollout.vllm_client import VLLMServerEngine
-from ..rollout.vllm_replicas import server_metrics
+from ..rollout.batches import as_rollout_engine
+from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ..trace.recorder import open_run_trace
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
@@ -41,14 +41,24 @@ from .rollout_setup import RolloutTarget, build_turn_generator
 
 
 class ThunderSyncGKDTrainer(GKDTrainer):
-    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`)."""
+    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory` /
+    `turn_generator`).
+
+    Args:
+        turn_generator (`trl_thundersync.rollout.engine.TurnGenerator`, *optional*):
+            What samples the on-policy rollouts, instead of the engine the config's rollout fields would build: any
+            object with `submit`, `publish`, `policy_version` and `close` (lifecycle in `rollout/engine.py`), serving
+            policy version 0. With `tools` / `environment_factory` the agent loop drives it one request per turn;
+            without, one request per prompt. The trainer owns it from then on: it publishes every new policy version
+            to it and closes it with the trainer. `rollout_engine` (the property) is the engine built around it.
+    """
 
     _tag_names = ["trl", "gkd", "thundersync"]
 
     def __init__(self, model=None, teacher_model=None, args=None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, compute_metrics=None, callbacks=None,
                  optimizers=(None, None), preprocess_logits_for_metrics=None, peft_config=None, formatting_func=None,
-                 tools=None, environment_factory=None):
+                 tools=None, environment_factory=None, turn_generator: TurnGenerator | None = None):
         self._agentic = bool(tools) or environment_factory is not None
         if isinstance(args, GKDConfig) and not isinstance(args, ThunderSyncGKDConfig):  # accepted by TRL: convert
             args = ThunderSyncGKDConfig.from_trl(args)
@@ -85,6 +95,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self.tools, self.environment_factory = list(tools or []), environment_factory
         self.policy_version = 0
         self._engine = None
+        self._turn_generator = turn_generator  # injected: used instead of building one (`_rollout_engine`)
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
@@ -197,18 +208,26 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling uses args.temperature)
         return generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
 
-    def _rollout_engine(self):
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The `RolloutEngine` this trainer samples with, built on first use (from `turn_generator=`, or from the
+        config: that starts the rollout worker or servers). It publishes to it and closes it itself."""
+        return self._rollout_engine()
+
+    def _rollout_engine(self) -> RolloutEngine:
         if self._engine is None:
-            eos = self.generation_config.eos_token_id
-            eos = [eos] if isinstance(eos, int) else list(eos or [])
-            per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
-            sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
             policy = self.accelerator.unwrap_model(self.model)
-            target = RolloutTarget(policy, self.processing_class, self.accelerator.device,
-                                   self.accelerator.num_processes, self.policy_version)
-            generator = build_turn_generator(target, self.args, sampling,
-                                             on_metric=lambda name, value: self._metrics["train"][name].append(value))
-            self._engine = generator
+            generator = self._turn_generator
+            if generator is None:
+                eos = self.generation_config.eos_token_id
+                eos = [eos] if isinstance(eos, int) else list(eos or [])
+                per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
+                sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
+                target = RolloutTarget(policy, self.processing_class, self.accelerator.device,
+                                       self.accelerator.num_processes, self.policy_version)
+                generator = build_turn_generator(target, self.args, sampling,
+                                                 on_metric=lambda name, v: self._metrics["train"][name].append(v))
+            self._engine = as_rollout_engine(generator)  # closed by close() even if the agent loop cannot be built
             if self._agentic:
                 self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
                                             environment_factory=self.environment_factory, on_turn=self._router,
@@ -263,10 +282,8 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         m["completions/mean_length"].append(sum(lengths) / len(lengths))
         for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
             m[name].append(value)
-        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
-        if isinstance(server, VLLMServerEngine):
-            for name, value in server_metrics(server.stats()).items():
-                m[name].append(value)
+        for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
+            m[name].append(value)
 
     def close(self) -> None:
         """Stop the rollout engine and release the trace (also done at interpreter exit)."""

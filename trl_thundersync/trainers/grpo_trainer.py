@@ -27,10 +27,10 @@ from trl.trainer.utils import get_config_model_id, nanstd
 
 from ..errors import ConfigurationError, NonFiniteGradientError, UnsupportedOptionError
 from ..envs.metrics import agent_metrics, completion_metrics, model_token_counts
-from ..rollout.engine import RolloutEngine
+from ..rollout.agent_setup import make_agent_engine
+from ..rollout.batches import as_rollout_engine
+from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ..rollout.trl_batch import TRLBatchEngine
-from ..rollout.vllm_client import VLLMServerEngine
-from ..rollout.vllm_replicas import server_metrics
 from ..streaming.accumulators import stats_memory_bytes
 from ..streaming.grading import grading_workers
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
@@ -47,7 +47,7 @@ from .grpo_config import ThunderSyncGRPOConfig
 from .lifecycle import PublishCallback, trajectory_seed  # noqa: F401  (trajectory_seed: re-exported)
 from .grpo_entropy import add_entropy_direction, entropy_barrier, entropy_batch
 from . import grpo_iterations
-from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
+from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 logger = get_logger(__name__)
 
@@ -94,14 +94,24 @@ def _thundersync_args(model, args) -> ThunderSyncGRPOConfig:
 
 
 class ThunderSyncGRPOTrainer(GRPOTrainer):
-    """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
+    """Drop-in for `trl.GRPOTrainer` (same constructor, plus `turn_generator`); see the module docstring.
+
+    Args:
+        turn_generator (`trl_thundersync.rollout.engine.TurnGenerator`, *optional*):
+            What samples the rollouts, instead of the engine the config's rollout fields would build
+            (`rollout_engine`, `use_vllm`, ...): any object with `submit`, `publish`, `policy_version` and `close`
+            (lifecycle in `rollout/engine.py`), serving policy version 0. With `tools` / `environment_factory` the
+            agent loop drives it one request per turn; without, one request per trajectory. The trainer owns it from
+            then on: it publishes every new policy version to it and closes it with the trainer. `rollout_engine`
+            (the property) is the engine built around it. Not with `rollout_func` or `rollout_engine='trl'`.
+    """
 
     _tag_names = ["trl", "grpo", "thundersync"]
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None,
-                 environment_factory=None):
+                 environment_factory=None, turn_generator: TurnGenerator | None = None):
         args = _thundersync_args(model, args)
         # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
         # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
@@ -128,6 +138,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                 "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
+        check_turn_generator(turn_generator, self._uses_trl_generation())
+        self._turn_generator = turn_generator  # injected: used instead of building one (`_rollout_engine`)
         self._refuse_dropped_generation_fields()
         # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
         # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
@@ -436,42 +448,42 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
             for i in range(len(rows))
         ]
 
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The `RolloutEngine` this trainer samples with, built on first use (from `turn_generator=`, or from the
+        config: that starts the rollout worker or servers). It publishes to it and closes it itself."""
+        return self._rollout_engine()
+
     def _rollout_engine(self) -> RolloutEngine:
         if self._engine is not None:
             return self._engine
         if self._uses_trl_generation():
             self._engine = TRLBatchEngine(self._generate, policy_version=self.policy_version)
             return self._engine
-        sampling = self._sampling_params()
-        if self._agentic():
-            sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
-        target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer, self.accelerator.device,
-                               self.accelerator.num_processes, self.policy_version)
-        generator = build_turn_generator(target, self.args, sampling,
-                                         on_metric=lambda name, value: self._metrics["train"][name].append(value))
-        self._engine = self._agent_engine(generator) if self._agentic() else generator
+        generator = self._turn_generator
+        if generator is None:
+            sampling = self._sampling_params()
+            if self._agentic():
+                sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
+            target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer,
+                                   self.accelerator.device, self.accelerator.num_processes, self.policy_version)
+            generator = build_turn_generator(target, self.args, sampling,
+                                             on_metric=lambda name, value: self._metrics["train"][name].append(value))
+        self._engine = self._agent_engine(generator) if self._agentic() else as_rollout_engine(generator)
         return self._engine
 
-    def _agent_engine(self, generator):
+    def _agent_engine(self, generator: TurnGenerator):
+        """The agent loop over `generator`, rendering prompts with TRL's own template choice (`self.chat_template`,
+        from the tools TRL collected: `make_agent_engine` applies the same rule to the same tools)."""
         from ..envs.agent_loop import ToolRunner
-        from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
-        def render_prompt(prompt: list[dict], tools: list) -> list[int]:
-            out = self.processing_class.apply_chat_template(
-                conversation=prompt, tools=tools or None, chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=True, return_dict=True, **self.chat_template_kwargs,
-            )
-            return list(out["input_ids"])
-
-        spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
-                               multi_environment=bool(getattr(self, "_multi_environment", False)))
-        return AgentRolloutEngine(
-            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=capped_agent_limits(
-                self.args.agent_limits(), self.accelerator.unwrap_model(self.model), generator),
-            environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
-            chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs,
-            max_concurrent=max(8, self._train_batch_size_local()), on_turn=self._turns,
-        )
+        return make_agent_engine(
+            generator, processing_class=self.processing_class, tokenizer=self._tokenizer,
+            limits=self.args.agent_limits(), tools=self._standalone_tools or (),
+            environment_factory=self.environment_factories, chat_template_kwargs=self.chat_template_kwargs,
+            has_tools=bool(self.tools), tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
+            on_turn=self._turns, max_concurrent=max(8, self._train_batch_size_local()),
+            policy=self.accelerator.unwrap_model(self.model))
 
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
@@ -572,7 +584,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         m["reward_std"].append(nanstd(rewards).item())
         # TRL's lengths: model tokens only (tool mask 1) where there is a mask, also in num_tokens
         ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
-        if not isinstance(self._engine, TRLBatchEngine):  # TRL's own generation already counted its tokens
+        if not self._uses_trl_generation():  # TRL's own generation already counted its tokens
             prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
             self.state.num_input_tokens_seen += int(prompt_tokens + sum(model_token_counts(ids, masks)))
         m["num_tokens"] = [self.state.num_input_tokens_seen]
@@ -593,10 +605,8 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._release() == "turn":
             m["thundersync/turn_fallbacks"].append(float(totals.turn_fallbacks))
         m["thundersync/policy_version"].append(float(self.policy_version))
-        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
-        if isinstance(server, VLLMServerEngine):
-            for name, value in server_metrics(server.stats()).items():
-                m[name].append(value)
+        for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
+            m[name].append(value)
         for name, value in agent_metrics([s.rollout.agent for s in scored if s.rollout.agent is not None]).items():
             m[name].append(value)
         self._logs["prompt"].extend(prompts)
