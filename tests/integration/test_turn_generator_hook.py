@@ -1,5 +1,6 @@
-"""Both trainers sample through an injected `TurnGenerator` (`turn_generator=`): the 30-line stub of the seam's unit
-tests drives a GRPO agent run, a single-turn GRPO run and a GKD run, and is published to and closed by the trainer."""
+"""Both trainers sample through an injected `TurnGenerator` (`trainer.use_turn_generator`): the 30-line stub of the
+seam's unit tests drives a GRPO agent run, a single-turn GRPO run and a GKD run, and is published to and closed by
+the trainer."""
 
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ def test_grpo_agent_run_over_an_injected_generator(tmp_path, tokenizer, tiny_mod
                       max_tool_calling_iterations=1)
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=chat_prompts(), processing_class=tokenizer,
-                                     environment_factory=CounterEnv, turn_generator=stub)
-    engine = trainer.rollout_engine
-    assert isinstance(engine, AgentRolloutEngine) and engine.generator is stub
+                                     environment_factory=CounterEnv)
+    engine = trainer.use_turn_generator(stub)
+    assert isinstance(engine, AgentRolloutEngine) and engine.generator is stub and trainer.rollout_engine is engine
     assert engine.chat_template == trainer.chat_template  # make_agent_engine's rule is TRL's choice
     trainer.train()
     assert stub.publications == [1, 2] and stub.closed
@@ -63,19 +64,26 @@ def test_grpo_single_turn_run_over_an_injected_generator(tmp_path, tokenizer, ti
     stub = StubGenerator(answer(tokenizer))
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1, optim="sgd")
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
-                                     train_dataset=prompt_dataset(), processing_class=tokenizer,
-                                     turn_generator=stub)
-    assert isinstance(trainer.rollout_engine, TurnBatchEngine)
+                                     train_dataset=prompt_dataset(), processing_class=tokenizer)
+    assert isinstance(trainer.use_turn_generator(stub), TurnBatchEngine)
     trainer.train()
     assert sorted(stub.keys) == [0, 1, 2, 3] and stub.publications == [1] and stub.closed
 
 
-def test_an_injected_generator_is_refused_with_trls_own_generation(tmp_path, tokenizer, tiny_model_path):
+def test_an_injected_generator_is_refused_with_trls_own_generation_or_after_the_engine(tmp_path, tokenizer,
+                                                                                         tiny_model_path):
     args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=1)
-    with pytest.raises(UnsupportedOptionError, match="turn_generator= .* rollout_func"):
-        ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
-                               train_dataset=prompt_dataset(), processing_class=tokenizer,
-                               rollout_func=scripted_rollout_func(tokenizer), turn_generator=StubGenerator())
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
+                                     train_dataset=prompt_dataset(), processing_class=tokenizer,
+                                     rollout_func=scripted_rollout_func(tokenizer))
+    with pytest.raises(UnsupportedOptionError, match="use_turn_generator: .* rollout_func"):
+        trainer.use_turn_generator(StubGenerator())
+    trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
+                                     train_dataset=prompt_dataset(), processing_class=tokenizer)
+    trainer.use_turn_generator(StubGenerator())
+    with pytest.raises(UnsupportedOptionError, match="already built its rollout engine"):
+        trainer.use_turn_generator(StubGenerator())
+    trainer.close()
 
 
 def test_gkd_run_over_an_injected_generator(tmp_path, tokenizer, tiny_model_path):
@@ -86,8 +94,8 @@ def test_gkd_run_over_an_injected_generator(tmp_path, tokenizer, tiny_model_path
                                 learning_rate=1e-2, optim="sgd", objective="opd")
     trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(tiny_model_path),
                                     args=args, train_dataset=chat_prompts(), processing_class=tokenizer,
-                                    environment_factory=CounterEnv, turn_generator=stub)
-    assert trainer.rollout_engine.generator is stub
+                                    environment_factory=CounterEnv)
+    assert trainer.use_turn_generator(stub).generator is stub
     trainer.train()
     assert stub.publications == [1, 2] and stub.closed and len(stub.keys) == 2 * 4
     assert trainer.state.log_history[0]["rollout/stub_requests"] == 4.0

@@ -99,14 +99,13 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
                  agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
                  rollout_max_in_flight=w.concurrency)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
-    trainer = None
-    step = lambda: trainer.state.global_step  # noqa: E731  (the script's step: read once training runs)
-    generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
-                                      workers=max(8, w.concurrency))
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,
-                                     environment_factory=env_factory(w), turn_generator=generator)
-    use_rollout_pools(trainer.rollout_engine, w.concurrency, plan)
+                                     environment_factory=env_factory(w))
+    step = lambda: trainer.state.global_step  # noqa: E731
+    generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
+                                      workers=max(8, w.concurrency))
+    use_rollout_pools(trainer.use_turn_generator(generator), w.concurrency, plan)
     return trainer
 
 

@@ -49,7 +49,8 @@ class TurnGenerator(Protocol):
     """Samples one generation request at a time: what the multi-turn agent loop drives, one request per turn.
 
     Implemented by `LocalProcessEngine`, `VLLMServerEngine` and `testing.scripted.ScriptedTurnGenerator`; a trainer
-    accepts one as `turn_generator=` (the agent loop wraps it when the trainer has tools or environments).
+    takes one through `trainer.use_turn_generator(generator)` (the agent loop wraps it when the trainer has tools or
+    environments).
 
     Lifecycle:
 

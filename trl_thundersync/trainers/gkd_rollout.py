@@ -38,7 +38,8 @@ def requests_from_rows(rows: Sequence[Mapping[str, Any]], run_seed: int, version
     ]
 
 
-def sampling_params(args, eos_token_ids: Sequence[int], pad_token_id: int | None, max_new_tokens: int) -> SamplingParams:
+def sampling_params(args, eos_token_ids: Sequence[int], pad_token_id: int | None,
+                    max_new_tokens: int) -> SamplingParams:
     """TRL GKD's generation settings: temperature sampling, top_k=0, top_p=1."""
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
                           eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id)

@@ -37,20 +37,15 @@ from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
 from .lifecycle import PublishCallback
-from .rollout_setup import RolloutTarget, build_turn_generator
+from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 
 class ThunderSyncGKDTrainer(GKDTrainer):
-    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory` /
-    `turn_generator`).
+    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`).
 
-    Args:
-        turn_generator (`trl_thundersync.rollout.engine.TurnGenerator`, *optional*):
-            What samples the on-policy rollouts, instead of the engine the config's rollout fields would build: any
-            object with `submit`, `publish`, `policy_version` and `close` (lifecycle in `rollout/engine.py`), serving
-            policy version 0. With `tools` / `environment_factory` the agent loop drives it one request per turn;
-            without, one request per prompt. The trainer owns it from then on: it publishes every new policy version
-            to it and closes it with the trainer. `rollout_engine` (the property) is the engine built around it.
+    The rollout side is pluggable: `use_turn_generator(generator)` (before `train()`) samples the on-policy turns
+    with any `TurnGenerator` instead of the engine the config's rollout fields would build; `rollout_engine` is the
+    engine the trainer samples with.
     """
 
     _tag_names = ["trl", "gkd", "thundersync"]
@@ -58,7 +53,7 @@ class ThunderSyncGKDTrainer(GKDTrainer):
     def __init__(self, model=None, teacher_model=None, args=None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, compute_metrics=None, callbacks=None,
                  optimizers=(None, None), preprocess_logits_for_metrics=None, peft_config=None, formatting_func=None,
-                 tools=None, environment_factory=None, turn_generator: TurnGenerator | None = None):
+                 tools=None, environment_factory=None):
         self._agentic = bool(tools) or environment_factory is not None
         if isinstance(args, GKDConfig) and not isinstance(args, ThunderSyncGKDConfig):  # accepted by TRL: convert
             args = ThunderSyncGKDConfig.from_trl(args)
@@ -95,7 +90,6 @@ class ThunderSyncGKDTrainer(GKDTrainer):
         self.tools, self.environment_factory = list(tools or []), environment_factory
         self.policy_version = 0
         self._engine = None
-        self._turn_generator = turn_generator  # injected: used instead of building one (`_rollout_engine`)
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         self._open_step = None  # (version, totals, timing, items) awaiting the step's trace
@@ -210,28 +204,37 @@ class ThunderSyncGKDTrainer(GKDTrainer):
 
     @property
     def rollout_engine(self) -> RolloutEngine:
-        """The `RolloutEngine` this trainer samples with, built on first use (from `turn_generator=`, or from the
-        config: that starts the rollout worker or servers). It publishes to it and closes it itself."""
+        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
+        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
+        policy version to it and closes it when training ends."""
         return self._rollout_engine()
+
+    def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
+        """Sample the on-policy rollouts with `generator` (any `TurnGenerator`: `submit`, `publish`,
+        `policy_version`, `close`; lifecycle in `rollout/engine.py`) instead of the engine the config's rollout fields
+        would build. Call it before `train()`, with the generator serving the trainer's `policy_version`. With `tools`
+        / `environment_factory` the agent loop drives it one request per turn, else one request per prompt; the
+        engine built around it is returned. The trainer owns the generator from then on (publishes to it, closes
+        it)."""
+        check_turn_generator(False, built=self._engine is not None)
+        self._engine = as_rollout_engine(generator)  # closed by close() even if the agent loop cannot be built
+        if self._agentic:
+            self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
+                                        environment_factory=self.environment_factory, on_turn=self._router,
+                                        policy=self.accelerator.unwrap_model(self.model))
+        return self._engine
 
     def _rollout_engine(self) -> RolloutEngine:
         if self._engine is None:
-            policy = self.accelerator.unwrap_model(self.model)
-            generator = self._turn_generator
-            if generator is None:
-                eos = self.generation_config.eos_token_id
-                eos = [eos] if isinstance(eos, int) else list(eos or [])
-                per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
-                sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
-                target = RolloutTarget(policy, self.processing_class, self.accelerator.device,
-                                       self.accelerator.num_processes, self.policy_version)
-                generator = build_turn_generator(target, self.args, sampling,
-                                                 on_metric=lambda name, v: self._metrics["train"][name].append(v))
-            self._engine = as_rollout_engine(generator)  # closed by close() even if the agent loop cannot be built
-            if self._agentic:
-                self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
-                                            environment_factory=self.environment_factory, on_turn=self._router,
-                                            policy=policy)
+            eos = self.generation_config.eos_token_id
+            eos = [eos] if isinstance(eos, int) else list(eos or [])
+            per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
+            sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
+            target = RolloutTarget(self.accelerator.unwrap_model(self.model), self.processing_class,
+                                   self.accelerator.device, self.accelerator.num_processes, self.policy_version)
+            generator = build_turn_generator(target, self.args, sampling,
+                                             on_metric=lambda name, value: self._metrics["train"][name].append(value))
+            self.use_turn_generator(generator)
         return self._engine
 
     # -- publication, trace and metrics (called by PublishCallback after each optimizer step) -----------------------

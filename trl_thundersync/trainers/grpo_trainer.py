@@ -94,16 +94,11 @@ def _thundersync_args(model, args) -> ThunderSyncGRPOConfig:
 
 
 class ThunderSyncGRPOTrainer(GRPOTrainer):
-    """Drop-in for `trl.GRPOTrainer` (same constructor, plus `turn_generator`); see the module docstring.
+    """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring.
 
-    Args:
-        turn_generator (`trl_thundersync.rollout.engine.TurnGenerator`, *optional*):
-            What samples the rollouts, instead of the engine the config's rollout fields would build
-            (`rollout_engine`, `use_vllm`, ...): any object with `submit`, `publish`, `policy_version` and `close`
-            (lifecycle in `rollout/engine.py`), serving policy version 0. With `tools` / `environment_factory` the
-            agent loop drives it one request per turn; without, one request per trajectory. The trainer owns it from
-            then on: it publishes every new policy version to it and closes it with the trainer. `rollout_engine`
-            (the property) is the engine built around it. Not with `rollout_func` or `rollout_engine='trl'`.
+    The rollout side is pluggable: `use_turn_generator(generator)` (before `train()`) samples with any
+    `TurnGenerator` instead of the engine the config's rollout fields would build; `rollout_engine` is the engine
+    the trainer samples with.
     """
 
     _tag_names = ["trl", "grpo", "thundersync"]
@@ -111,7 +106,7 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None,
-                 environment_factory=None, turn_generator: TurnGenerator | None = None):
+                 environment_factory=None):
         args = _thundersync_args(model, args)
         # With use_vllm=True, TRL would connect its own vLLM client here (and import vllm); ThunderSync's rollout
         # engine talks to the servers itself, so TRL is built as for local generation (evaluation generates locally).
@@ -138,8 +133,6 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
                 "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
-        check_turn_generator(turn_generator, self._uses_trl_generation())
-        self._turn_generator = turn_generator  # injected: used instead of building one (`_rollout_engine`)
         self._refuse_dropped_generation_fields()
         # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
         # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
@@ -450,9 +443,21 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
 
     @property
     def rollout_engine(self) -> RolloutEngine:
-        """The `RolloutEngine` this trainer samples with, built on first use (from `turn_generator=`, or from the
-        config: that starts the rollout worker or servers). It publishes to it and closes it itself."""
+        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
+        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
+        policy version to it and closes it when training ends."""
         return self._rollout_engine()
+
+    def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
+        """Sample with `generator` (any `TurnGenerator`: `submit`, `publish`, `policy_version`, `close`; lifecycle in
+        `rollout/engine.py`) instead of the engine the config's rollout fields would build. Call it before `train()`,
+        with the generator serving the trainer's `policy_version`. With `tools` / `environment_factory` the agent loop
+        drives it one request per turn, else one request per trajectory; the engine built around it is returned. The
+        trainer owns the generator from then on (publishes to it, closes it). Not with `rollout_func` or
+        `rollout_engine='trl'`, which generate with TRL's own batch generation."""
+        check_turn_generator(self._uses_trl_generation(), built=self._engine is not None)
+        self._engine = self._agent_engine(generator) if self._agentic() else as_rollout_engine(generator)
+        return self._engine
 
     def _rollout_engine(self) -> RolloutEngine:
         if self._engine is not None:
@@ -460,17 +465,14 @@ class ThunderSyncGRPOTrainer(GRPOTrainer):
         if self._uses_trl_generation():
             self._engine = TRLBatchEngine(self._generate, policy_version=self.policy_version)
             return self._engine
-        generator = self._turn_generator
-        if generator is None:
-            sampling = self._sampling_params()
-            if self._agentic():
-                sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
-            target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer,
-                                   self.accelerator.device, self.accelerator.num_processes, self.policy_version)
-            generator = build_turn_generator(target, self.args, sampling,
-                                             on_metric=lambda name, value: self._metrics["train"][name].append(value))
-        self._engine = self._agent_engine(generator) if self._agentic() else as_rollout_engine(generator)
-        return self._engine
+        sampling = self._sampling_params()
+        if self._agentic():
+            sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
+        target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer, self.accelerator.device,
+                               self.accelerator.num_processes, self.policy_version)
+        generator = build_turn_generator(target, self.args, sampling,
+                                         on_metric=lambda name, value: self._metrics["train"][name].append(value))
+        return self.use_turn_generator(generator)
 
     def _agent_engine(self, generator: TurnGenerator):
         """The agent loop over `generator`, rendering prompts with TRL's own template choice (`self.chat_template`,

@@ -5,10 +5,10 @@ embedded engine in a worker process or thread, embedded HTTP servers started for
     generator = build_turn_generator(RolloutTarget(policy, tokenizer, device, processes, version), args, sampling,
                                      on_metric=lambda name, value: ...)
 
-A trainer handed a generator (`turn_generator=`, any `rollout.engine.TurnGenerator`) uses it instead. With tools or
-environments both trainers wrap the generator in the agent loop with `rollout.agent_setup.make_agent_engine`
-(`capped_agent_limits`, re-exported here, gives that loop a context budget the model and the servers can hold);
-without, `as_rollout_engine` gives it `start_batch`/`results`.
+A trainer handed a generator (`trainer.use_turn_generator(g)`, any `rollout.engine.TurnGenerator`) uses that one
+instead. With tools or environments both trainers wrap the generator in the agent loop with
+`rollout.agent_setup.make_agent_engine` (`capped_agent_limits`, re-exported here, gives that loop a context budget
+the model and the servers can hold); without, `as_rollout_engine` gives it `start_batch`/`results`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,17 @@ class RolloutTarget:
     policy_version: int  # the version `policy` holds now
 
 
-def check_turn_generator(turn_generator: TurnGenerator | None, uses_trl_generation: bool) -> None:
-    """An injected generator replaces ThunderSync's own; TRL's batch generation (rollout_func, rollout_engine='trl')
-    has no place for one."""
-    if turn_generator is not None and uses_trl_generation:
+def check_turn_generator(uses_trl_generation: bool, *, built: bool) -> None:
+    """`use_turn_generator`: a generator replaces ThunderSync's own rollout engine, so it comes before that one is
+    built; TRL's batch generation (rollout_func, rollout_engine='trl') has no place for one."""
+    if uses_trl_generation:
         raise UnsupportedOptionError(
-            "turn_generator= samples in place of ThunderSync's rollout engine; it cannot be combined with rollout_func "
-            "or rollout_engine='trl', which generate with TRL's own batch generation")
+            "use_turn_generator: a turn generator samples in place of ThunderSync's rollout engine; it cannot be "
+            "combined with rollout_func or rollout_engine='trl', which generate with TRL's own batch generation")
+    if built:
+        raise UnsupportedOptionError(
+            "use_turn_generator: the trainer already built its rollout engine (rollout_engine, or a training step); "
+            "hand the generator over right after constructing the trainer")
 
 
 def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: SamplingParams, *,
