@@ -105,7 +105,7 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
     step = lambda: trainer.state.global_step  # noqa: E731
     generator = ScriptedTurnGenerator(tokenizer, bench_script(w, step), delay=bench_delay(w, step),
                                       workers=max(8, w.concurrency))
-    trainer._engine = use_rollout_pools(trainer._agent_engine(generator), w.concurrency, plan)
+    use_rollout_pools(trainer.use_turn_generator(generator), w.concurrency, plan)
     return trainer
 
 
@@ -121,35 +121,22 @@ class ScriptedBatchRollout:
         self.last: list = []
 
     def _build(self, trainer):
-        from ..envs.harness.agent_loop import AgentLimits, ToolRunner
-        from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
+        from ..envs.harness.agent_loop import AgentLimits
+        from ..rollout.agent_setup import make_agent_engine
         from ..testing.scripted import ScriptedTurnGenerator
 
         w = self.w
         step = lambda: trainer.state.global_step  # noqa: E731
         generator = ScriptedTurnGenerator(self.tokenizer, bench_script(w, step), delay=bench_delay(w, step),
                                           workers=max(8, w.concurrency))
-        from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
-
-        # What ThunderSync (and TRL with tools) render with: TRL's training template when the stock one re-renders
-        # earlier turns, so prompts and tool framings are token-identical between the trainers.
-        template = None if is_chat_template_prefix_preserving(self.tokenizer) else get_training_chat_template(
-            self.tokenizer)
-        template_kwargs = getattr(trainer, "chat_template_kwargs", None) or {}
-
-        def render_prompt(prompt, tools):
-            out = trainer.processing_class.apply_chat_template(
-                conversation=prompt, tools=tools or None, chat_template=template, add_generation_prompt=True,
-                tokenize=True, return_dict=True, **template_kwargs)
-            return list(out["input_ids"])
-
         budget = w.max_completion_tokens
         limits = AgentLimits(max_turns=w.turns + 1, max_tokens_per_turn=budget, max_completion_tokens=budget,
                              max_context_tokens=8192, max_observation_tokens=256, tool_timeout_s=60.0)
-        self.engine = AgentRolloutEngine(
-            generator, tokenizer=self.tokenizer, render_prompt=render_prompt, limits=limits,
-            environments=EnvironmentSpec(factories={None: env_factory(w)}, standalone_tools=[]),
-            tool_runner=ToolRunner(), chat_template=template, chat_template_kwargs=template_kwargs,
+        # Rendered as ThunderSync renders it (TRL's template rule for a trainer with the environment's tools), so
+        # prompts and tool framings are token-identical between the trainers.
+        self.engine = make_agent_engine(
+            generator, processing_class=trainer.processing_class, tokenizer=self.tokenizer, limits=limits,
+            environment_factory=env_factory(w), chat_template_kwargs=getattr(trainer, "chat_template_kwargs", None),
             max_concurrent=w.concurrency)
         use_rollout_pools(self.engine, w.concurrency, self.plan)
 

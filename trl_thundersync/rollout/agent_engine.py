@@ -1,8 +1,9 @@
 """`AgentRolloutEngine`: every trajectory of a batch is a concurrent multi-turn agent loop.
 
-Implements the `RolloutEngine` contract on top of any *turn generator* with `submit(request, key=..., max_new_tokens=...)
--> Future[Rollout]` and `publish(model, version)` (the embedded `LocalProcessEngine`; later a vLLM client). One
-generation request per turn; a trajectory waiting for a tool never blocks the others, because each loop runs in its
+Implements the `RolloutEngine` contract on top of any `TurnGenerator` (`engine.py`: `submit(request, key=...,
+max_new_tokens=...) -> Future[Rollout]`, `publish`, `policy_version`, `close`; `LocalProcessEngine`,
+`VLLMServerEngine`). `agent_setup.make_agent_engine` builds one the way both trainers do. One generation request per
+turn; a trajectory waiting for a tool never blocks the others, because each loop runs in its
 own thread and tools run on a separate pool. Finished trajectories are handed out in completion order with their
 1/0 model/environment mask, and each turn emits a `TurnEvent` as soon as its action tokens are complete.
 
@@ -30,6 +31,7 @@ from ..envs.harness.tool_messages import ToolMessagesRenderer
 from ..envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 from ..errors import RolloutError, UnknownEnvironmentError
 from ..types import Rollout, RolloutRequest, TurnEvent
+from .engine import TurnGenerator, engine_step_metrics
 
 # (prompt messages, tool callables) -> prompt token ids, rendered with the chat template and a generation prompt
 RenderPromptFn = Callable[[list[dict], list[Callable]], list[int]]
@@ -58,17 +60,18 @@ class EnvironmentSpec:
 
 
 class AgentRolloutEngine:
-    def __init__(self, generator: Any, *, tokenizer, render_prompt: RenderPromptFn,
+    def __init__(self, generator: TurnGenerator, *, tokenizer, render_prompt: RenderPromptFn,
                  limits: AgentLimits | TRLLoopLimits,
                  environments: EnvironmentSpec, tool_runner: ToolRunner | None = None,
-                 chat_template: str | None = None, chat_template_kwargs: dict | None = None, on_turn: Callable[[TurnEvent], None] | None = None,
-                 max_concurrent: int = 64) -> None:
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None,
+                 on_turn: Callable[[TurnEvent], None] | None = None, max_concurrent: int = 64) -> None:
         self.generator = generator
         self.tokenizer = tokenizer
         self.render_prompt = render_prompt
         self.limits = limits
         self.spec = environments
         self.tool_runner = tool_runner or ToolRunner()
+        self.chat_template = chat_template  # what prompts and tool framings are rendered with (None: the tokenizer's)
         self.render_tool = ToolResponseRenderer(tokenizer, chat_template, chat_template_kwargs)
         self.render_tools = ToolMessagesRenderer(tokenizer, chat_template, chat_template_kwargs)
         self.on_turn = on_turn
@@ -110,6 +113,16 @@ class AgentRolloutEngine:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.tool_runner.close()
         self.generator.close()
+
+    def step_metrics(self) -> dict[str, float]:
+        """The turn generator's metrics (the agent loop's own are computed from the rollouts' `AgentStats`)."""
+        return engine_step_metrics(self.generator)
+
+    def adopt_environments(self, instances: Mapping[str | None, Any]) -> None:
+        """Put instances created ahead of the first batch (one per environment name, as TRL probes them) first in
+        their pools, so that they serve trajectories instead of being wasted."""
+        for name, instance in instances.items():
+            self._env_pool.setdefault(name, []).insert(0, instance)
 
     # -- one trajectory -------------------------------------------------------------------------------------------
     def _trajectory(self, request: RolloutRequest, environment: Any) -> Rollout:

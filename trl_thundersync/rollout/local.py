@@ -46,6 +46,7 @@ import torch
 
 from ..errors import ConfigurationError, RolloutError
 from ..types import Rollout, RolloutRequest, SamplingParams
+from .batches import SubmittedBatch
 from .local_worker import _worker_main
 from .weights import FlatLayout, base_config, policy_state_dict
 
@@ -113,7 +114,7 @@ class _Handle:
 
 
 class LocalProcessEngine:
-    """Embedded rollout engine implementing `RolloutEngine` (lifecycle in `engine.py`), plus per-turn `submit`."""
+    """Embedded rollout engine implementing `RolloutEngine` and `TurnGenerator` (lifecycles in `engine.py`)."""
 
     def __init__(
         self,
@@ -151,8 +152,7 @@ class LocalProcessEngine:
         self._lock = threading.Lock()
         self._futures: dict[Any, Future] = {}  # key -> future of every request the worker still owes
         self._acks: queue.Queue = queue.Queue()  # ("published", v) or ("error", text), from the dispatcher
-        self._done: queue.Queue | None = None  # completed futures of the open batch, in completion order
-        self._open: int | None = None  # rollouts still owed by results() for the open batch
+        self._batch = SubmittedBatch("the worker serves")  # the open logical batch (start_batch/results)
         self._failure: str | None = None
         self._batch_started = self._gen_seconds = self._last_pub = 0.0
         self._counts = {"trajectories": 0, "tokens": 0, "publications": 0}
@@ -198,39 +198,19 @@ class LocalProcessEngine:
     # -- RolloutEngine ----------------------------------------------------------------------------------------
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
         self._check_usable()
-        if self._open is not None:
-            raise RolloutError(f"a batch is still open ({self._open} rollouts not yet consumed by results())")
-        if policy_version != self._version:
-            raise RolloutError(
-                f"start_batch(policy_version={policy_version}) but the worker serves version {self._version}; "
-                "publish(model, policy_version) first"
-            )
-        indices = [r.index for r in requests]
-        if len(set(indices)) != len(indices) or any(len(r.prompt_ids) == 0 for r in requests):
-            raise RolloutError("requests must have distinct indices and non-empty prompt_ids")
-        self._batch_started = time.perf_counter()
-        self._open = len(requests)
-        done: queue.Queue = queue.Queue()
-        self._done = done
-        for request in requests:
-            self.submit(request).add_done_callback(done.put)
+        self._batch.start(self.submit, requests, policy_version, serving_version=self._version,
+                          prepare=self._mark_batch_start)
 
     def results(self) -> Iterator[Rollout]:
-        if self._open is None or self._done is None:
-            raise RolloutError("results() called without an open batch; call start_batch first")
-        while self._open:
-            future = self._done.get()
-            rollout = future.result()  # raises the RolloutError a worker failure set
-            self._open -= 1
+        for rollout in self._batch.results():  # raises the RolloutError a worker failure set
             self._counts["trajectories"] += 1
             self._counts["tokens"] += len(rollout.completion_ids)
             yield rollout
         self._gen_seconds += time.perf_counter() - self._batch_started
-        self._open = self._done = None
 
     def publish(self, model: Any, policy_version: int) -> float:
         self._check_usable()
-        if self._open is not None or self._futures:
+        if self._batch.open is not None or self._futures:
             raise RolloutError(
                 f"cannot publish while a batch is open ({len(self._futures)} requests in flight); it must close first"
             )
@@ -258,6 +238,10 @@ class LocalProcessEngine:
         """The version the worker serves (acknowledged)."""
         return self._version
 
+    def step_metrics(self) -> dict[str, float]:
+        """None per step: the embedded worker's counters are in `stats()`."""
+        return {}
+
     @property
     def worker_pid(self) -> int | None:
         """Process id of the worker (None in thread mode)."""
@@ -270,6 +254,9 @@ class LocalProcessEngine:
         )
 
     # -- plumbing ------------------------------------------------------------------------------------------------
+    def _mark_batch_start(self) -> None:
+        self._batch_started = time.perf_counter()
+
     def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
@@ -335,7 +322,7 @@ class LocalProcessEngine:
             raise RolloutError("the engine is closed")
 
     def _fail(self, what: str, detail: str) -> None:
-        lost = self._open or 0
+        lost = self._batch.open or 0
         self._failure = detail
         self._finalizer()
         message = f"rollout worker failed during {what}; {lost} trajectories of the open batch lost:\n{detail}"

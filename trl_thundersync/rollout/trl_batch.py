@@ -66,3 +66,7 @@ class TRLBatchEngine:
 
     def close(self) -> None:
         self._requests = None
+
+    def step_metrics(self) -> dict[str, float]:
+        """None: TRL's generation logs its own."""
+        return {}

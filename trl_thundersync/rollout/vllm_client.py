@@ -38,7 +38,6 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -50,9 +49,10 @@ from ..errors import ConfigurationError, RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .vllm_api import (Cancellation, Completion, EngineClosed, HTTPReply, check_base_url, completion_payload,
                        error_message, http_call, lora_name, lora_version, parse_completion)
+from .batches import SubmittedBatch
 from .vllm_publish import WeightPublisher
 from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, ServerSupervisor, bring_back, check_tokenizer,
-                            connect_all, make_publisher, percentile, push_all)
+                            connect_all, make_publisher, percentile, push_all, server_metrics)
 
 __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
 
@@ -63,7 +63,7 @@ _LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
 
 
 class VLLMServerEngine:
-    """`RolloutEngine` over HTTP rollout servers (lifecycle in `engine.py`), plus per-turn `submit`."""
+    """`RolloutEngine` and `TurnGenerator` over HTTP rollout servers (lifecycles in `engine.py`)."""
 
     def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
                  publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
@@ -94,8 +94,7 @@ class VLLMServerEngine:
         self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._trajectories, self._ttfr = 0, None
         self._peak_in_flight = 0
-        self._open: int | None = None  # rollouts still owed by results()
-        self._done: queue.Queue | None = None
+        self._batch = SubmittedBatch("the servers serve")  # the open logical batch (start_batch/results)
         self._batch_started = 0.0
         self._publishing = self._closed = False
         self._failure: str | None = None
@@ -143,44 +142,20 @@ class VLLMServerEngine:
     # -- RolloutEngine ------------------------------------------------------------------------------------------
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
         self._check_usable()
-        if self._open is not None:
-            raise RolloutError(f"a batch is still open ({self._open} rollouts not yet consumed by results())")
-        if policy_version != self._version:
-            raise RolloutError(f"start_batch(policy_version={policy_version}) but the servers serve version "
-                               f"{self._version}; publish(model, policy_version) first")
-        indices = [r.index for r in requests]
-        if len(set(indices)) != len(indices) or any(len(r.prompt_ids) == 0 for r in requests):
-            raise RolloutError("requests must have distinct indices and non-empty prompt_ids")
-        self._clear_routes()
-        self._batch_started, self._ttfr = time.perf_counter(), None
-        with self._lock:
-            self._peak_in_flight = 0
-        done: queue.Queue = queue.Queue()
-        self._open, self._done = len(requests), done
-        for request in requests:
-            self.submit(request).add_done_callback(done.put)
+        self._batch.start(self.submit, requests, policy_version, serving_version=self._version,
+                          prepare=self._new_batch)
 
     def results(self) -> Iterator[Rollout]:
-        if self._open is None or self._done is None:
-            raise RolloutError("results() called without an open batch; call start_batch first")
-        try:
-            while self._open:
-                future = self._done.get()
-                if future.cancelled():  # close() cancelled it before it was sent
-                    raise RolloutError("the engine was closed while the batch was open")
-                rollout = future.result()  # raises the RolloutError / StalePolicyError of a failed request
-                self._open -= 1
-                self._trajectories += 1
-                if self._ttfr is None:
-                    self._ttfr = time.perf_counter() - self._batch_started
-                yield rollout
-        finally:
-            self._open = self._done = None  # a failed batch is over: nothing partial is handed on
+        for rollout in self._batch.results():  # a failed batch is over: nothing partial is handed on
+            self._trajectories += 1
+            if self._ttfr is None:
+                self._ttfr = time.perf_counter() - self._batch_started
+            yield rollout
 
     def publish(self, model: Any, policy_version: int) -> float:
         self._check_usable()
         with self._lock:
-            if self._open is not None or self._keys:
+            if self._batch.open is not None or self._keys:
                 raise RolloutError(f"cannot publish while a batch is open ({len(self._keys)} requests in flight); "
                                    "it must close first")
             self._publishing = True
@@ -240,6 +215,10 @@ class VLLMServerEngine:
         """The smallest context window the replicas reported (prompt + generated tokens), None if none did."""
         known = [r.max_model_len for r in self._replicas if r.max_model_len is not None]
         return min(known) if known else None
+
+    def step_metrics(self) -> dict[str, float]:
+        """Per-replica and engine-wide rollout metrics for the trainer's logs (`server_metrics`)."""
+        return server_metrics(self.stats())
 
     def stats(self) -> ServerEngineStats:
         now = time.perf_counter()
@@ -331,6 +310,13 @@ class VLLMServerEngine:
         return reply.policy_version if reply.policy_version is not None else replica.version
 
     # -- replicas --------------------------------------------------------------------------------------------------
+    def _new_batch(self) -> None:
+        """start_batch, after its checks: a fresh routing table and fresh per-batch counters."""
+        self._clear_routes()
+        self._batch_started, self._ttfr = time.perf_counter(), None
+        with self._lock:
+            self._peak_in_flight = 0
+
     def _route(self, trajectory: int) -> Replica:
         """Sticky, least-loaded routing (call with the lock held)."""
         replica = self._sticky.get(trajectory)

@@ -1,15 +1,17 @@
 """Rollout-side wiring of `ThunderSyncGKDTrainer`: requests from a collated GKD batch or prompt rows, sampling
-parameters, and the agent loop around the turn generator (which `rollout_setup` builds, as for GRPO). No training
-logic here."""
+parameters, and the agent loop around the turn generator (`rollout_setup` builds it, `make_agent_engine` wraps it,
+both as for GRPO). No training logic here."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..rollout.agent_engine import AgentRolloutEngine
+from ..rollout.agent_setup import make_agent_engine
+from ..rollout.engine import TurnGenerator
 from ..types import RolloutRequest, SamplingParams
 from .lifecycle import trajectory_seed
-from .rollout_setup import capped_agent_limits
 
 
 def requests_from_collated(batch: Mapping[str, Any], run_seed: int, version: int, *,
@@ -36,37 +38,22 @@ def requests_from_rows(rows: Sequence[Mapping[str, Any]], run_seed: int, version
     ]
 
 
-def sampling_params(args, eos_token_ids: Sequence[int], pad_token_id: int | None, max_new_tokens: int) -> SamplingParams:
+def sampling_params(args, eos_token_ids: Sequence[int], pad_token_id: int | None,
+                    max_new_tokens: int) -> SamplingParams:
     """TRL GKD's generation settings: temperature sampling, top_k=0, top_p=1."""
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
                           eos_token_ids=tuple(eos_token_ids), pad_token_id=pad_token_id)
 
 
-def agent_engine(generator: Any, args, *, tokenizer, tools: Sequence[Callable] | None, environment_factory,
-                 on_turn: Callable | None, policy: Any = None):
-    """The multi-turn agent engine over any turn generator (`submit`/`publish`), emitting turn events to `on_turn`;
-    its context budget is capped by the windows of `policy` and of the generator's servers."""
-    from ..envs.harness.agent_loop import ToolRunner
-    from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
-
-    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
-
-    # Multi-turn token histories need a prefix-preserving template (TRL's rule in GRPOTrainer).
-    template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
-
-    def render_prompt(prompt: list[dict], prompt_tools: list) -> list[int]:
-        out = tokenizer.apply_chat_template(conversation=prompt, tools=prompt_tools or None, chat_template=template,
-                                            add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(out["input_ids"])
-
-    multi = isinstance(environment_factory, Mapping)
-    factories = dict(environment_factory) if multi else ({None: environment_factory} if environment_factory else None)
-    spec = EnvironmentSpec(factories=factories, standalone_tools=list(tools or []), multi_environment=multi)
-    return AgentRolloutEngine(generator, tokenizer=tokenizer, render_prompt=render_prompt,
-                              limits=capped_agent_limits(args.agent_limits(), policy, generator),
-                              environments=spec, tool_runner=ToolRunner(), chat_template=template, on_turn=on_turn,
-                              max_concurrent=max(8, args.per_device_train_batch_size
-                                                 * args.gradient_accumulation_steps))
+def agent_engine(generator: TurnGenerator, args, *, tokenizer, tools: Sequence[Callable] | None, environment_factory,
+                 on_turn: Callable | None, policy: Any = None) -> AgentRolloutEngine:
+    """The multi-turn agent engine over any `TurnGenerator` (`make_agent_engine`, as for GRPO), emitting turn events
+    to `on_turn`; its context budget is capped by the windows of `policy` and of the generator's servers."""
+    return make_agent_engine(generator, processing_class=tokenizer, limits=args.agent_limits(), tools=tools or (),
+                             environment_factory=environment_factory,
+                             chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
+                             on_turn=on_turn, policy=policy,
+                             max_concurrent=max(8, args.per_device_train_batch_size * args.gradient_accumulation_steps))
 
 
 def pass_through_collator(rows: list[dict]) -> list[dict]:

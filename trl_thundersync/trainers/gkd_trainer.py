@@ -29,17 +29,22 @@ from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnB
 from ..distill.vocab_map import VocabularyMap
 from ..envs.harness.metrics import agent_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
-from ..rollout.vllm_client import VLLMServerEngine
-from ..rollout.vllm_replicas import server_metrics
+from ..rollout.batches import as_rollout_engine
+from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
                           sampling_params)
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
-from .rollout_setup import RolloutTarget, build_turn_generator
+from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 
 class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
-    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`)."""
+    """Drop-in for `trl.experimental.gkd.GKDTrainer` (same constructor, plus `tools` / `environment_factory`).
+
+    The rollout side is pluggable: `use_turn_generator(generator)` (before `train()`) samples the on-policy turns
+    with any `TurnGenerator` instead of the engine the config's rollout fields would build; `rollout_engine` is the
+    engine the trainer samples with.
+    """
 
     _tag_names = ["trl", "gkd", "thundersync"]
 
@@ -195,22 +200,39 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling uses args.temperature)
         return generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
 
-    def _rollout_engine(self):
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
+        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
+        policy version to it and closes it when training ends."""
+        return self._rollout_engine()
+
+    def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
+        """Sample the on-policy rollouts with `generator` (any `TurnGenerator`: `submit`, `publish`,
+        `policy_version`, `close`; lifecycle in `rollout/engine.py`) instead of the engine the config's rollout fields
+        would build. Call it before `train()`, with the generator serving the trainer's `policy_version`. With `tools`
+        / `environment_factory` the agent loop drives it one request per turn, else one request per prompt; the
+        engine built around it is returned. The trainer owns the generator from then on (publishes to it, closes
+        it)."""
+        check_turn_generator(False, built=self._engine is not None)
+        self._engine = as_rollout_engine(generator)  # closed by close() even if the agent loop cannot be built
+        if self._agentic:
+            self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
+                                        environment_factory=self.environment_factory, on_turn=self._router,
+                                        policy=self.accelerator.unwrap_model(self.model))
+        return self._engine
+
+    def _rollout_engine(self) -> RolloutEngine:
         if self._engine is None:
             eos = self.generation_config.eos_token_id
             eos = [eos] if isinstance(eos, int) else list(eos or [])
             per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
             sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
-            policy = self.accelerator.unwrap_model(self.model)
-            target = RolloutTarget(policy, self.processing_class, self.accelerator.device,
-                                   self.accelerator.num_processes, self.policy_version)
+            target = RolloutTarget(self.accelerator.unwrap_model(self.model), self.processing_class,
+                                   self.accelerator.device, self.accelerator.num_processes, self.policy_version)
             generator = build_turn_generator(target, self.args, sampling,
                                              on_metric=lambda name, value: self._metrics["train"][name].append(value))
-            self._engine = generator
-            if self._agentic:
-                self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
-                                            environment_factory=self.environment_factory, on_turn=self._router,
-                                            policy=policy)
+            self.use_turn_generator(generator)
         return self._engine
 
     # -- publication, trace and metrics (called by PublishCallback after each optimizer step) -----------------------
@@ -249,10 +271,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         m["completions/mean_length"].append(sum(lengths) / len(lengths))
         for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
             m[name].append(value)
-        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
-        if isinstance(server, VLLMServerEngine):
-            for name, value in server_metrics(server.stats()).items():
-                m[name].append(value)
+        for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
+            m[name].append(value)
 
 
 def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:

@@ -21,10 +21,10 @@ from trl import GRPOTrainer
 
 from ..envs.harness.metrics import agent_metrics, completion_metrics, model_token_counts
 from ..errors import NonFiniteGradientError, UnsupportedOptionError
-from ..rollout.engine import RolloutEngine
+from ..rollout.agent_setup import make_agent_engine
+from ..rollout.batches import as_rollout_engine
+from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ..rollout.trl_batch import TRLBatchEngine
-from ..rollout.vllm_client import VLLMServerEngine
-from ..rollout.vllm_replicas import server_metrics
 from ..streaming.advantages import Advantages, batch_advantages, statistics_rewards
 from ..streaming.barrier import grpo_barrier
 from ..streaming.batch_metrics import reward_metrics, stats_bound_bytes
@@ -45,7 +45,7 @@ from .grpo_progress import RolloutProgress
 from .grpo_rewards import decode_completion, flush_reward_logs, reward_scorer
 from .grpo_settings import loss_normalization, policy_value_rule
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
-from .rollout_setup import RolloutTarget, build_turn_generator, capped_agent_limits
+from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 __all__ = ["ThunderSyncGRPOTrainer", "trajectory_seed"]  # trajectory_seed: re-exported from `lifecycle`
 
@@ -53,7 +53,12 @@ logger = get_logger(__name__)
 
 
 class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
-    """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring."""
+    """Drop-in for `trl.GRPOTrainer` (same constructor); see the module docstring.
+
+    The rollout side is pluggable: `use_turn_generator(generator)` (before `train()`) samples with any
+    `TurnGenerator` instead of the engine the config's rollout fields would build; `rollout_engine` is the engine
+    the trainer samples with.
+    """
 
     _tag_names = ["trl", "grpo", "thundersync"]
 
@@ -299,6 +304,24 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             for i in range(len(rows))
         ]
 
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
+        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
+        policy version to it and closes it when training ends."""
+        return self._rollout_engine()
+
+    def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
+        """Sample with `generator` (any `TurnGenerator`: `submit`, `publish`, `policy_version`, `close`; lifecycle in
+        `rollout/engine.py`) instead of the engine the config's rollout fields would build. Call it before `train()`,
+        with the generator serving the trainer's `policy_version`. With `tools` / `environment_factory` the agent loop
+        drives it one request per turn, else one request per trajectory; the engine built around it is returned. The
+        trainer owns the generator from then on (publishes to it, closes it). Not with `rollout_func` or
+        `rollout_engine='trl'`, which generate with TRL's own batch generation."""
+        check_turn_generator(self._uses_trl_generation(), built=self._engine is not None)
+        self._engine = self._agent_engine(generator) if self._agentic() else as_rollout_engine(generator)
+        return self._engine
+
     def _rollout_engine(self) -> RolloutEngine:
         if self._engine is not None:
             return self._engine
@@ -312,29 +335,20 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                                self.accelerator.num_processes, self.policy_version)
         generator = build_turn_generator(target, self.args, sampling,
                                          on_metric=lambda name, value: self._metrics["train"][name].append(value))
-        self._engine = self._agent_engine(generator) if self._agentic() else generator
-        return self._engine
+        return self.use_turn_generator(generator)
 
-    def _agent_engine(self, generator):
+    def _agent_engine(self, generator: TurnGenerator):
+        """The agent loop over `generator`, rendering prompts with TRL's own template choice (`self.chat_template`,
+        from the tools TRL collected: `make_agent_engine` applies the same rule to the same tools)."""
         from ..envs.harness.agent_loop import ToolRunner
-        from ..rollout.agent_engine import AgentRolloutEngine, EnvironmentSpec
 
-        def render_prompt(prompt: list[dict], tools: list) -> list[int]:
-            out = self.processing_class.apply_chat_template(
-                conversation=prompt, tools=tools or None, chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=True, return_dict=True, **self.chat_template_kwargs,
-            )
-            return list(out["input_ids"])
-
-        spec = EnvironmentSpec(factories=self.environment_factories, standalone_tools=self._standalone_tools or [],
-                               multi_environment=bool(getattr(self, "_multi_environment", False)))
-        return AgentRolloutEngine(
-            generator, tokenizer=self._tokenizer, render_prompt=render_prompt, limits=capped_agent_limits(
-                self.args.agent_limits(), self.accelerator.unwrap_model(self.model), generator),
-            environments=spec, tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
-            chat_template=self.chat_template, chat_template_kwargs=self.chat_template_kwargs,
-            max_concurrent=max(8, self._train_batch_size_local()), on_turn=self._turns,
-        )
+        return make_agent_engine(
+            generator, processing_class=self.processing_class, tokenizer=self._tokenizer,
+            limits=self.args.agent_limits(), tools=self._standalone_tools or (),
+            environment_factory=self.environment_factories, chat_template_kwargs=self.chat_template_kwargs,
+            has_tools=bool(self.tools), tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
+            on_turn=self._turns, max_concurrent=max(8, self._train_batch_size_local()),
+            policy=self.accelerator.unwrap_model(self.model))
 
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
@@ -366,7 +380,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             m[name].append(value)
         # TRL's lengths: model tokens only (tool mask 1) where there is a mask, also in num_tokens
         ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
-        if not isinstance(self._engine, TRLBatchEngine):  # TRL's own generation already counted its tokens
+        if not self._uses_trl_generation():  # TRL's own generation already counted its tokens
             prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
             self.state.num_input_tokens_seen += int(prompt_tokens + sum(model_token_counts(ids, masks)))
         m["num_tokens"] = [self.state.num_input_tokens_seen]
@@ -382,10 +396,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         if self._release() == "turn":
             m["thundersync/turn_fallbacks"].append(float(totals.turn_fallbacks))
         m["thundersync/policy_version"].append(float(self.policy_version))
-        server = getattr(self._engine, "generator", self._engine)  # the agent loop wraps the turn generator
-        if isinstance(server, VLLMServerEngine):
-            for name, value in server_metrics(server.stats()).items():
-                m[name].append(value)
+        for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
+            m[name].append(value)
         for name, value in agent_metrics([s.rollout.agent for s in scored if s.rollout.agent is not None]).items():
             m[name].append(value)
         self._logs["prompt"].extend(prompts)

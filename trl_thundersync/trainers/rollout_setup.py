@@ -5,19 +5,24 @@ embedded engine in a worker process or thread, embedded HTTP servers started for
     generator = build_turn_generator(RolloutTarget(policy, tokenizer, device, processes, version), args, sampling,
                                      on_metric=lambda name, value: ...)
 
-Trainers wrap the generator in the agent loop themselves (they render prompts differently); `capped_agent_limits`
-gives that loop a context budget the model and the servers can hold.
+A trainer handed a generator (`trainer.use_turn_generator(g)`, any `rollout.engine.TurnGenerator`) uses that one
+instead. With tools or environments both trainers wrap the generator in the agent loop with
+`rollout.agent_setup.make_agent_engine` (`capped_agent_limits`, re-exported here, gives that loop a context budget
+the model and the servers can hold); without, `as_rollout_engine` gives it `start_batch`/`results`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..errors import UnsupportedOptionError
+from ..rollout.agent_setup import capped_agent_limits  # noqa: F401  (re-exported: the trainers' import path)
+from ..rollout.engine import TurnGenerator
 from ..types import SamplingParams
 from .rollout_config import SERVER_ENGINES, RolloutFields
 
@@ -35,8 +40,21 @@ class RolloutTarget:
     policy_version: int  # the version `policy` holds now
 
 
+def check_turn_generator(uses_trl_generation: bool, *, built: bool) -> None:
+    """`use_turn_generator`: a generator replaces ThunderSync's own rollout engine, so it comes before that one is
+    built; TRL's batch generation (rollout_func, rollout_engine='trl') has no place for one."""
+    if uses_trl_generation:
+        raise UnsupportedOptionError(
+            "use_turn_generator: a turn generator samples in place of ThunderSync's rollout engine; it cannot be "
+            "combined with rollout_func or rollout_engine='trl', which generate with TRL's own batch generation")
+    if built:
+        raise UnsupportedOptionError(
+            "use_turn_generator: the trainer already built its rollout engine (rollout_engine, or a training step); "
+            "hand the generator over right after constructing the trainer")
+
+
 def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: SamplingParams, *,
-                         on_metric: MetricSink):
+                         on_metric: MetricSink) -> TurnGenerator:
     """The generator `args.resolved_rollout_engine()` names (never 'trl': that one is the GRPO trainer's own)."""
     kind = args.resolved_rollout_engine(False)
     if kind in SERVER_ENGINES:
@@ -49,7 +67,8 @@ def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: S
                               num_threads=args.rollout_num_threads, policy_version=target.policy_version)
 
 
-def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingParams, on_metric: MetricSink):
+def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingParams,
+                   on_metric: MetricSink) -> TurnGenerator:
     """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run."""
     from ..rollout.vllm_client import VLLMServerEngine
     from ..serve.launcher import ServerOptions, start_embedded_engine
@@ -91,14 +110,3 @@ def set_learner_threads(target: RolloutTarget, args: RolloutFields, engine_mode:
     if threads is not None:
         torch.set_num_threads(threads)
         on_metric("thundersync/learner_threads", float(threads))
-
-
-def capped_agent_limits(limits, policy: Any, generator: Any):
-    """The agent limits with the context budget capped by what the model (and the rollout servers) can hold, so a
-    long trajectory ends with `max_context_tokens` instead of a request the server refuses."""
-    windows = [getattr(getattr(policy, "config", None), "max_position_embeddings", None),
-               getattr(generator, "max_model_len", None)]
-    windows = [w for w in windows if isinstance(w, int) and w > 0]
-    if windows and min(windows) < limits.max_context_tokens:
-        return replace(limits, max_context_tokens=min(windows))
-    return limits
