@@ -1,6 +1,6 @@
 """Episode distribution under stock trl.GRPOTrainer vs ThunderSync (agent_protocol="trl" and "paper"), same model.
 
-The warm-started tiny agent (`testing/tiny_agent.py`) samples episodes with two canned tools (no sandbox) from the
+The warm-started tiny agent (`tiny/agent.py`) samples episodes with two canned tools (no sandbox) from the
 same prompts; stock TRL generates with its own tool loop (`GRPOTrainer._generate`, transformers generation), and
 ThunderSync with its agent engine. Sampling streams differ (TRL samples a padded batch, ThunderSync per trajectory),
 so episodes are compared as distributions: turns, tool calls, model tokens (tool mask 1), tool-result tokens (mask
@@ -77,7 +77,7 @@ def ks_test(a: list[float], b: list[float]) -> tuple[float, float]:
 
 
 def rows(n: int, generations: int) -> list[dict]:
-    from trl_thundersync.testing.tiny_agent import _task_prompts
+    from trl_thundersync.tiny.agent import _task_prompts
 
     prompts = _task_prompts()[:n]
     return [{"prompt": [{"role": "user", "content": p}]} for p in prompts for _ in range(generations)]
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from trl_thundersync.testing.tiny_agent import save_tiny_agent_model
+    from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     model_path = str(save_tiny_agent_model(args.model or Path(tempfile.gettempdir()) / "thundersync-tiny-agent"))
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
+from tests.fixtures.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 
 out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 overrides = {

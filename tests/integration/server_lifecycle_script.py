@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
 
 
 def server_pids(parent: int) -> list[int]:

@@ -8,8 +8,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import CaptureGrads, cpu_config, load_model, relative_error
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
+from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, relative_error
+from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from trl.experimental.gkd import GKDConfig, GKDTrainer
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
-from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
-from trl_thundersync.testing.tiny import save_tiny_model
+from tests.fixtures.parity import CaptureGrads, load_model, relative_error
+from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from trl_thundersync.tiny.model import save_tiny_model
 from trl_thundersync.trainers.gkd_rollout import agent_engine
 
 pytestmark = pytest.mark.slow
@@ -252,7 +252,7 @@ def test_plain_trl_gkd_config_is_converted(tmp_path, tokenizer, tiny_model_path,
 
 
 def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_model_path):
-    from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+    from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
     other_tokenizer = build_tiny_tokenizer(vocab_size=400)
     other = build_tiny_model(other_tokenizer)
@@ -272,7 +272,7 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
                                                              objective, extra_tokens):
     # The teacher's token rows moved to other ids (and, for the generalized JSD, 37 extra tokens): with the map, the
     # student's update is the one the same-vocabulary teacher gives.
-    from trl_thundersync.testing.vocab import relabelled_teacher
+    from tests.fixtures.vocab import relabelled_teacher
 
     other, mapping = relabelled_teacher(load_model(teacher_path), extra_tokens=extra_tokens, seed=3)
     path = tmp_path / "map.json"
@@ -303,7 +303,7 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
 
 
 def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path, teacher_path):
-    from tests.fake_teacher_server import FakeTeacherServer
+    from tests.fixtures.fake_teacher_server import FakeTeacherServer
 
     local = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
                                   args=config(tmp_path / "local", objective="opd"), train_dataset=messages(),

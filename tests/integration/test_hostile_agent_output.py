@@ -8,8 +8,8 @@ import pytest
 from datasets import Dataset
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+from tests.fixtures.parity import cpu_config, load_model
+from tests.fixtures.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 

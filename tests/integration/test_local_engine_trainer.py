@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
+from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
+from tests.fixtures.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -26,7 +26,7 @@ RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(releas
 
 @pytest.fixture(scope="module")
 def moe_model_path(tmp_path_factory):
-    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+    from trl_thundersync.tiny.moe import save_tiny_moe_model
 
     return str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
 
@@ -107,7 +107,7 @@ def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, 
 def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_path, moe_tokenizer, moe_model_path):
     """Agent trajectories (tool tokens attended, not scored) through every release point, vs TRL's rollout_func."""
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, make_trainer
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config
+    from tests.fixtures.parity import CaptureGrads, cpu_config
 
     trainer, capture, captured, _ = make_trainer(tmp_path / "ts", moe_tokenizer, moe_model_path,
                                                  delay=lambda i, t: 0.002 * ((7 * i + t) % 5), release=release,

@@ -14,8 +14,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.bench.seed_floor import SEED_SCALES, rescaled_trainer
-from trl_thundersync.testing.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
+from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
+from tests.fixtures.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
                                            run_trainer)
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     import trl.trainer.grpo_trainer as trl_grpo
 
     from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config, prompt_dataset
+    from tests.fixtures.parity import CaptureGrads, cpu_config, prompt_dataset
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
@@ -160,7 +160,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
 @pytest.mark.parametrize("case", ["ga2_bnpo_beta", "ga4_field_coef"])
 def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     """MoE: pass 1 streams the router term per TRL micro-batch; passes 2..μ add it in TRL's own loss."""
-    from trl_thundersync.testing.parity import MOE_PARITY_CASES
+    from tests.fixtures.parity import MOE_PARITY_CASES
 
     tokenizer, model_path = tiny_moe
     overrides = dict(MOE_PARITY_CASES[case], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2,
@@ -179,7 +179,7 @@ def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
 def tiny_moe(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+    from trl_thundersync.tiny.moe import save_tiny_moe_model
 
     path = str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
     return AutoTokenizer.from_pretrained(path), path
@@ -203,7 +203,7 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
     from tests.integration.test_agentic_trainer import dataset, make_trainer
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config
+    from tests.fixtures.parity import CaptureGrads, cpu_config
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
@@ -255,7 +255,7 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
 def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_model_path):
     """Resumed at a generation-batch boundary (step 2) or inside one (step 1, where the buffered batch is gone and
     TRL generates afresh at the current θ, as ThunderSync streams afresh): the same parameters as stock TRL."""
-    from trl_thundersync.testing.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
+    from tests.fixtures.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
 
     common = dict(num_iterations=2, max_steps=4, optim="sgd", max_grad_norm=0.5, save_strategy="steps",
                   save_steps=stop)

@@ -16,7 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
+from tests.fixtures.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
                                            offset_sampler_rollout_func, relative_error, reward_constant, reward_len,
                                            reward_parity, run_trainer)
 
@@ -137,7 +137,7 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
                                  per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
                                  off_policy_mask_threshold=0.0, rollout_engine="local_thread", save_strategy="no",
                                  gradient_checkpointing=False, disable_tqdm=True)
-    from trl_thundersync.testing.parity import prompt_dataset
+    from tests.fixtures.parity import prompt_dataset
 
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                      train_dataset=prompt_dataset(), processing_class=tokenizer)
@@ -182,7 +182,7 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     from dataclasses import replace
 
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
-    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+    from tests.fixtures.scripted import ScriptedTurnGenerator
 
     class OffsetSampler(ScriptedTurnGenerator):
         def _act(self, request, key, max_new_tokens, version):

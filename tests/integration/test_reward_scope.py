@@ -13,7 +13,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RewardFunctionError, RewardScopeError
-from trl_thundersync.testing.parity import (cpu_config, load_model, prompt_dataset, relative_error,
+from tests.fixtures.parity import (cpu_config, load_model, prompt_dataset, relative_error,
                                            reward_batch_relative_length, reward_group_rank, reward_len,
                                            run_trainer, scripted_rollout_func)
 
@@ -193,7 +193,7 @@ class EnvironmentRank:
 def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_sizes, tmp_path, tokenizer,
                                                                  tiny_model_path):
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
-    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+    from tests.fixtures.scripted import ScriptedTurnGenerator
 
     params, logged = {}, {}
     for run_scope in (scope, "trajectory"):

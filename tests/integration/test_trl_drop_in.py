@@ -1,6 +1,6 @@
 """Drop-in behaviour of issue 11 (items 2, 3, 4, 6): what stock `trl.GRPOTrainer` does, ThunderSync does too.
 
-Exactness checks use the parity harness (identical scripted rollouts, FP32, `testing/parity.py`); behaviour checks
+Exactness checks use the parity harness (identical scripted rollouts, FP32, `tests/fixtures/parity.py`); behaviour checks
 (defaults, warnings, errors) compare the observable result with stock TRL's.
 """
 
@@ -15,9 +15,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RolloutError, UnscorableGroupError, UnsupportedOptionError
-from trl_thundersync.testing.parity import (cpu_config, load_model, prompt_dataset, relative_error, reward_len,
+from tests.fixtures.parity import (cpu_config, load_model, prompt_dataset, relative_error, reward_len,
                                            run_trainer, scripted_rollout_func)
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator
+from tests.fixtures.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py

@@ -12,7 +12,7 @@ from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer, Thunder
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine
 from trl_thundersync.rollout.batches import TurnBatchEngine
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.streaming.importance import SamplingCorrection
-from trl_thundersync.testing.parity import (CaptureGrads, cpu_config, load_model, prompt_dataset, relative_error,
+from tests.fixtures.parity import (CaptureGrads, cpu_config, load_model, prompt_dataset, relative_error,
                                            reward_len, scripted_rollout_func)
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, parse_turn,
                                              truncate_observation)
-from trl_thundersync.testing.scripted import tool_call_text
+from tests.fixtures.scripted import tool_call_text
 from tests.tools import add, observation_spans
 
 

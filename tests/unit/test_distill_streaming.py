@@ -11,8 +11,8 @@ from trl_thundersync.distill.pipeline import TurnRouter, run_distill_batch
 from trl_thundersync.distill.records import TeacherScores
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from trl_thundersync.errors import NoScoredTokensError, StalePolicyError, TeacherScoringError
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from tests.fixtures.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
 from trl_thundersync.types import RolloutRequest
 
 BETA = 0.4

@@ -17,7 +17,7 @@ from trl_thundersync.streaming.learner import GRPOBatchLearner, SourceGradients
 from trl_thundersync.streaming.normalization import LossNormalization, entropy_scales
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import Rollout, ScoredRollout
 
 

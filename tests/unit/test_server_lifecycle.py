@@ -27,7 +27,7 @@ from trl_thundersync.rollout.tempdir import OwnedTempDir
 from trl_thundersync.rollout.vllm_api import POLICY_VERSION_HEADER
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.rollout.vllm_replicas import ServerExited, await_health
-from trl_thundersync.testing.parity import cpu_config
+from tests.fixtures.parity import cpu_config
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
 SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0)

@@ -8,7 +8,7 @@ import pytest
 
 from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
 from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
-from trl_thundersync.testing.scripted import tool_call_text
+from tests.fixtures.scripted import tool_call_text
 from tests.tools import echo, observation_spans
 
 ORDER: list[str] = []

@@ -19,8 +19,8 @@ from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.turns import synthetic_trajectory
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from tests.fixtures.turns import synthetic_trajectory
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
 
 EOS = 7

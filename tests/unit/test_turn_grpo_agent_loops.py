@@ -19,8 +19,8 @@ from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.scripted import tool_call_text
-from trl_thundersync.testing.tiny import build_tiny_model
+from tests.fixtures.scripted import tool_call_text
+from trl_thundersync.tiny.model import build_tiny_model
 from trl_thundersync.types import Rollout, ScoredRollout
 from tests.tools import add, echo
 

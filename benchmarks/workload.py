@@ -175,8 +175,8 @@ class ShellBenchEnv:
     workload: Workload | None = None
 
     def __init__(self) -> None:
-        from ..envs.runtimes import make_sandbox
-        from ..envs.runtimes.api import SandboxLimits
+        from trl_thundersync.envs.runtimes import make_sandbox
+        from trl_thundersync.envs.runtimes.api import SandboxLimits
 
         workspace = Path(tempfile.mkdtemp(prefix="ts-bench-ws-"))
         _WORKSPACES.append(workspace)
@@ -239,7 +239,7 @@ def bench_dataset(n: int = 64):
 
 def bench_script(w: Workload, step_fn: Callable[[], int]):
     """The scripted agent: `turns` sandboxed commands, then an answer; `step_fn()` gives the optimizer step."""
-    from ..testing.scripted import tool_call_text
+    from tests.fixtures.scripted import tool_call_text
 
     def script(index: int, turn: int, context: str) -> str:
         if turn < w.turns:

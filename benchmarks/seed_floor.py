@@ -1,6 +1,6 @@
 """Why ThunderSync's AdamW Δθ sits up to ~5× above the permuted-member floor: that floor keeps TRL's backward seeds.
 
-    python -m trl_thundersync.bench.seed_floor [--out outputs/seed_floor.json] [--threads N]
+    python -m benchmarks.seed_floor [--out outputs/seed_floor.json] [--threads N]
 
 Stock TRL back-propagates row i from the per-token seed ∂loss/∂log π(o_it) = −fl(A_i · ν_i) (ν_i the loss
 normalizer, e.g. 1/N for dapo); every FP32 rounding of the backward after it (the fused LM head, each activation
@@ -38,13 +38,13 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-from ..streaming import source as source_module
-from ..testing.parity import (load_model, relative_error, reward_batch_relative_length, reward_group_rank,
+from trl_thundersync.streaming import source as source_module
+from tests.fixtures.parity import (load_model, relative_error, reward_batch_relative_length, reward_group_rank,
                               reward_len, run_trainer)
-from ..testing.tiny import save_tiny_model
-from ..trainers import grpo_trainer as trainer_module
-from ..trainers.grpo_config import ThunderSyncGRPOConfig
-from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from trl_thundersync.tiny.model import save_tiny_model
+from trl_thundersync.trainers import grpo_trainer as trainer_module
+from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
 SEED_SCALES = (3.0, 0.7)  # not powers of two: a power of two rescales every rounding exactly
 

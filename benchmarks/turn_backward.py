@@ -4,7 +4,7 @@ Same synthetic multi-turn trajectories, same tiny student and fake teacher, both
 JSON. FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` (matrix products of forward and backward),
 wall time is the median of `--repeats` runs; the relative error of the two gradient sums is reported too.
 
-    python -m trl_thundersync.bench.turn_backward --turns 8 --out turn_backward.json
+    python -m benchmarks.turn_backward --turns 8 --out turn_backward.json
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..distill.losses import opd_loss_sum
-from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
-from ..testing.tiny import build_tiny_model, build_tiny_tokenizer
-from ..testing.turns import SeededTeacher, synthetic_trajectory
+from trl_thundersync.distill.losses import opd_loss_sum
+from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from tests.fixtures.turns import SeededTeacher, synthetic_trajectory
 
 
 def _run(cls, model, trajectories, scores):
