@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from trl_thundersync.trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
-from .child import spawn_run
-from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
-from .report import SpreadPoint, describe, plot_spread, print_overlap, print_point, write_report
 from trl_thundersync.trace.model import RELEASE_MODES
+
+from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
+from .child import spawn_run
+from .report import SpreadPoint, describe, plot_spread, print_overlap, print_point, write_report
 from .stats import RunSteps, compare, measured_run, side_by_side, summarize, thundersync_schedules
 from .workload import Workload, split_schedule
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trl_thundersync.trace.records import StepTrace
+
 from .workload import Workload, grading_seconds, trajectory_latency_units
 
 

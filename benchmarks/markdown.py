@@ -5,7 +5,8 @@
 
 Tables per report: every (point, schedule) with its step time, stage times and memory; per point, sync vs
 thundersync measured next to the replay prediction; with several release points, each ThunderSync schedule's measured
-speedup next to its release point's replay predictions and its tail; and the overlap cost per side. This is how the tables in BENCHMARKS.md are produced.
+speedup next to its release point's replay predictions and its tail; and the overlap cost per side. This is how the
+tables in BENCHMARKS.md are produced.
 `--from-traces` recomputes the summaries from the runs' step traces (kept in the work dir) with this version's
 `bench.stats`, instead of reading the summaries stored in the report.
 """

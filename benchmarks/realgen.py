@@ -98,9 +98,9 @@ def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
 
 
 def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_dir: Path):
+    from tests.fixtures.parity import cpu_config, load_model
     from trl_thundersync.envs.environments.swe import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
-    from tests.fixtures.parity import cpu_config, load_model
     from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
     from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
@@ -112,9 +112,9 @@ def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_
 
 
 def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
+    from tests.fixtures.parity import load_model
     from trl_thundersync.envs.environments.swe import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
-    from tests.fixtures.parity import load_model
     from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
     from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
 
@@ -135,12 +135,13 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     rollout item = TRL's generation call incl. its tool loop, one learner item = scoring + loss + backward)."""
     from trl import GRPOConfig, GRPOTrainer
 
+    from tests.fixtures.parity import cpu_config, load_model
     from trl_thundersync.envs.environments.swe import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
-    from tests.fixtures.parity import cpu_config, load_model
     from trl_thundersync.trace.flops import ModelShape, learner_flops
     from trl_thundersync.trace.recorder import TraceWriter
     from trl_thundersync.trace.records import StepTrace, TraceEvent
+
     from .run_one import TRACE_FILE
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -420,6 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
 
     from trl_thundersync.trace.export import plot_timeline, read_jsonl
+
     from .report import print_overlap, print_point, write_report
     from .stats import compare, measured_run, side_by_side, summarize
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import time
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -36,6 +36,7 @@ from trl_thundersync.tiny.model import save_tiny_model  # noqa: E402
 from trl_thundersync.trace.flops import ModelShape, learner_flops  # noqa: E402
 from trl_thundersync.trace.recorder import TraceWriter  # noqa: E402
 from trl_thundersync.trace.records import StepTrace, TraceEvent  # noqa: E402
+
 from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
 from .workload import Workload, bench_dataset, bench_delay, bench_script, env_factory, split_schedule  # noqa: E402
 
@@ -121,9 +122,9 @@ class ScriptedBatchRollout:
         self.last: list = []
 
     def _build(self, trainer):
+        from tests.fixtures.scripted import ScriptedTurnGenerator
         from trl_thundersync.envs.harness.agent_loop import AgentLimits
         from trl_thundersync.rollout.agent_setup import make_agent_engine
-        from tests.fixtures.scripted import ScriptedTurnGenerator
 
         w = self.w
         step = lambda: trainer.state.global_step  # noqa: E731

@@ -8,10 +8,12 @@ gradient, RMSNorm and SiLU backward) depends on that seed's mantissa. Permuting 
 forward *and* its seed bitwise unchanged, so the permuted floor measures only the order of the weight-gradient sums.
 A streaming learner computes H_i = ∇ Σ_t u_i log π(o_it) before A_i and ν exist (seed u_i, not A_i·ν_i): its
 backward rounds independently of TRL's, as accurately (the first table: distance of the step-1 batch direction to an
-FP64 gradient of the same loss) but uncorrelated, and AdamW, which divides every coordinate by its own magnitude, amplifies that
+FP64 gradient of the same loss) but uncorrelated, and AdamW, which divides every coordinate by its own magnitude,
+amplifies that
 per-coordinate noise over three steps.
 
-Columns of the second table (relative error of the parameter displacement after 3 steps against stock TRL, ‖Δθ − Δθ_trl‖ / ‖Δθ_trl‖):
+Columns of the second table (relative error of the parameter displacement after 3 steps against stock TRL,
+‖Δθ − Δθ_trl‖ / ‖Δθ_trl‖):
 
     floor/perm    stock TRL with each group's members reversed / rotated (max): the issue's floor
     floor/seed    stock TRL with its loss × c and every gradient ÷ c (c = 3, 0.7; max): the same run in exact
@@ -38,9 +40,15 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    load_model,
+    relative_error,
+    reward_batch_relative_length,
+    reward_group_rank,
+    reward_len,
+    run_trainer,
+)
 from trl_thundersync.streaming import source as source_module
-from tests.fixtures.parity import (load_model, relative_error, reward_batch_relative_length, reward_group_rank,
-                              reward_len, run_trainer)
 from trl_thundersync.tiny.model import save_tiny_model
 from trl_thundersync.trainers import grpo_trainer as trainer_module
 from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig

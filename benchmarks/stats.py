@@ -29,6 +29,7 @@ from typing import Any
 
 from trl_thundersync.trace.model import RELEASE_MODES, Replay, predict_release, predicted_vs_measured, replay
 from trl_thundersync.trace.records import StepTrace, TraceEvent
+
 from .workload import split_schedule
 
 WHOLE_BACKWARD_KINDS = ("source_backward", "content_backward")  # one trajectory's full forward + backward

@@ -71,13 +71,13 @@ class Workload:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Workload":
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown workload fields {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
         return cls(**data)
 
-    def with_(self, **changes: Any) -> "Workload":
+    def with_(self, **changes: Any) -> Workload:
         return replace(self, **changes)
 
     @property
@@ -150,7 +150,8 @@ _TRAJECTORY_KEY = re.compile(r"traj %d turn %d\\n' (\d+) (\d+) (\d+)")  # comman
 
 def command_for(w: Workload, step: int, index: int, turn: int) -> str:
     """The real command of one tool call: a seeded sleep and a little real work."""
-    return (f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
+    return (f"sleep {tool_latency(w, step, index, turn):.4f} && "
+            f"printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
             " && ls")
 
 

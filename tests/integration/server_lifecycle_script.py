@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 
 def server_pids(parent: int) -> list[int]:

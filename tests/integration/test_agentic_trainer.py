@@ -7,9 +7,9 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, relative_error
 from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 

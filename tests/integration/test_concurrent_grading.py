@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from tests.fixtures.parity import cpu_config, load_model, relative_error
 from tests.fixtures.scripted import ScriptedTurnGenerator
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 

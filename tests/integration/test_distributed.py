@@ -36,7 +36,8 @@ def run_ddp_parity(tmp_path, model_path: str, case: str) -> tuple[dict, dict]:
     return results["trl"], results["ts"]
 
 
-@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content", "normalize_then_sum"])
+@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content",
+                                  "normalize_then_sum"])
 def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, case)
     assert len(ref["directions"]) == len(got["directions"]) == 2

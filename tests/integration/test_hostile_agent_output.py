@@ -7,9 +7,9 @@ import json
 import pytest
 from datasets import Dataset
 
-from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from tests.fixtures.parity import cpu_config, load_model
 from tests.fixtures.scripted import ScriptedTurnGenerator
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 

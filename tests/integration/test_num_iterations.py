@@ -12,11 +12,10 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
+from tests.fixtures.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
-from tests.fixtures.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
-                                           run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -91,7 +90,8 @@ def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, 
     got, got_delta = delta(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, "thundersync")
     floor = max([relative_error(delta(GRPOTrainer, GRPOConfig, order, member_order=order)[1], ref_delta)
                  for order in ("reverse", "rotate")]
-                + [relative_error(delta(rescaled_trainer(c), GRPOConfig, f"x{c:g}")[1], ref_delta) for c in SEED_SCALES])
+                + [relative_error(delta(rescaled_trainer(c), GRPOConfig, f"x{c:g}")[1], ref_delta)
+                   for c in SEED_SCALES])
     assert 0 < floor < 1e-3
     error = relative_error(got_delta, ref_delta)
     assert error <= 2 * floor, f"{case}: Δθ relative error {error:.2e}, floor {floor:.2e}"
@@ -133,8 +133,8 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     stubbed, the same scripted trajectories and sampler log-probs for both trainers)."""
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
     from tests.fixtures.parity import CaptureGrads, cpu_config, prompt_dataset
+    from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
@@ -202,8 +202,8 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
 def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
     from tests.fixtures.parity import CaptureGrads, cpu_config
+    from tests.integration.test_agentic_trainer import dataset, make_trainer
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
@@ -264,7 +264,7 @@ def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_mode
                                           ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
         out = tmp_path / name
 
-        def make(callbacks=()):
+        def make(callbacks=(), trainer_cls=trainer_cls, config_cls=config_cls, out=out):
             return trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
                                args=cpu_config(config_cls, out, **common), train_dataset=prompt_dataset(),
                                processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer),

@@ -14,11 +14,20 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    SAMPLER_OFFSETS,
+    CaptureGrads,
+    cpu_config,
+    load_model,
+    offset_sampler_rollout_func,
+    relative_error,
+    reward_constant,
+    reward_len,
+    reward_parity,
+    run_trainer,
+)
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from tests.fixtures.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
-                                           offset_sampler_rollout_func, relative_error, reward_constant, reward_len,
-                                           reward_parity, run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -178,11 +187,12 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     """release="turn": the statistic comes from the turns' own log-probs. The sampler (a scripted agent standing in
     for a vLLM server, hence use_vllm=True on both sides, without the IS correction) reports log-probs +20 on three
     rows of four, so their KL is far above the threshold of 10 and their policy term is dropped where A < 0."""
-    import trl.trainer.grpo_trainer as trl_grpo
     from dataclasses import replace
 
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    import trl.trainer.grpo_trainer as trl_grpo
+
     from tests.fixtures.scripted import ScriptedTurnGenerator
+    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
 
     class OffsetSampler(ScriptedTurnGenerator):
         def _act(self, request, key, max_new_tokens, version):

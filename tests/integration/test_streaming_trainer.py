@@ -48,7 +48,7 @@ def test_update_is_independent_of_completion_order(case, tmp_path, tokenizer, ti
     for seed in (1, 2, 3):
         engines = []
 
-        def wrap(engine, seed=seed):
+        def wrap(engine, seed=seed, engines=engines):
             engines.append(ShuffledEngine(engine, seed))
             return engines[-1]
 

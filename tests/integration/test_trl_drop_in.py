@@ -1,6 +1,7 @@
 """Drop-in behaviour of issue 11 (items 2, 3, 4, 6): what stock `trl.GRPOTrainer` does, ThunderSync does too.
 
-Exactness checks use the parity harness (identical scripted rollouts, FP32, `tests/fixtures/parity.py`); behaviour checks
+Exactness checks use the parity harness (identical scripted rollouts, FP32, `tests/fixtures/parity.py`); behaviour
+checks
 (defaults, warnings, errors) compare the observable result with stock TRL's.
 """
 
@@ -13,11 +14,18 @@ from dataclasses import fields
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    relative_error,
+    reward_len,
+    run_trainer,
+    scripted_rollout_func,
+)
+from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RolloutError, UnscorableGroupError, UnsupportedOptionError
-from tests.fixtures.parity import (cpu_config, load_model, prompt_dataset, relative_error, reward_len,
-                                           run_trainer, scripted_rollout_func)
-from tests.fixtures.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py

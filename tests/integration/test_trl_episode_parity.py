@@ -15,9 +15,9 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from tests.fixtures.parity import cpu_config, load_model
 from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,18 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    CaptureGrads,
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    relative_error,
+    reward_len,
+    scripted_rollout_func,
+)
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.streaming.importance import SamplingCorrection
-from tests.fixtures.parity import (CaptureGrads, cpu_config, load_model, prompt_dataset, relative_error,
-                                           reward_len, scripted_rollout_func)
 
 pytestmark = pytest.mark.slow
 OFFSETS = (0.0, -0.6, 0.4, -1.5, 1.2, 0.1, -0.2, 0.9)  # sequence ratio of trajectory i: exp(-OFFSETS[i % 8])

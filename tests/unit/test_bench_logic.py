@@ -11,11 +11,9 @@ import statistics
 import pytest
 
 from benchmarks.affinity import split_cores
-from benchmarks.calibration import (calibrated_latency_mean, calibration_from_probe, makespan,
-                                               predicted_rollout)
+from benchmarks.calibration import calibrated_latency_mean, calibration_from_probe, makespan, predicted_rollout
 from benchmarks.stats import RunSteps, compare, measured_run, predict_thundersync, side_by_side, summarize
-from benchmarks.workload import (Workload, _lognormal, command_for, tool_latency,
-                                            trajectory_latency_units)
+from benchmarks.workload import Workload, _lognormal, command_for, tool_latency, trajectory_latency_units
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
 # --- seeded latencies ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.realgen import bound, format_rows, realgen_rows, parse_args
+from benchmarks.realgen import bound, format_rows, parse_args, realgen_rows
 from benchmarks.stats import Comparison
 
 

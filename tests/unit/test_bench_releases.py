@@ -12,10 +12,16 @@ import pytest
 
 from benchmarks.__main__ import parse_args, with_releases
 from benchmarks.calibration import makespan, predicted_rollout
-from benchmarks.stats import (RunSteps, backward_slowdown_vs, compare, overlap_split, rollout_slowdown_vs,
-                                         summarize)
-from benchmarks.workload import (_TRAJECTORY_KEY, ShellBenchEnv, Workload, command_for, env_factory,
-                                            grading_seconds, split_schedule, trajectory_multiplier)
+from benchmarks.stats import RunSteps, backward_slowdown_vs, compare, overlap_split, rollout_slowdown_vs, summarize
+from benchmarks.workload import (
+    _TRAJECTORY_KEY,
+    ShellBenchEnv,
+    Workload,
+    command_for,
+    env_factory,
+    grading_seconds,
+    split_schedule,
+)
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
 # --- grading latency -------------------------------------------------------------------------------------------------

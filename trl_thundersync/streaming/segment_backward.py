@@ -246,8 +246,8 @@ class BoundaryCut:
             if proxies:
                 width = 2 * len(state.segments[0].keys)
                 cache = DynamicCache(ddp_cache_data=[
-                    (torch.cat(proxies[2 * l :: width], dim=-2), torch.cat(proxies[2 * l + 1 :: width], dim=-2))
-                    for l in range(width // 2)])
+                    (torch.cat(proxies[2 * layer :: width], dim=-2), torch.cat(proxies[2 * layer + 1 :: width], dim=-2))
+                    for layer in range(width // 2)])
             logits = model_logits(self.model, new, self.device, cache, keep=action_rows(len(new), len(action)))
             start = len(state.ids)
             keys = [layer.keys[:, :, start:] for layer in cache.layers]

@@ -18,7 +18,6 @@ from ..streaming.learner import WorkItem
 from ..types import ScoredRollout
 from .records import StepTrace, TraceEvent
 
-
 # WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them).
 LEARNER_KINDS = {"trajectory": "source_backward", "content": "content_backward", "turn": "turn_backward",
                  "close": "turn_close", "bind": "bind", "group_fold": "group_fold"}

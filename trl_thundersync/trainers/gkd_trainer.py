@@ -32,8 +32,13 @@ from ..errors import UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from .gkd_config import ThunderSyncGKDConfig
-from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
-                          sampling_params)
+from .gkd_rollout import (
+    agent_engine,
+    pass_through_collator,
+    requests_from_collated,
+    requests_from_rows,
+    sampling_params,
+)
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
 from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
