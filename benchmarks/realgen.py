@@ -202,7 +202,7 @@ def _trl_tokens(out) -> list[int]:
     are the prompt and completion id lists); [] if its shape is not that."""
     try:
         prompt_ids, completion_ids = out[0], out[1]
-        return [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+        return [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     except (TypeError, IndexError, KeyError):
         return []
 

@@ -160,7 +160,8 @@ def print_overlap(stats: dict[str, ScheduleSummary], cmp: Comparison) -> None:
     print("overlap cost per side (medians; busy = learner items cover ≥ half the interval, idle = none; vs sync = "
           "the same trajectory / turn / tool call in the sync runs):")
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))))
+        cells = enumerate(zip(r, widths, strict=True))
+        print("  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in cells))
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def record_trl_seeds(seeds: dict) -> Iterator[None]:
         self._seed_rows = [
             _row_key(self.state.global_step, p[pm.bool()], c[cm.bool()])
             for p, pm, c, cm in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
-                                    inputs["completion_mask"])
+                                    inputs["completion_mask"], strict=True)
         ]
         try:
             return compute_loss(self, model, inputs)
@@ -113,7 +113,7 @@ def record_trl_seeds(seeds: dict) -> Iterator[None]:
         rows = getattr(self, "_seed_rows", None)
         if rows is not None and out[0].requires_grad:
             def keep(grad):
-                for key, row in zip(rows, grad):
+                for key, row in zip(rows, grad, strict=True):
                     seeds[key] = row[: len(key[2])].detach().clone()
             out[0].register_hook(keep)
         return out

@@ -28,8 +28,8 @@ def _run(cls, model, trajectories, scores):
     grads = GradientSum(params)
     backward = cls(model, params, lambda logits, actions, teacher: opd_loss_sum(logits, actions, teacher.logprobs),
                    grads)
-    for events, turn_scores in zip(trajectories, scores):
-        for event, teacher in zip(events, turn_scores):
+    for events, turn_scores in zip(trajectories, scores, strict=True):
+        for event, teacher in zip(events, turn_scores, strict=True):
             backward.turn(event, teacher)
         backward.close(events[0].index)
     return torch.cat([b.reshape(-1) for b in grads.buffers])

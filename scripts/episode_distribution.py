@@ -133,7 +133,7 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
         torch.manual_seed(args.seed + start)
         envs = [factory() for _ in inputs]
         prompts = []
-        for env, x in zip(envs, inputs):
+        for env, x in zip(envs, inputs, strict=True):
             observation = env.reset(**x)
             prompt = x["prompt"]
             if observation is not None:
@@ -147,7 +147,8 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
             _, completion_ids, tool_mask, completions, *_ = trainer._generate(prompts)
         finally:
             close_environments(envs)
-        stats += [episode_stats(c, list(m), list(i)) for c, m, i in zip(completions, tool_mask, completion_ids)]
+        stats += [episode_stats(c, list(m), list(i))
+                  for c, m, i in zip(completions, tool_mask, completion_ids, strict=True)]
     return stats
 
 
@@ -189,7 +190,7 @@ def summarize(name: str, stats: list[dict], reference: list[dict] | None) -> dic
             out[f"{key}_ks"], out[f"{key}_p"] = ks_test(values, [s[key] for s in reference])
     if reference is not None:  # with --top_k 1 (greedy) the episodes themselves can be compared
         out["identical_episodes"] = sum(a["ids"] == b["ids"] and a["mask"] == b["mask"]
-                                        for a, b in zip(stats, reference)) / len(stats)
+                                        for a, b in zip(stats, reference, strict=True)) / len(stats)
     return out
 
 

@@ -41,7 +41,7 @@ def run_ddp_parity(tmp_path, model_path: str, case: str) -> tuple[dict, dict]:
 def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, case)
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= 1e-5
     assert relative_error(got["params"], ref["params"]) <= 1e-5
 

@@ -98,9 +98,9 @@ def test_permuted_floor_and_parameters_after_three_steps_match_trl(tmp_path, tok
                     **overrides)
     got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
               **overrides)
-    floor = max(relative_error(a, b) for a, b in zip(floor_run.directions, ref.directions))
+    floor = max(relative_error(a, b) for a, b in zip(floor_run.directions, ref.directions, strict=True))
     assert len(got.directions) == len(ref.directions) == 3
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= max(TOL, 2 * floor)
     assert relative_error(got.params, ref.params) <= TOL
 
@@ -119,7 +119,7 @@ def test_adaptive_entropy_coefficient_trajectory_matches_trl(target, release, tm
     assert coefs == pytest.approx([0.25, 0.4, 0.4] if target > 10 else [0.0, 0.0, 0.0], abs=1e-12)
     assert got.trainer.entropy_coef == pytest.approx(ref.trainer.entropy_coef, abs=1e-12)
     assert got.trainer._last_world_entropy == pytest.approx(ref.trainer._last_world_entropy, rel=1e-6)
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
     assert logged(got.trainer, "entropy") == pytest.approx(logged(ref.trainer, "entropy"), rel=1e-5)
     assert logged(got.trainer, "loss") == pytest.approx(logged(ref.trainer, "loss"), rel=1e-5, abs=1e-7)
@@ -178,7 +178,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
                       callbacks=[ref_capture])
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 2
-    for got, want in zip(capture.directions, ref_capture.directions):
+    for got, want in zip(capture.directions, ref_capture.directions, strict=True):
         assert relative_error(got, want) <= TOL
     assert logged(trainer, "entropy") == pytest.approx(logged(ref, "entropy"), rel=1e-5)
     got_log = trainer.state.log_history[-2]
@@ -193,7 +193,7 @@ def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "entropy_adaptive_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= TOL
     assert relative_error(got["params"], ref["params"]) <= TOL
 

@@ -89,7 +89,7 @@ def test_generalized_jsd_gradient_matches_trl_on_the_same_samples(tmp_path, toke
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     attention = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (row, r) in enumerate(zip(rows, sorted(samples, key=lambda r: r.index))):
+    for i, (row, r) in enumerate(zip(rows, sorted(samples, key=lambda r: r.index), strict=True)):
         ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
         labels[i, len(r.prompt_ids) : len(row)] = torch.tensor(r.completion_ids)
@@ -141,7 +141,7 @@ def test_gradient_accumulation_streams_one_logical_batch(tmp_path, tokenizer, ti
     assert [h["thundersync/scored_tokens"] for h in logs] == [h["thundersync/scored_tokens"] for h in ref_logs]
     assert [h["loss"] for h in logs] == pytest.approx([h["loss"] for h in ref_logs], rel=1e-5)
     assert ref_dirs[0].norm() > 0
-    for mine, theirs in zip(dirs, ref_dirs):
+    for mine, theirs in zip(dirs, ref_dirs, strict=True):
         assert relative_error(mine, theirs) <= 1e-6
     assert relative_error(final, ref_params) <= 1e-6
 

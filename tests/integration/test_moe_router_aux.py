@@ -75,7 +75,7 @@ def test_parameters_after_three_steps_with_router_aux_loss_match_trl(release, tm
     assert (ref.params - initial).norm() > 0
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
     assert len(got.directions) == len(ref.directions) == 3
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 
@@ -125,7 +125,7 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
                       processing_class=moe_tokenizer, rollout_func=rollout_func, callbacks=[ref_capture])
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 2
-    for got, want in zip(capture.directions, ref_capture.directions):
+    for got, want in zip(capture.directions, ref_capture.directions, strict=True):
         assert relative_error(got, want) <= TOL
     aux = [h["aux_loss"] for h in trainer.state.log_history if "aux_loss" in h]
     ref_aux = [h["aux_loss"] for h in ref.state.log_history if "aux_loss" in h]
@@ -138,6 +138,6 @@ def test_two_processes_with_router_aux_loss_match_trl(tmp_path, moe_model_path):
 
     ref, got = run_ddp_parity(tmp_path, moe_model_path, "moe_router_aux_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= TOL
     assert relative_error(got["params"], ref["params"]) <= TOL

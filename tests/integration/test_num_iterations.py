@@ -63,7 +63,7 @@ def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_pa
     assert displacement(ref, initial).norm() > 0
     error = relative_error(displacement(got, initial), displacement(ref, initial))
     assert error <= TOL, f"{case}: Δθ relative error {error:.2e}"
-    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions, strict=True)):
         assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
     # passes 2..μ are off-policy: their direction is not pass 1's (ratio ≠ 1 against θ_k's log-probs)
     assert relative_error(ref.directions[1], ref.directions[0]) > 1e-2
@@ -153,7 +153,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
         trainer.train()
         runs[name] = capture.directions
     assert len(runs["trl"]) == len(runs["thundersync"]) == 4
-    for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"])):
+    for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"], strict=True)):
         assert relative_error(a, b) <= TOL, f"{mode}: optimizer step {k}: {relative_error(a, b):.2e}"
 
 
@@ -168,7 +168,7 @@ def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, model_path, **overrides)
     got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, model_path, **overrides)
     assert len(ref.directions) == len(got.directions) == 4
-    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions, strict=True)):
         assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
     ref_aux = [h["aux_loss"] for h in ref.trainer.state.log_history if "aux_loss" in h]
     got_aux = [h["aux_loss"] for h in got.trainer.state.log_history if "aux_loss" in h]
@@ -193,7 +193,7 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "mu2_bnpo_ga2_beta")
     assert len(ref["directions"]) == len(got["directions"]) == 4
     assert relative_error(ref["directions"][1], ref["directions"][0]) > 1e-2
-    for k, (a, b) in enumerate(zip(got["directions"], ref["directions"])):
+    for k, (a, b) in enumerate(zip(got["directions"], ref["directions"], strict=True)):
         assert relative_error(a, b) <= TOL, f"optimizer step {k}: {relative_error(a, b):.2e}"
     assert relative_error(got["params"], ref["params"]) <= TOL
 
@@ -223,7 +223,7 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 4
     assert relative_error(ref_capture.directions[1], ref_capture.directions[0]) > 1e-2
-    for k, (got, want) in enumerate(zip(capture.directions, ref_capture.directions)):
+    for k, (got, want) in enumerate(zip(capture.directions, ref_capture.directions, strict=True)):
         assert relative_error(got, want) <= TOL, f"{release}: optimizer step {k}: {relative_error(got, want):.2e}"
 
 

@@ -86,7 +86,7 @@ def test_normalize_then_sum_three_sgd_steps_match_trl(case, release, tmp_path, t
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     assert (ref.params - initial).norm() > 0
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 
@@ -136,7 +136,7 @@ def test_off_policy_mask_three_sgd_steps_match_trl(release, tmp_path, tokenizer,
                     max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 

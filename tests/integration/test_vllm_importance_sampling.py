@@ -50,7 +50,7 @@ def rollout_with_sampler_logprobs(tokenizer):
     def rollout_func(prompts, trainer):
         out = scripted(prompts, trainer)
         logprobs = []
-        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"])):
+        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"], strict=True)):
             ids = torch.tensor([list(prompt) + list(completion)])
             with torch.no_grad():
                 logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()

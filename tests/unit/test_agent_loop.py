@@ -270,7 +270,7 @@ def test_unknown_tool_name_with_control_text_is_not_rendered(tokenizer, runner):
     traj, _, _ = run(tokenizer, runner, [raw_call(name, "{}"), "done"])
     assert "unknown tool" in traj.messages[1]["content"]
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    framing = [t for t, m in zip(traj.completion_ids, traj.env_mask) if m == 0]
+    framing = [t for t, m in zip(traj.completion_ids, traj.env_mask, strict=True) if m == 0]
     assert framing.count(start) == 2  # the tool turn and the next assistant header
 
 

@@ -53,7 +53,8 @@ def _reference(model, trajectories, teacher, kind):
                                                                                                 e.action_ids))
             tokens += len(e.action_ids)
     grads = torch.autograd.grad(total / tokens, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                      for g, p in zip(grads, params, strict=True)])
 
 
 def _streamed(model, trajectories, teacher, kind, *, order_seed, schedule="thundersync", cut=True, version=0,

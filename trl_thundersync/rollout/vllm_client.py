@@ -125,7 +125,8 @@ class VLLMServerEngine:
         try:
             reported = connect_all(self._replicas, startup_timeout, cancel=self._cancel, supervisor=supervisor)
             self._publisher = make_publisher(publisher, reported, nccl_options)
-            stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported) if v not in (None, policy_version)]
+            stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported, strict=True)
+                     if v not in (None, policy_version)]
             if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))

@@ -92,7 +92,7 @@ class RewardScorer:
         per_row = torch.tensor(columns, dtype=torch.float32).T.reshape(len(items), len(self.funcs))
         scored_at = time.perf_counter()
         out = []
-        for item, per_func in zip(items, per_row):
+        for item, per_func in zip(items, per_row, strict=True):
             reward = math.nan if torch.isnan(per_func).all() else float((per_func * self.weights).nansum())
             out.append(ScoredRollout(item.rollout, tuple(float(v) for v in per_func), reward, scored_at))
         return out

@@ -243,7 +243,7 @@ class TurnScoreBackward:
         """The turns' recorded learner log-probs laid out over the completion, [1, T] (0 off the actions)."""
         logps = torch.zeros(1, len(rollout.completion_ids), dtype=torch.float32)
         offset = len(rollout.prompt_ids)
-        for (start, end), values in zip(state.spans if state else [], state.logps if state else []):
+        for (start, end), values in zip(state.spans if state else [], state.logps if state else [], strict=True):
             logps[0, start - offset : end - offset] = values.float().cpu()
         return logps
 
@@ -274,7 +274,7 @@ class TurnScoreBackward:
             return "the action tokens are not exactly the env_mask-1 tokens of the completion"
         if self.token_mode and state is not None:
             sampled = rollout.sampling_logprobs or ()
-            for (start, end), values in zip(state.spans, state.sampled):
+            for (start, end), values in zip(state.spans, state.sampled, strict=True):
                 if tuple(sampled[start - offset : end - offset]) != tuple(values or ()):
                     return "the turns' sampler log-probs differ from the rollout's"
         return None

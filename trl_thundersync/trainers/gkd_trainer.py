@@ -192,7 +192,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
                                            schedule=self.args.schedule, router=self._router if self._agentic else None,
                                            logits_vocab_size=vocab, on_item=items.append)
-        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens)):
+        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens), strict=True):
             param.grad = direction.to(param.dtype)
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)

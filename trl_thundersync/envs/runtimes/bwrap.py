@@ -333,7 +333,8 @@ class BwrapSandbox:
     ) -> CommandResult:
         captures = (BoundedCapture(self.limits.output_bytes), BoundedCapture(self.limits.output_bytes))
         streams = (proc.stdout, proc.stderr)
-        readers = [threading.Thread(target=drain, args=pair, daemon=True) for pair in zip(streams, captures)]
+        readers = [threading.Thread(target=drain, args=pair, daemon=True)
+                   for pair in zip(streams, captures, strict=True)]
         for reader in readers:
             reader.start()
         timed_out = False
