@@ -6,7 +6,7 @@ Every schedule of a benchmark point runs exactly this workload:
   the learner-side cost;
 - data: `batch / group` chat prompts per step (TRL's sampler, fixed seed), `group` trajectories each;
 - environment: `ShellBenchEnv`, a TRL `environment_factory` environment whose one tool `run_shell(command)` runs a
-  real command in the bubblewrap sandbox (`envs.sandbox.make_sandbox` on a private temp workspace); its reward is
+  real command in the bubblewrap sandbox (`envs.runtimes.make_sandbox` on a private temp workspace); its reward is
   a deterministic hash of everything the trajectory ran and saw, so GRPO advantages are non-zero;
 - agent: `ScriptedTurnGenerator` actions — `turns` tool calls `sleep <d> && printf ... &&
   ls`, then a final answer. d = `latency_mean` × m_i × j_it: m_i ~ LogNormal(mean 1, CV `latency_cv`) per

@@ -95,7 +95,7 @@ def swe_rows(n: int | None, generations: int) -> list[dict]:
 def environment_factory(args):
     if args.env == "canned":
         return CannedShellEnv
-    from trl_thundersync.envs.swe import SWERepairEnv
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
 
     return SWERepairEnv
 
