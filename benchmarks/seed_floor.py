@@ -23,6 +23,10 @@ Columns of the second table (relative error of the parameter displacement after 
     ts/content    ThunderSync, content release (H_i before the reward)
     ts/trl-seeds  ThunderSync's pipeline with each trajectory's backward seeded by TRL's own per-token seeds, recorded
                   from the TRL run (an oracle, not streamable): back at floor/perm, which isolates the cause
+
+The ts/trl-seeds row is a diagnostic that instruments internals on purpose (`trl_seeded_thundersync` swaps the
+per-trajectory backward and the barrier's gradient write; TRL's side patches `_compute_loss`): no trainer should
+offer a seam for replacing its seeds. Every other row runs the trainers through their public API.
 """
 
 from __future__ import annotations
