@@ -20,7 +20,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.agentic import LengthShapingArguments, TerminalSuiteArguments, length_shaping
-from trl_thundersync.scripts import finish_distributed, report_run, resolve_model, set_script_defaults
+from trl_thundersync.example_support import finish_distributed, report_run, resolve_model, set_script_defaults
 
 
 def main() -> None:

@@ -22,7 +22,13 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.agentic import TerminalSuiteArguments, TinyTeacherArguments
-from trl_thundersync.scripts import finish_distributed, report_run, resolve_model, resolve_teacher, set_script_defaults
+from trl_thundersync.example_support import (
+    finish_distributed,
+    report_run,
+    resolve_model,
+    resolve_teacher,
+    set_script_defaults,
+)
 
 
 def main() -> None:

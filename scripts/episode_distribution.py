@@ -1,6 +1,6 @@
 """Episode distribution under stock trl.GRPOTrainer vs ThunderSync (agent_protocol="trl" and "paper"), same model.
 
-The warm-started tiny agent (`testing/tiny_agent.py`) samples episodes with two canned tools (no sandbox) from the
+The warm-started tiny agent (`tiny/agent.py`) samples episodes with two canned tools (no sandbox) from the
 same prompts; stock TRL generates with its own tool loop (`GRPOTrainer._generate`, transformers generation), and
 ThunderSync with its agent engine. Sampling streams differ (TRL samples a padded batch, ThunderSync per trajectory),
 so episodes are compared as distributions: turns, tool calls, model tokens (tool mask 1), tool-result tokens (mask
@@ -77,7 +77,7 @@ def ks_test(a: list[float], b: list[float]) -> tuple[float, float]:
 
 
 def rows(n: int, generations: int) -> list[dict]:
-    from trl_thundersync.testing.tiny_agent import _task_prompts
+    from trl_thundersync.tiny.agent import _task_prompts
 
     prompts = _task_prompts()[:n]
     return [{"prompt": [{"role": "user", "content": p}]} for p in prompts for _ in range(generations)]
@@ -95,7 +95,7 @@ def swe_rows(n: int | None, generations: int) -> list[dict]:
 def environment_factory(args):
     if args.env == "canned":
         return CannedShellEnv
-    from trl_thundersync.envs.swe import SWERepairEnv
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
 
     return SWERepairEnv
 
@@ -133,7 +133,7 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
         torch.manual_seed(args.seed + start)
         envs = [factory() for _ in inputs]
         prompts = []
-        for env, x in zip(envs, inputs):
+        for env, x in zip(envs, inputs, strict=True):
             observation = env.reset(**x)
             prompt = x["prompt"]
             if observation is not None:
@@ -147,7 +147,8 @@ def stock_trl(args, model_path: str, tokenizer, batch: list[dict], out: Path) ->
             _, completion_ids, tool_mask, completions, *_ = trainer._generate(prompts)
         finally:
             close_environments(envs)
-        stats += [episode_stats(c, list(m), list(i)) for c, m, i in zip(completions, tool_mask, completion_ids)]
+        stats += [episode_stats(c, list(m), list(i))
+                  for c, m, i in zip(completions, tool_mask, completion_ids, strict=True)]
     return stats
 
 
@@ -189,7 +190,7 @@ def summarize(name: str, stats: list[dict], reference: list[dict] | None) -> dic
             out[f"{key}_ks"], out[f"{key}_p"] = ks_test(values, [s[key] for s in reference])
     if reference is not None:  # with --top_k 1 (greedy) the episodes themselves can be compared
         out["identical_episodes"] = sum(a["ids"] == b["ids"] and a["mask"] == b["mask"]
-                                        for a, b in zip(stats, reference)) / len(stats)
+                                        for a, b in zip(stats, reference, strict=True)) / len(stats)
     return out
 
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from trl_thundersync.testing.tiny_agent import save_tiny_agent_model
+    from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     model_path = str(save_tiny_agent_model(args.model or Path(tempfile.gettempdir()) / "thundersync-tiny-agent"))
     tokenizer = AutoTokenizer.from_pretrained(model_path)

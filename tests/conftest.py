@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
-    from trl_thundersync.testing.tiny import save_tiny_model
+    from trl_thundersync.tiny.model import save_tiny_model
 
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3"))
 
@@ -30,8 +30,8 @@ def tokenizer(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def tiny_agent(tmp_path_factory):
-    """The warm-started tool-calling tiny agent (testing/tiny_agent.py), built once per session (about a minute)."""
-    from trl_thundersync.testing.tiny_agent import save_tiny_agent_model
+    """The warm-started tool-calling tiny agent (tiny/agent.py), built once per session (about a minute)."""
+    from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     return str(save_tiny_agent_model(tmp_path_factory.mktemp("agent") / "tiny-agent"))
 

@@ -25,12 +25,12 @@ _LAZY = {
 __all__ = [*_LAZY, "errors", "types", "__version__"]
 
 if TYPE_CHECKING:
-    from .rollout.engine import RolloutEngine
-    from .rollout.local import LocalProcessEngine
-    from .trainers.gkd_config import ThunderSyncGKDConfig
-    from .trainers.gkd_trainer import ThunderSyncGKDTrainer
-    from .trainers.grpo_config import ThunderSyncGRPOConfig
-    from .trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from .rollout.engine import RolloutEngine as RolloutEngine
+    from .rollout.local import LocalProcessEngine as LocalProcessEngine
+    from .trainers.gkd_config import ThunderSyncGKDConfig as ThunderSyncGKDConfig
+    from .trainers.gkd_trainer import ThunderSyncGKDTrainer as ThunderSyncGKDTrainer
+    from .trainers.grpo_config import ThunderSyncGRPOConfig as ThunderSyncGRPOConfig
+    from .trainers.grpo_trainer import ThunderSyncGRPOTrainer as ThunderSyncGRPOTrainer
 
 
 def __getattr__(name: str):

@@ -11,7 +11,7 @@ Example scripts parse the flags with TRL's parser, next to the trainer's config:
     suite = suite_args.load_suite()
 
 The default model of these examples is `tiny-agent` (`scripts.resolve_model`: the offline tiny model warm-started to
-call tools, `testing/tiny_agent.py`).
+call tools, `tiny/agent.py`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 
 out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 overrides = {
@@ -55,7 +55,8 @@ results = {}
 for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
                                       ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
     run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=rewards,
-                      max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides, **(ts_only if name == "ts" else {}))
+                      max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides,
+                      **(ts_only if name == "ts" else {}))
     results[name] = {"directions": run.directions, "params": run.params}
 if torch.distributed.get_rank() == 0:
     torch.save(results, out / "results.pt")

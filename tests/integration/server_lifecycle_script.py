@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset
 
 
 def server_pids(parent: int) -> list[int]:

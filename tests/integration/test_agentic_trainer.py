@@ -7,9 +7,9 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, relative_error
+from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import CaptureGrads, cpu_config, load_model, relative_error
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, optio
                       callbacks=[ref_capture])
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 2
-    for got, want in zip(capture.directions, ref_capture.directions):
+    for got, want in zip(capture.directions, ref_capture.directions, strict=True):
         assert want.norm() > 0
         assert relative_error(got, want) <= 1e-5
 

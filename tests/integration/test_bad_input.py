@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.errors import (ConfigurationError, NonFiniteGradientError, RewardFunctionError,
-                                    StalePolicyError, UnscorableGroupError, UnsupportedOptionError)
+from trl_thundersync.errors import (
+    ConfigurationError,
+    NonFiniteGradientError,
+    RewardFunctionError,
+    StalePolicyError,
+    UnscorableGroupError,
+    UnsupportedOptionError,
+)
 
 pytestmark = pytest.mark.slow
 

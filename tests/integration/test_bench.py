@@ -1,4 +1,4 @@
-"""Smoke test of `python -m trl_thundersync.bench`: a tiny preset end to end, no timing thresholds.
+"""Smoke test of `python -m benchmarks`: a tiny preset end to end, no timing thresholds.
 
 Three schedules (sync, thundersync, stock TRL) each run in their own process on the same sandboxed agentic
 workload; the command must print the table, write the JSON report, the Chrome trace and the PNGs.
@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from trl_thundersync.bench.__main__ import main
+from benchmarks.__main__ import main
 
 pytestmark = [
     pytest.mark.slow,

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
+from tests.fixtures.parity import cpu_config, load_model, relative_error
+from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model, relative_error
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_thundersync.testing.parity import relative_error
+from tests.fixtures.parity import relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +36,12 @@ def run_ddp_parity(tmp_path, model_path: str, case: str) -> tuple[dict, dict]:
     return results["trl"], results["ts"]
 
 
-@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content", "normalize_then_sum"])
+@pytest.mark.parametrize("case", ["dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content",
+                                  "normalize_then_sum"])
 def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, case)
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= 1e-5
     assert relative_error(got["params"], ref["params"]) <= 1e-5
 

@@ -190,7 +190,7 @@ def test_results_stream_in_completion_order_with_the_local_engine_samples(replic
         for b in range(a + 1, N):
             if rollouts[b].started_at <= rollouts[a].started_at:
                 assert lengths[a] < lengths[b] + 3, f"result {a} (length {lengths[a]}) came before {b} ({lengths[b]})"
-    assert all(x.finished_at <= y.finished_at for x, y in zip(rollouts, rollouts[1:]))
+    assert all(x.finished_at <= y.finished_at for x, y in zip(rollouts, rollouts[1:], strict=False))
     assert stats.time_to_first_result < rollouts[-1].finished_at - rollouts[0].started_at
     assert stats.trajectories == N and stats.in_flight == 0 and stats.tokens == sum(lengths)
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError
-from trl_thundersync.testing.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -99,9 +98,9 @@ def test_permuted_floor_and_parameters_after_three_steps_match_trl(tmp_path, tok
                     **overrides)
     got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
               **overrides)
-    floor = max(relative_error(a, b) for a, b in zip(floor_run.directions, ref.directions))
+    floor = max(relative_error(a, b) for a, b in zip(floor_run.directions, ref.directions, strict=True))
     assert len(got.directions) == len(ref.directions) == 3
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= max(TOL, 2 * floor)
     assert relative_error(got.params, ref.params) <= TOL
 
@@ -120,7 +119,7 @@ def test_adaptive_entropy_coefficient_trajectory_matches_trl(target, release, tm
     assert coefs == pytest.approx([0.25, 0.4, 0.4] if target > 10 else [0.0, 0.0, 0.0], abs=1e-12)
     assert got.trainer.entropy_coef == pytest.approx(ref.trainer.entropy_coef, abs=1e-12)
     assert got.trainer._last_world_entropy == pytest.approx(ref.trainer._last_world_entropy, rel=1e-6)
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
     assert logged(got.trainer, "entropy") == pytest.approx(logged(ref.trainer, "entropy"), rel=1e-5)
     assert logged(got.trainer, "loss") == pytest.approx(logged(ref.trainer, "loss"), rel=1e-5, abs=1e-7)
@@ -158,8 +157,8 @@ def test_entropy_options_are_accepted_and_top_entropy_quantile_stays_refused(tmp
 def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (tool tokens neither scored nor in N_b) through every release point, vs TRL's rollout_func
     on the same tokens; under release="turn" the bonus is one more per-turn channel of the boundary-cut backward."""
+    from tests.fixtures.parity import CaptureGrads, load_model
     from tests.integration.test_agentic_trainer import dataset, make_trainer
-    from trl_thundersync.testing.parity import CaptureGrads, load_model
 
     options = dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2, beta=0.1,
                    loss_type="grpo")
@@ -179,7 +178,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
                       callbacks=[ref_capture])
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 2
-    for got, want in zip(capture.directions, ref_capture.directions):
+    for got, want in zip(capture.directions, ref_capture.directions, strict=True):
         assert relative_error(got, want) <= TOL
     assert logged(trainer, "entropy") == pytest.approx(logged(ref, "entropy"), rel=1e-5)
     got_log = trainer.state.log_history[-2]
@@ -194,15 +193,14 @@ def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "entropy_adaptive_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= TOL
     assert relative_error(got["params"], ref["params"]) <= TOL
 
 
 def test_resuming_from_a_checkpoint_continues_the_adaptive_coefficient(tmp_path, tokenizer, tiny_model_path):
     """`train(resume_from_checkpoint=...)` restores the controller: the resumed step applies the saved coefficient."""
-    from trl_thundersync.testing.parity import CaptureGrads, load_model, prompt_dataset, reward_len, \
-        scripted_rollout_func
+    from tests.fixtures.parity import CaptureGrads, load_model, prompt_dataset, reward_len, scripted_rollout_func
 
     overrides = dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.15, entropy_coef_max=0.4,
                      entropy_target=100.0, max_steps=3, save_strategy="steps", save_steps=1, optim="sgd",

@@ -11,8 +11,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_thundersync.testing.parity import (PARITY_CASES, load_model, relative_error, reward_len, reward_parity,
-                                           run_trainer)
+from tests.fixtures.parity import PARITY_CASES, load_model, relative_error, reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -74,7 +73,7 @@ def test_parameters_after_three_steps_match_trl(case, optim, release, tmp_path, 
     if optim == "sgd":
         assert rel(got - initial, ref - initial) <= TOL
     compared = got_dirs if optim == "sgd" else got_dirs[:1]
-    for a, b in zip(compared, ref_dirs):
+    for a, b in zip(compared, ref_dirs, strict=True):
         assert rel(a, b) <= TOL
 
 
@@ -114,6 +113,6 @@ def test_sync_ref_model_matches_trl(tmp_path, tokenizer, tiny_model_path):
     trl_ref_weights = torch.cat([p.detach().reshape(-1) for p in trl_trainer.ref_model.parameters()])
     assert rel(ref_weights, trl_ref_weights) <= TOL
     assert len(got_dirs) == len(ref_dirs) == 3
-    for a, b in zip(got_dirs, ref_dirs):
+    for a, b in zip(got_dirs, ref_dirs, strict=True):
         assert rel(a, b) <= TOL
     assert rel(got - initial, ref - initial) <= TOL

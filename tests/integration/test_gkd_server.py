@@ -12,11 +12,11 @@ import pytest
 import torch
 from datasets import Dataset
 
+from tests.fixtures.parity import CaptureGrads, load_model, relative_error
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError
 from trl_thundersync.serve import EmbeddedServer, ServerThread
-from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
-from trl_thundersync.testing.tiny import save_tiny_model
+from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
 

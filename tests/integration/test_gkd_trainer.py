@@ -11,11 +11,11 @@ import torch
 from datasets import Dataset
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 
+from tests.fixtures.parity import CaptureGrads, load_model, relative_error
+from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
-from trl_thundersync.testing.parity import CaptureGrads, load_model, relative_error
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
-from trl_thundersync.testing.tiny import save_tiny_model
+from trl_thundersync.tiny.model import save_tiny_model
 from trl_thundersync.trainers.gkd_rollout import agent_engine
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,7 @@ def test_generalized_jsd_gradient_matches_trl_on_the_same_samples(tmp_path, toke
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     attention = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (row, r) in enumerate(zip(rows, sorted(samples, key=lambda r: r.index))):
+    for i, (row, r) in enumerate(zip(rows, sorted(samples, key=lambda r: r.index), strict=True)):
         ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
         labels[i, len(r.prompt_ids) : len(row)] = torch.tensor(r.completion_ids)
@@ -141,7 +141,7 @@ def test_gradient_accumulation_streams_one_logical_batch(tmp_path, tokenizer, ti
     assert [h["thundersync/scored_tokens"] for h in logs] == [h["thundersync/scored_tokens"] for h in ref_logs]
     assert [h["loss"] for h in logs] == pytest.approx([h["loss"] for h in ref_logs], rel=1e-5)
     assert ref_dirs[0].norm() > 0
-    for mine, theirs in zip(dirs, ref_dirs):
+    for mine, theirs in zip(dirs, ref_dirs, strict=True):
         assert relative_error(mine, theirs) <= 1e-6
     assert relative_error(final, ref_params) <= 1e-6
 
@@ -252,7 +252,7 @@ def test_plain_trl_gkd_config_is_converted(tmp_path, tokenizer, tiny_model_path,
 
 
 def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_model_path):
-    from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+    from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
     other_tokenizer = build_tiny_tokenizer(vocab_size=400)
     other = build_tiny_model(other_tokenizer)
@@ -272,7 +272,7 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
                                                              objective, extra_tokens):
     # The teacher's token rows moved to other ids (and, for the generalized JSD, 37 extra tokens): with the map, the
     # student's update is the one the same-vocabulary teacher gives.
-    from trl_thundersync.testing.vocab import relabelled_teacher
+    from tests.fixtures.vocab import relabelled_teacher
 
     other, mapping = relabelled_teacher(load_model(teacher_path), extra_tokens=extra_tokens, seed=3)
     path = tmp_path / "map.json"
@@ -303,7 +303,7 @@ def test_teacher_vocab_map_gives_the_same_vocabulary_update(tmp_path, tokenizer,
 
 
 def test_teacher_server_gives_the_local_teacher_update(tmp_path, tokenizer, tiny_model_path, teacher_path):
-    from tests.fake_teacher_server import FakeTeacherServer
+    from tests.fixtures.fake_teacher_server import FakeTeacherServer
 
     local = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
                                   args=config(tmp_path / "local", objective="opd"), train_dataset=messages(),

@@ -7,9 +7,9 @@ import json
 import pytest
 from datasets import Dataset
 
+from tests.fixtures.parity import cpu_config, load_model
+from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 

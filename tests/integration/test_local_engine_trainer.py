@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
 
 pytestmark = pytest.mark.slow
 

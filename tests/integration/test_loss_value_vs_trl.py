@@ -17,11 +17,19 @@ from dataclasses import replace
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    CaptureGrads,
+    cpu_config,
+    load_model,
+    offset_sampler_rollout_func,
+    prompt_dataset,
+    relative_error,
+    reward_len,
+    run_trainer,
+)
 from tests.integration.test_vllm_importance_sampling import _NoVLLM, rollout_with_sampler_logprobs
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import (CaptureGrads, cpu_config, load_model, offset_sampler_rollout_func,
-                                           prompt_dataset, relative_error, reward_len, run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -141,8 +149,8 @@ TURN_CASES = {
 def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenizer, tiny_model_path, monkeypatch):
     import trl.trainer.grpo_trainer as trl_grpo
 
+    from tests.fixtures.scripted import ScriptedTurnGenerator
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
-    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
     uniform = -math.log(len(tokenizer))
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -26,7 +26,7 @@ RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(releas
 
 @pytest.fixture(scope="module")
 def moe_model_path(tmp_path_factory):
-    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+    from trl_thundersync.tiny.moe import save_tiny_moe_model
 
     return str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
 
@@ -75,7 +75,7 @@ def test_parameters_after_three_steps_with_router_aux_loss_match_trl(release, tm
     assert (ref.params - initial).norm() > 0
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
     assert len(got.directions) == len(ref.directions) == 3
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 
@@ -106,8 +106,8 @@ def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, 
 @pytest.mark.parametrize("release", ["reward", "content", "turn"])
 def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_path, moe_tokenizer, moe_model_path):
     """Agent trajectories (tool tokens attended, not scored) through every release point, vs TRL's rollout_func."""
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, make_trainer
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config
+    from tests.fixtures.parity import CaptureGrads, cpu_config
+    from tests.integration.test_agentic_trainer import dataset, make_trainer
 
     trainer, capture, captured, _ = make_trainer(tmp_path / "ts", moe_tokenizer, moe_model_path,
                                                  delay=lambda i, t: 0.002 * ((7 * i + t) % 5), release=release,
@@ -125,7 +125,7 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
                       processing_class=moe_tokenizer, rollout_func=rollout_func, callbacks=[ref_capture])
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 2
-    for got, want in zip(capture.directions, ref_capture.directions):
+    for got, want in zip(capture.directions, ref_capture.directions, strict=True):
         assert relative_error(got, want) <= TOL
     aux = [h["aux_loss"] for h in trainer.state.log_history if "aux_loss" in h]
     ref_aux = [h["aux_loss"] for h in ref.state.log_history if "aux_loss" in h]
@@ -138,6 +138,6 @@ def test_two_processes_with_router_aux_loss_match_trl(tmp_path, moe_model_path):
 
     ref, got = run_ddp_parity(tmp_path, moe_model_path, "moe_router_aux_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
-    for a, b in zip(got["directions"], ref["directions"]):
+    for a, b in zip(got["directions"], ref["directions"], strict=True):
         assert relative_error(a, b) <= TOL
     assert relative_error(got["params"], ref["params"]) <= TOL

@@ -12,11 +12,10 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
+from tests.fixtures.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.bench.seed_floor import SEED_SCALES, rescaled_trainer
-from trl_thundersync.testing.parity import (ITERATION_PARITY_CASES, load_model, relative_error, reward_len,
-                                           run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -64,7 +63,7 @@ def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_pa
     assert displacement(ref, initial).norm() > 0
     error = relative_error(displacement(got, initial), displacement(ref, initial))
     assert error <= TOL, f"{case}: Δθ relative error {error:.2e}"
-    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions, strict=True)):
         assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
     # passes 2..μ are off-policy: their direction is not pass 1's (ratio ≠ 1 against θ_k's log-probs)
     assert relative_error(ref.directions[1], ref.directions[0]) > 1e-2
@@ -91,7 +90,8 @@ def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, 
     got, got_delta = delta(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, "thundersync")
     floor = max([relative_error(delta(GRPOTrainer, GRPOConfig, order, member_order=order)[1], ref_delta)
                  for order in ("reverse", "rotate")]
-                + [relative_error(delta(rescaled_trainer(c), GRPOConfig, f"x{c:g}")[1], ref_delta) for c in SEED_SCALES])
+                + [relative_error(delta(rescaled_trainer(c), GRPOConfig, f"x{c:g}")[1], ref_delta)
+                   for c in SEED_SCALES])
     assert 0 < floor < 1e-3
     error = relative_error(got_delta, ref_delta)
     assert error <= 2 * floor, f"{case}: Δθ relative error {error:.2e}, floor {floor:.2e}"
@@ -133,8 +133,8 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     stubbed, the same scripted trajectories and sampler log-probs for both trainers)."""
     import trl.trainer.grpo_trainer as trl_grpo
 
+    from tests.fixtures.parity import CaptureGrads, cpu_config, prompt_dataset
     from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config, prompt_dataset
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
@@ -153,14 +153,14 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
         trainer.train()
         runs[name] = capture.directions
     assert len(runs["trl"]) == len(runs["thundersync"]) == 4
-    for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"])):
+    for k, (a, b) in enumerate(zip(runs["thundersync"], runs["trl"], strict=True)):
         assert relative_error(a, b) <= TOL, f"{mode}: optimizer step {k}: {relative_error(a, b):.2e}"
 
 
 @pytest.mark.parametrize("case", ["ga2_bnpo_beta", "ga4_field_coef"])
 def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     """MoE: pass 1 streams the router term per TRL micro-batch; passes 2..μ add it in TRL's own loss."""
-    from trl_thundersync.testing.parity import MOE_PARITY_CASES
+    from tests.fixtures.parity import MOE_PARITY_CASES
 
     tokenizer, model_path = tiny_moe
     overrides = dict(MOE_PARITY_CASES[case], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2,
@@ -168,7 +168,7 @@ def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     ref = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, model_path, **overrides)
     got = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, model_path, **overrides)
     assert len(ref.directions) == len(got.directions) == 4
-    for k, (a, b) in enumerate(zip(got.directions, ref.directions)):
+    for k, (a, b) in enumerate(zip(got.directions, ref.directions, strict=True)):
         assert relative_error(a, b) <= TOL, f"{case}: optimizer step {k}: {relative_error(a, b):.2e}"
     ref_aux = [h["aux_loss"] for h in ref.trainer.state.log_history if "aux_loss" in h]
     got_aux = [h["aux_loss"] for h in got.trainer.state.log_history if "aux_loss" in h]
@@ -179,7 +179,7 @@ def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
 def tiny_moe(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from trl_thundersync.testing.tiny_moe import save_tiny_moe_model
+    from trl_thundersync.tiny.moe import save_tiny_moe_model
 
     path = str(save_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe") / "tiny-qwen3-moe"))
     return AutoTokenizer.from_pretrained(path), path
@@ -193,7 +193,7 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "mu2_bnpo_ga2_beta")
     assert len(ref["directions"]) == len(got["directions"]) == 4
     assert relative_error(ref["directions"][1], ref["directions"][0]) > 1e-2
-    for k, (a, b) in enumerate(zip(got["directions"], ref["directions"])):
+    for k, (a, b) in enumerate(zip(got["directions"], ref["directions"], strict=True)):
         assert relative_error(a, b) <= TOL, f"optimizer step {k}: {relative_error(a, b):.2e}"
     assert relative_error(got["params"], ref["params"]) <= TOL
 
@@ -202,8 +202,8 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
 def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
+    from tests.fixtures.parity import CaptureGrads, cpu_config
     from tests.integration.test_agentic_trainer import dataset, make_trainer
-    from trl_thundersync.testing.parity import CaptureGrads, cpu_config
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
@@ -223,7 +223,7 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     ref.train()
     assert len(capture.directions) == len(ref_capture.directions) == 4
     assert relative_error(ref_capture.directions[1], ref_capture.directions[0]) > 1e-2
-    for k, (got, want) in enumerate(zip(capture.directions, ref_capture.directions)):
+    for k, (got, want) in enumerate(zip(capture.directions, ref_capture.directions, strict=True)):
         assert relative_error(got, want) <= TOL, f"{release}: optimizer step {k}: {relative_error(got, want):.2e}"
 
 
@@ -255,7 +255,7 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
 def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_model_path):
     """Resumed at a generation-batch boundary (step 2) or inside one (step 1, where the buffered batch is gone and
     TRL generates afresh at the current θ, as ThunderSync streams afresh): the same parameters as stock TRL."""
-    from trl_thundersync.testing.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
+    from tests.fixtures.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
 
     common = dict(num_iterations=2, max_steps=4, optim="sgd", max_grad_norm=0.5, save_strategy="steps",
                   save_steps=stop)
@@ -264,7 +264,7 @@ def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_mode
                                           ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
         out = tmp_path / name
 
-        def make(callbacks=()):
+        def make(callbacks=(), trainer_cls=trainer_cls, config_cls=config_cls, out=out):
             return trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
                                args=cpu_config(config_cls, out, **common), train_dataset=prompt_dataset(),
                                processing_class=tokenizer, rollout_func=scripted_rollout_func(tokenizer),

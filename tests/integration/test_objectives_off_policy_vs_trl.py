@@ -14,11 +14,20 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    SAMPLER_OFFSETS,
+    CaptureGrads,
+    cpu_config,
+    load_model,
+    offset_sampler_rollout_func,
+    relative_error,
+    reward_constant,
+    reward_len,
+    reward_parity,
+    run_trainer,
+)
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import (SAMPLER_OFFSETS, CaptureGrads, cpu_config, load_model,
-                                           offset_sampler_rollout_func, relative_error, reward_constant, reward_len,
-                                           reward_parity, run_trainer)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -77,7 +86,7 @@ def test_normalize_then_sum_three_sgd_steps_match_trl(case, release, tmp_path, t
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     assert (ref.params - initial).norm() > 0
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 
@@ -127,7 +136,7 @@ def test_off_policy_mask_three_sgd_steps_match_trl(release, tmp_path, tokenizer,
                     max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     assert relative_error(got.params - initial, ref.params - initial) <= TOL
-    for a, b in zip(got.directions, ref.directions):
+    for a, b in zip(got.directions, ref.directions, strict=True):
         assert relative_error(a, b) <= TOL
 
 
@@ -137,7 +146,7 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
                                  per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
                                  off_policy_mask_threshold=0.0, rollout_engine="local_thread", save_strategy="no",
                                  gradient_checkpointing=False, disable_tqdm=True)
-    from trl_thundersync.testing.parity import prompt_dataset
+    from tests.fixtures.parity import prompt_dataset
 
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                      train_dataset=prompt_dataset(), processing_class=tokenizer)
@@ -178,11 +187,12 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     """release="turn": the statistic comes from the turns' own log-probs. The sampler (a scripted agent standing in
     for a vLLM server, hence use_vllm=True on both sides, without the IS correction) reports log-probs +20 on three
     rows of four, so their KL is far above the threshold of 10 and their policy term is dropped where A < 0."""
-    import trl.trainer.grpo_trainer as trl_grpo
     from dataclasses import replace
 
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    from tests.fixtures.scripted import ScriptedTurnGenerator
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
-    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
     class OffsetSampler(ScriptedTurnGenerator):
         def _act(self, request, key, max_new_tokens, version):

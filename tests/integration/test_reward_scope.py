@@ -11,11 +11,19 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    relative_error,
+    reward_batch_relative_length,
+    reward_group_rank,
+    reward_len,
+    run_trainer,
+    scripted_rollout_func,
+)
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RewardFunctionError, RewardScopeError
-from trl_thundersync.testing.parity import (cpu_config, load_model, prompt_dataset, relative_error,
-                                           reward_batch_relative_length, reward_group_rank, reward_len,
-                                           run_trainer, scripted_rollout_func)
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +52,9 @@ def displacement_errors(tmp_path, tokenizer, model_path, reward, scopes, **overr
     got = {}
     for scope in scopes:  # "group" = reward release; "group/content" = the same scope released at content readiness
         name, _, release = scope.partition("/")
-        got[scope] = error(run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / scope.replace("/", "-"),
-                                       tokenizer, model_path, rewards=(reward,), reward_scope=name,
-                                       release=release or "reward", **kw))
+        out = tmp_path / scope.replace("/", "-")
+        got[scope] = error(run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, out, tokenizer, model_path,
+                                       rewards=(reward,), reward_scope=name, release=release or "reward", **kw))
     return floor, got
 
 
@@ -192,8 +200,8 @@ class EnvironmentRank:
 @pytest.mark.parametrize("scope, call_sizes", [("group", [2] * 4), ("batch", [4] * 2)])
 def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_sizes, tmp_path, tokenizer,
                                                                  tiny_model_path):
+    from tests.fixtures.scripted import ScriptedTurnGenerator
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
-    from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
     params, logged = {}, {}
     for run_scope in (scope, "trajectory"):

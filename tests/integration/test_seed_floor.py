@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from trl_thundersync.bench.seed_floor import displacement_errors
-from trl_thundersync.testing.parity import reward_len
+from benchmarks.seed_floor import displacement_errors
+from tests.fixtures.parity import reward_len
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from trl_thundersync.testing.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from tests.integration.test_exactness_vs_trl import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -48,7 +48,7 @@ def test_update_is_independent_of_completion_order(case, tmp_path, tokenizer, ti
     for seed in (1, 2, 3):
         engines = []
 
-        def wrap(engine, seed=seed):
+        def wrap(engine, seed=seed, engines=engines):
             engines.append(ShuffledEngine(engine, seed))
             return engines[-1]
 
@@ -56,7 +56,7 @@ def test_update_is_independent_of_completion_order(case, tmp_path, tokenizer, ti
                               tiny_model_path, wrap_engine=wrap, **overrides)
         orders.append(engines[0].orders[0])
         assert rel(params, base) <= TOL
-        for a, b in zip(dirs, base_dirs):
+        for a, b in zip(dirs, base_dirs, strict=True):
             assert rel(a, b) <= TOL
     assert len({tuple(o) for o in orders}) > 1, "the test must actually exercise different orders"
     assert any(o != sorted(o) for o in orders)
@@ -109,7 +109,7 @@ def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_mode
     full = sum(p.numel() for p in trainer.model.parameters())
     assert trainer.last_batch[1] is not None and got.numel() < full / 10
     assert rel(got, ref) <= TOL
-    for a, b in zip(got_dirs, ref_dirs):
+    for a, b in zip(got_dirs, ref_dirs, strict=True):
         assert rel(a, b) <= TOL
 
 

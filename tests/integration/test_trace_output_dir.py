@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import TraceInUseError
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from trl_thundersync.trace.export import read_jsonl
 from trl_thundersync.trace.recorder import TRACE_FILE
 

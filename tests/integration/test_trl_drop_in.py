@@ -1,6 +1,7 @@
 """Drop-in behaviour of issue 11 (items 2, 3, 4, 6): what stock `trl.GRPOTrainer` does, ThunderSync does too.
 
-Exactness checks use the parity harness (identical scripted rollouts, FP32, `testing/parity.py`); behaviour checks
+Exactness checks use the parity harness (identical scripted rollouts, FP32, `tests/fixtures/parity.py`); behaviour
+checks
 (defaults, warnings, errors) compare the observable result with stock TRL's.
 """
 
@@ -13,11 +14,18 @@ from dataclasses import fields
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    relative_error,
+    reward_len,
+    run_trainer,
+    scripted_rollout_func,
+)
+from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RolloutError, UnscorableGroupError, UnsupportedOptionError
-from trl_thundersync.testing.parity import (cpu_config, load_model, prompt_dataset, relative_error, reward_len,
-                                           run_trainer, scripted_rollout_func)
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py
@@ -25,7 +33,8 @@ TOL = 1e-5  # as tests/integration/test_exactness_vs_trl.py
 
 def reward_len_none_on_question_4(prompts, completion_ids, **kwargs):
     """None on every completion of question 4 (in the first batch with question 0): its group is unscorable."""
-    return [None if p.startswith("Question 4:") else float(len(c)) for p, c in zip(prompts, completion_ids)]
+    return [None if p.startswith("Question 4:") else float(len(c))
+            for p, c in zip(prompts, completion_ids, strict=True)]
 
 
 def _unscorable_warnings(caplog, logger_name):
@@ -177,5 +186,5 @@ def test_num_iterations_when_trl_name_is_rebound_to_the_drop_in(tmp_path, tokeni
     got = run_trainer(trl.GRPOTrainer, trl.GRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path, **overrides)
     assert got.trainer.state.global_step == 2
     assert len(got.directions) == len(ref.directions) == 2
-    for step, (g, r) in enumerate(zip(got.directions, ref.directions)):
+    for step, (g, r) in enumerate(zip(got.directions, ref.directions, strict=True)):
         assert relative_error(g, r) <= TOL, step

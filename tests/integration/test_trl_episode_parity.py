@@ -15,9 +15,9 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import cpu_config, load_model
+from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.testing.parity import cpu_config, load_model
-from trl_thundersync.testing.scripted import ScriptedTurnGenerator, tool_call_text
 
 pytestmark = pytest.mark.slow
 

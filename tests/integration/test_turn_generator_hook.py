@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from datasets import Dataset
 
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from tests.unit.test_rollout_seam import StubGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer, ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine
 from trl_thundersync.rollout.batches import TurnBatchEngine
-from trl_thundersync.testing.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 
 pytestmark = pytest.mark.slow
 

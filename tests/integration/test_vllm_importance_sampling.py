@@ -16,11 +16,18 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from tests.fixtures.parity import (
+    CaptureGrads,
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    relative_error,
+    reward_len,
+    scripted_rollout_func,
+)
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.streaming.importance import SamplingCorrection
-from trl_thundersync.testing.parity import (CaptureGrads, cpu_config, load_model, prompt_dataset, relative_error,
-                                           reward_len, scripted_rollout_func)
 
 pytestmark = pytest.mark.slow
 OFFSETS = (0.0, -0.6, 0.4, -1.5, 1.2, 0.1, -0.2, 0.9)  # sequence ratio of trajectory i: exp(-OFFSETS[i % 8])
@@ -43,7 +50,7 @@ def rollout_with_sampler_logprobs(tokenizer):
     def rollout_func(prompts, trainer):
         out = scripted(prompts, trainer)
         logprobs = []
-        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"])):
+        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"], strict=True)):
             ids = torch.tensor([list(prompt) + list(completion)])
             with torch.no_grad():
                 logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()

@@ -9,8 +9,13 @@ import pytest
 import torch
 from trl.trainer.utils import nanstd
 
-from trl_thundersync.streaming.accumulators import (BatchAccumulator, GroupStatistics, nanmean, nanstd_bessel,
-                                                    stats_memory_bytes)
+from trl_thundersync.streaming.accumulators import (
+    BatchAccumulator,
+    GroupStatistics,
+    nanmean,
+    nanstd_bessel,
+    stats_memory_bytes,
+)
 
 
 def trl_advantages(rewards, eps=1e-4, scale="group"):

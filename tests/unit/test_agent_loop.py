@@ -8,11 +8,15 @@ import time
 
 import pytest
 
-from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
-from trl_thundersync.envs.harness.tool_calls import (PARSER_ERROR_OBSERVATION, ToolResponseRenderer, parse_turn,
-                                             truncate_observation)
-from trl_thundersync.testing.scripted import tool_call_text
+from tests.fixtures.scripted import tool_call_text
 from tests.tools import add, observation_spans
+from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
+from trl_thundersync.envs.harness.tool_calls import (
+    PARSER_ERROR_OBSERVATION,
+    ToolResponseRenderer,
+    parse_turn,
+    truncate_observation,
+)
 
 
 def explode(reason: str) -> str:
@@ -183,7 +187,8 @@ def test_token_budgets_end_the_trajectory_cleanly(tokenizer, runner):
     traj, _, _ = run(tokenizer, runner, [call] * 4, limits=AgentLimits(max_turns=4, max_tokens_per_turn=5))
     assert traj.stats.stop_reason == "turn_token_limit" and traj.stats.turns == 1
     prompt_len = len(traj.prompt_ids)
-    traj, _, _ = run(tokenizer, runner, [call] * 4, limits=AgentLimits(max_turns=4, max_context_tokens=prompt_len + n + 5))
+    limits = AgentLimits(max_turns=4, max_context_tokens=prompt_len + n + 5)
+    traj, _, _ = run(tokenizer, runner, [call] * 4, limits=limits)
     assert traj.stats.stop_reason == "max_context_tokens" and traj.truncated
     assert len(traj.prompt_ids) + len(traj.completion_ids) <= prompt_len + n + 5
 
@@ -265,7 +270,7 @@ def test_unknown_tool_name_with_control_text_is_not_rendered(tokenizer, runner):
     traj, _, _ = run(tokenizer, runner, [raw_call(name, "{}"), "done"])
     assert "unknown tool" in traj.messages[1]["content"]
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    framing = [t for t, m in zip(traj.completion_ids, traj.env_mask) if m == 0]
+    framing = [t for t, m in zip(traj.completion_ids, traj.env_mask, strict=True) if m == 0]
     assert framing.count(start) == 2  # the tool turn and the next assistant header
 
 

@@ -10,10 +10,19 @@ import torch
 from trl.trainer.utils import nanstd
 
 from trl_thundersync.streaming.accumulators import BatchAccumulator
-from trl_thundersync.streaming.advantages import (RewardScaling, batch_advantages, objective_advantages,
-                                                  statistics_rewards)
-from trl_thundersync.streaming.barrier import (EntropyNormalizers, PolicyValueRule, bucket_tokens, grpo_barrier,
-                                               policy_loss_terms)
+from trl_thundersync.streaming.advantages import (
+    RewardScaling,
+    batch_advantages,
+    objective_advantages,
+    statistics_rewards,
+)
+from trl_thundersync.streaming.barrier import (
+    EntropyNormalizers,
+    PolicyValueRule,
+    bucket_tokens,
+    grpo_barrier,
+    policy_loss_terms,
+)
 from trl_thundersync.streaming.batch_metrics import reward_metrics, stats_bound_bytes
 from trl_thundersync.streaming.learner_records import BatchTotals
 from trl_thundersync.streaming.normalization import LossNormalization

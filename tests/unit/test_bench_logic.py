@@ -10,12 +10,10 @@ import statistics
 
 import pytest
 
-from trl_thundersync.bench.affinity import split_cores
-from trl_thundersync.bench.calibration import (calibrated_latency_mean, calibration_from_probe, makespan,
-                                               predicted_rollout)
-from trl_thundersync.bench.stats import RunSteps, compare, measured_run, predict_thundersync, side_by_side, summarize
-from trl_thundersync.bench.workload import (Workload, _lognormal, command_for, tool_latency,
-                                            trajectory_latency_units)
+from benchmarks.affinity import split_cores
+from benchmarks.calibration import calibrated_latency_mean, calibration_from_probe, makespan, predicted_rollout
+from benchmarks.stats import RunSteps, compare, measured_run, predict_thundersync, side_by_side, summarize
+from benchmarks.workload import Workload, _lognormal, command_for, tool_latency, trajectory_latency_units
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
 # --- seeded latencies ------------------------------------------------------------------------------------------------
@@ -167,14 +165,14 @@ def test_split_cores_gives_the_learner_one_cpu():
 
 
 def test_markdown_tables_render_every_schedule_and_the_prediction():
-    from trl_thundersync.bench.markdown import render
+    from benchmarks.markdown import render
 
     def summary(wall, idle):
         return {"step_wall_s": wall, "step_wall_stdev_s": 0.1, "rollout_s": 4.0, "learner_busy_s": 4.0,
                 "balance_ratio": 1.0, "learner_idle_fraction": idle, "learner_tail_s": 0.5, "peak_rss_mb": 600.0,
                 "stats_peak_mb": 38.1, "foreign_cpu_cores": 0.2, "trajectory_duration_cv": 0.6}
 
-    report = {"command": "python -m trl_thundersync.bench --preset quick", "date": "2026-12-01", "seconds": 200.0,
+    report = {"command": "python -m benchmarks --preset quick", "date": "2026-12-01", "seconds": 200.0,
               "points": [{"name": "quick", "schedules": {"sync": summary(8.0, 0.5), "thundersync": summary(4.4, 0.09),
                                                          "trl": summary(9.0, 0.55)},
                           "compare": {"speedup": {"sync": 1.0, "thundersync": 8.0 / 4.4, "trl": 8.0 / 9.0},

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_thundersync.bench.realgen import bound, format_rows, realgen_rows, parse_args
-from trl_thundersync.bench.stats import Comparison
+from benchmarks.realgen import bound, format_rows, parse_args, realgen_rows
+from benchmarks.stats import Comparison
 
 
 def test_bound_is_one_plus_rho_over_max_one_rho():
@@ -52,8 +52,8 @@ def test_schedules_are_checked():
 def test_distillation_traces_are_summarized_without_release_replay():
     """A ThunderSyncGKDTrainer trace has no rewards: stats.summarize (which replays the GRPO release points) refuses
     it, summarize_distill gives R, L, ρ and the tail."""
-    from trl_thundersync.bench.realgen import summarize_distill
-    from trl_thundersync.bench.stats import RunSteps, summarize
+    from benchmarks.realgen import summarize_distill
+    from benchmarks.stats import RunSteps, summarize
     from trl_thundersync.trace.records import StepTrace, TraceEvent
 
     events = (TraceEvent("rollout", "trajectory", 0.0, 2.0, index=0),
@@ -73,7 +73,7 @@ def test_distillation_traces_are_summarized_without_release_replay():
 
 
 def test_episode_rows_report_step_one_and_all_steps_per_grpo_schedule():
-    from trl_thundersync.bench.realgen import episode_log, episode_rows, format_episode_rows
+    from benchmarks.realgen import episode_log, episode_rows, format_episode_rows
 
     history = [{"loss": 0.1, "completions/mean_length": 70.0, "completions/max_length": 120.0,
                 "completions/clipped_ratio": 0.0, "tools/call_frequency": 1.0, "step_time": 1.0},

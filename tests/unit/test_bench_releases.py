@@ -10,12 +10,18 @@ import time
 
 import pytest
 
-from trl_thundersync.bench.__main__ import parse_args, with_releases
-from trl_thundersync.bench.calibration import makespan, predicted_rollout
-from trl_thundersync.bench.stats import (RunSteps, backward_slowdown_vs, compare, overlap_split, rollout_slowdown_vs,
-                                         summarize)
-from trl_thundersync.bench.workload import (_TRAJECTORY_KEY, ShellBenchEnv, Workload, command_for, env_factory,
-                                            grading_seconds, split_schedule, trajectory_multiplier)
+from benchmarks.__main__ import parse_args, with_releases
+from benchmarks.calibration import makespan, predicted_rollout
+from benchmarks.stats import RunSteps, backward_slowdown_vs, compare, overlap_split, rollout_slowdown_vs, summarize
+from benchmarks.workload import (
+    _TRAJECTORY_KEY,
+    ShellBenchEnv,
+    Workload,
+    command_for,
+    env_factory,
+    grading_seconds,
+    split_schedule,
+)
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
 # --- grading latency -------------------------------------------------------------------------------------------------
@@ -181,7 +187,7 @@ def test_backwards_before_r_are_paired_with_the_same_trajectory_in_sync():
 
 
 def test_markdown_renders_release_and_overlap_tables():
-    from trl_thundersync.bench.markdown import render
+    from benchmarks.markdown import render
 
     sync = [_release_step(k, "sync") for k in (1, 2)]
     content = [_release_step(k, "thundersync", content_kind=True) for k in (1, 2)]
@@ -190,7 +196,7 @@ def test_markdown_renders_release_and_overlap_tables():
     stats = {k: summarize([v]) for k, v in runs.items()}
     cmp = compare(stats, {k: list(v.traces) for k, v in runs.items()})
     assert cmp.primary == "thundersync:reward" and set(cmp.predicted_from_reward) == set(cmp.predicted_from_sync)
-    report = {"command": "python -m trl_thundersync.bench --preset quick-grading", "date": "2026-12-01",
+    report = {"command": "python -m benchmarks --preset quick-grading", "date": "2026-12-01",
               "seconds": 1.0, "points": [{"name": "g", "schedules": {k: v.to_dict() for k, v in stats.items()},
                                           "compare": cmp.to_dict()}]}
     text = render(report)
@@ -200,8 +206,8 @@ def test_markdown_renders_release_and_overlap_tables():
 
 
 def test_every_release_mode_is_predicted_from_the_sync_and_reward_traces():
-    from trl_thundersync.bench.markdown import mode_table
-    from trl_thundersync.bench.report import mode_predictions
+    from benchmarks.markdown import mode_table
+    from benchmarks.report import mode_predictions
 
     stats = {"sync": summarize([_run([_release_step(1, "sync")], 6.5)]),
              "thundersync:reward": summarize([_run([_release_step(1, "thundersync")], 6.5)])}

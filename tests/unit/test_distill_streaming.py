@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.learner import DistillBatchLearner, batch_direction
 from trl_thundersync.distill.losses import generalized_jsd_per_token, opd_loss_sum
 from trl_thundersync.distill.pipeline import TurnRouter, run_distill_batch
 from trl_thundersync.distill.records import TeacherScores
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from trl_thundersync.errors import NoScoredTokensError, StalePolicyError, TeacherScoringError
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import RolloutRequest
 
 BETA = 0.4
@@ -53,7 +53,8 @@ def _reference(model, trajectories, teacher, kind):
                                                                                                 e.action_ids))
             tokens += len(e.action_ids)
     grads = torch.autograd.grad(total / tokens, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                      for g, p in zip(grads, params, strict=True)])
 
 
 def _streamed(model, trajectories, teacher, kind, *, order_seed, schedule="thundersync", cut=True, version=0,
@@ -114,7 +115,7 @@ def test_admission_cap_bounds_retained_state_and_keeps_the_direction(student, ca
     for order_seed in range(3):
         spies = []
         streamed, totals, _ = _streamed(student, trajectories, teacher, "gjsd", order_seed=order_seed, max_open=cap,
-                                        backward_spy=lambda b: spies.append(_OpenStateSpy(b)) or spies[-1])
+                                        backward_spy=lambda b, spies=spies: spies.append(_OpenStateSpy(b)) or spies[-1])
         assert float((streamed - reference).norm() / reference.norm()) <= 1e-5
         assert totals.peak_open_trajectories == cap  # reached, never exceeded
         assert max(spies[0].sizes) <= cap and totals.turns == sum(len(t) for t in trajectories)

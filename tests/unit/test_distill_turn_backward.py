@@ -6,11 +6,11 @@ import pytest
 import torch
 from trl.experimental.gkd import GKDTrainer
 
+from tests.fixtures.turns import SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.losses import generalized_jsd_per_token, opd_loss_sum
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from trl_thundersync.errors import TurnOrderError
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.turns import SeededTeacher, synthetic_trajectory
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
+from tests.fixtures.vocab import relabelled_teacher
 from trl_thundersync.distill.teacher import LocalTeacher
 from trl_thundersync.distill.vocab_map import VocabularyMap
 from trl_thundersync.errors import VocabularyMismatchError
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.vocab import relabelled_teacher
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def test_map_must_be_total_and_in_range(tmp_path):
 
 
 def test_teacher_server_with_another_vocabulary_scores_through_the_map(teacher):
+    from tests.fixtures.fake_teacher_server import FakeTeacherServer
     from trl_thundersync.distill.teacher_server import ServerTeacher
-    from tests.fake_teacher_server import FakeTeacherServer
 
     other, mapping = relabelled_teacher(teacher, seed=2)
     vocab = teacher.config.vocab_size

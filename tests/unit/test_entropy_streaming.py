@@ -17,11 +17,11 @@ from trl_thundersync.streaming.learner import GRPOBatchLearner, SourceGradients
 from trl_thundersync.streaming.normalization import LossNormalization, entropy_scales
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import Rollout, ScoredRollout
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(seed: int, temperature: float):
     model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=seed)
     add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))  # as GRPOTrainer's policy

@@ -24,10 +24,6 @@ PREFIX = "trl_thundersync.envs"
 MOVED = {
     "agent_loop": ["harness.agent_loop"],
     "trl_tool_loop": ["harness.trl_tool_loop"],
-    "tool_calls": ["harness.tool_calls"],
-    "tool_messages": ["harness.tool_messages"],
-    "observation_tokens": ["harness.observation_tokens"],
-    "metrics": ["harness.metrics"],
     "sandbox_api": ["runtimes.api"],
     "sandbox": ["runtimes.api", "runtimes.bwrap"],
     "swe": ["environments.swe"],

@@ -8,8 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from trl_thundersync.trainers import gkd_trainer, grpo_trainer
-from trl_thundersync.trainers.lifecycle import (PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics,
-                                                trajectory_seed)
+from trl_thundersync.trainers.lifecycle import (
+    PublishCallback,
+    StepRecord,
+    StreamingLifecycle,
+    step_timing_metrics,
+    trajectory_seed,
+)
 
 
 class Engine:

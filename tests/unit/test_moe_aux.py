@@ -33,14 +33,14 @@ def test_the_load_balancing_gradient_is_weighted_by_micro_batch_counts_so_it_is_
     n = LAYERS * flat.sum()
     s = sum((layer.softmax(-1) * flat.unsqueeze(-1)).sum(0) for layer in logits)
     closed = torch.autograd.grad(E / n**2 * (counts.detach() * s).sum(), logits)
-    for a, b in zip(grads, closed):
+    for a, b in zip(grads, closed, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # per-sequence terms (each sequence's own counts and token count) give another gradient: the term must wait for
     # the whole micro-batch
     rows = [tuple(layer.view(3, 5, E)[i] for layer in logits) for i in range(3)]
     separate = sum(load_balancing_loss_func(r, E, K, mask[i:i + 1]) for i, r in enumerate(rows)) / 3
     split = torch.autograd.grad(separate, logits)
-    assert max(float((a - b).abs().max()) for a, b in zip(grads, split)) > 1e-3
+    assert max(float((a - b).abs().max()) for a, b in zip(grads, split, strict=True)) > 1e-3
 
 
 def rollout(index, prompt=(5, 6), completion=(7, 8, 9), g=2):

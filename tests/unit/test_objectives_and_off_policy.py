@@ -61,7 +61,7 @@ def trl_off_policy_keep(advantages, kls, threshold):
 
 
 def weighted_sum(values, weights):
-    finite = [w * v for v, w in zip(values, weights) if not math.isnan(v)]
+    finite = [w * v for v, w in zip(values, weights, strict=True) if not math.isnan(v)]
     return sum(finite) if finite else NAN
 
 

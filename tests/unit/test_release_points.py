@@ -249,9 +249,9 @@ def test_a_grpo_turn_router_drops_events_nobody_listens_to_and_a_distillation_on
 
 
 def test_config_refuses_unknown_release_points_caps_and_turn_release_with_checkpointing(tmp_path):
+    from tests.fixtures.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.errors import ConfigurationError
-    from trl_thundersync.testing.parity import cpu_config
 
     with pytest.raises(ConfigurationError, match="release='tokens' is not one of"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, release="tokens")
@@ -259,7 +259,8 @@ def test_config_refuses_unknown_release_points_caps_and_turn_release_with_checkp
         cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", max_buffered_trajectories=0)
     with pytest.raises(ConfigurationError, match="release='turn' with gradient_checkpointing=True.*release='content'"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, release="turn", gradient_checkpointing=True)
-    assert cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", gradient_checkpointing=True).release == "content"
+    config = cpu_config(ThunderSyncGRPOConfig, tmp_path, release="content", gradient_checkpointing=True)
+    assert config.release == "content"
 
 
 def test_a_rollout_without_a_finish_time_is_ready_when_it_reaches_the_learner():

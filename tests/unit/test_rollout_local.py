@@ -14,7 +14,7 @@ from trl_thundersync.errors import RolloutError
 from trl_thundersync.rollout.engine import RolloutEngine
 from trl_thundersync.rollout.local import EngineStats, LocalProcessEngine
 from trl_thundersync.rollout.weights import base_config, policy_state_dict
-from trl_thundersync.testing.tiny import save_tiny_model
+from trl_thundersync.tiny.model import save_tiny_model
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
 MAX_NEW = 24

@@ -86,7 +86,8 @@ def test_clean_environment(sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatc
 def test_pytest_runs_inside_with_the_project_interpreter(sandbox: BwrapSandbox, workspace: Path) -> None:
     version = sandbox.run("python3 -m pytest --version")
     assert version.ok and "pytest" in version.stdout + version.stderr
-    (workspace / "test_task.py").write_text("def test_pass():\n    assert 1 + 1 == 2\n\n\ndef test_fail():\n    assert 0\n")
+    (workspace / "test_task.py").write_text("def test_pass():\n    assert 1 + 1 == 2\n\n\n"
+                                            "def test_fail():\n    assert 0\n")
     run = sandbox.run("python3 -m pytest -q test_task.py")
     assert run.exit_code == 1 and "1 failed, 1 passed" in run.stdout
 

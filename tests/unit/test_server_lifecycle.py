@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.parity import cpu_config
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError, RolloutError
 from trl_thundersync.rollout.tempdir import OwnedTempDir
 from trl_thundersync.rollout.vllm_api import POLICY_VERSION_HEADER
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.rollout.vllm_replicas import ServerExited, await_health
-from trl_thundersync.testing.parity import cpu_config
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
 SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0)
@@ -278,7 +278,8 @@ def test_an_owned_server_that_died_between_batches_is_restarted_before_a_publica
     import torch
 
     supervisor = StubSupervisor(stubs)
-    engine = VLLMServerEngine([supervisor.server.url], None, SAMPLING, supervisor=supervisor, publisher=_NullPublisher())
+    engine = VLLMServerEngine([supervisor.server.url], None, SAMPLING, supervisor=supervisor,
+                              publisher=_NullPublisher())
     try:
         supervisor.kill()
         engine.publish(torch.nn.Linear(1, 1), policy_version=1)

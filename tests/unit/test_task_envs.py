@@ -18,15 +18,25 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.runtimes.api import CommandResult, Sandbox, SandboxError, SandboxLimits
 from trl_thundersync.envs.environments.swe import SWERepairEnv
-from trl_thundersync.envs.tasks import (
-    SWETask, TaskFormatError, TaskSetupError, TerminalTask, UnknownTaskError, load_swe_rows, load_swe_suite,
-    load_terminal_suite, seta_reward, swe_dataset, swe_reward, terminal_dataset,
-)
-from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
 from trl_thundersync.envs.environments.terminal import TerminalTaskEnv
 from trl_thundersync.envs.environments.validate import overlay_command
+from trl_thundersync.envs.runtimes.api import CommandResult, Sandbox, SandboxError, SandboxLimits
+from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
+from trl_thundersync.envs.tasks import (
+    SWETask,
+    TaskFormatError,
+    TaskSetupError,
+    TerminalTask,
+    UnknownTaskError,
+    load_swe_rows,
+    load_swe_suite,
+    load_terminal_suite,
+    seta_reward,
+    swe_dataset,
+    swe_reward,
+    terminal_dataset,
+)
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),

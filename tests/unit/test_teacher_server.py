@@ -16,7 +16,7 @@ from trl_thundersync.distill.teacher_server import ServerTeacher
 from trl_thundersync.errors import TeacherScoringError
 from trl_thundersync.rollout.vllm_api import HTTPReply, http_call
 from trl_thundersync.serve import EmbeddedServer, ServerThread
-from trl_thundersync.testing.tiny import save_tiny_model
+from trl_thundersync.tiny.model import save_tiny_model
 
 MAX_LOGPROBS = 5  # the server's --max-logprobs here
 

@@ -1,4 +1,4 @@
-"""testing/tiny_agent.py: the shared-prompt warm start computes the padded batch's loss and gradient; the build cache
+"""tiny/agent.py: the shared-prompt warm start computes the padded batch's loss and gradient; the build cache
 key (recipe, steps, seed) decides when a folder is reused."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from trl_thundersync.testing import tiny_agent
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.tiny import agent as tiny_agent
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

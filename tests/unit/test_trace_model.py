@@ -9,13 +9,35 @@ import sys
 
 import pytest
 
-from trl_thundersync.trace.export import (SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, to_chrome_trace,
-                                          write_chrome_trace, write_jsonl)
-from trl_thundersync.trace.model import (analytic_point, analytic_speedup, completion_closed_form,
-                                         full_overlap_limit, grpo_release_fraction, opd_release_fraction,
-                                         predicted_vs_measured, release_lag, release_tail, replay, replay_step,
-                                         speedup_upper_bound, sweep, sync_speedup, tail_bounds, trace_release_lag,
-                                         trace_tail, wave_speedup)
+from trl_thundersync.trace.export import (
+    SpeedupPoint,
+    plot_speedup,
+    plot_timeline,
+    read_jsonl,
+    to_chrome_trace,
+    write_chrome_trace,
+    write_jsonl,
+)
+from trl_thundersync.trace.model import (
+    analytic_point,
+    analytic_speedup,
+    completion_closed_form,
+    full_overlap_limit,
+    grpo_release_fraction,
+    opd_release_fraction,
+    predicted_vs_measured,
+    release_lag,
+    release_tail,
+    replay,
+    replay_step,
+    speedup_upper_bound,
+    sweep,
+    sync_speedup,
+    tail_bounds,
+    trace_release_lag,
+    trace_tail,
+    wave_speedup,
+)
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -13,21 +13,21 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from tests.fixtures.turns import synthetic_trajectory
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.tiny import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.testing.turns import synthetic_trajectory
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
 
 EOS = 7
 TOLERANCE = 1e-5  # FP32 floor of a one-trajectory gradient (observed ≤ ~1e-6)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(seed: int, temperature: float):
     model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=seed)
     add_fused_lm_head(model, temperature=temperature)  # as GRPOTrainer.__init__ does for the policy and the reference

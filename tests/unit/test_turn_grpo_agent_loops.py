@@ -7,10 +7,11 @@ import contextlib
 from types import SimpleNamespace
 
 import pytest
-import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from tests.fixtures.scripted import tool_call_text
+from tests.tools import add, echo
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer
 from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
@@ -19,11 +20,8 @@ from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.testing.scripted import tool_call_text
-from trl_thundersync.testing.tiny import build_tiny_model
+from trl_thundersync.tiny.model import build_tiny_model
 from trl_thundersync.types import Rollout, ScoredRollout
-from tests.tools import add, echo
-
 
 TOOLS = {"add": add, "echo": echo}
 

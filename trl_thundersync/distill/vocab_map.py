@@ -29,7 +29,7 @@ class VocabularyMap:
     student_to_teacher: torch.Tensor  # (V_s,) int64: teacher token id of each student token id
 
     @classmethod
-    def from_json(cls, path: str | Path, *, student_vocab: int, teacher_vocab: int | None) -> "VocabularyMap":
+    def from_json(cls, path: str | Path, *, student_vocab: int, teacher_vocab: int | None) -> VocabularyMap:
         try:
             entries = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -39,7 +39,7 @@ class VocabularyMap:
 
     @classmethod
     def from_list(cls, entries: Sequence[int], *, student_vocab: int, teacher_vocab: int | None,
-                  source: str = "the map") -> "VocabularyMap":
+                  source: str = "the map") -> VocabularyMap:
         """Validate: a list of exactly `student_vocab` integers, each in [0, teacher_vocab)."""
         where = f"teacher_vocab_map ({source})"
         if not isinstance(entries, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in entries):

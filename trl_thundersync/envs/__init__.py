@@ -16,7 +16,7 @@
   `TaskSetupError`, `UngradableWorkspace`).
 
 Dependencies point one way: environments → tasks → runtimes; the harness stands alone. The modules left at this
-level (`swe`, `terminal`, `validate`, `sandbox`, `sandbox_api`, `agent_loop`, `trl_tool_loop`, `tool_calls`,
-`tool_messages`, `observation_tokens`, `metrics`) only re-export their names from the layer they moved to, so
-imports written before the split keep working.
+level (`swe`, `terminal`, `validate`, `sandbox`, `sandbox_api`, `agent_loop`, `trl_tool_loop`: the paths users and
+docs imported) only re-export their names from the layer they moved to, so imports written before the split keep
+working.
 """

@@ -215,7 +215,7 @@ class AgentRolloutEngine:
                 raise UnknownEnvironmentError(  # trl.GRPOTrainer's text
                     f"Example has `environment={name!r}`, which is not among the environments passed to "
                     f"`environment_factory`. Expected one of: {list(factories)}.")
-        for request, name in zip(requests, names):
+        for request, name in zip(requests, names, strict=True):
             pool = self._env_pool.setdefault(name, [])
             k = cursor.get(name, 0)
             if k == len(pool):

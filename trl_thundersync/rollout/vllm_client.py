@@ -47,12 +47,34 @@ from typing import Any
 
 from ..errors import ConfigurationError, RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
-from .vllm_api import (Cancellation, Completion, EngineClosed, HTTPReply, check_base_url, completion_payload,
-                       error_message, http_call, lora_name, lora_version, parse_completion)
 from .batches import SubmittedBatch
+from .vllm_api import (
+    Cancellation,
+    Completion,
+    EngineClosed,
+    HTTPReply,
+    check_base_url,
+    completion_payload,
+    error_message,
+    http_call,
+    lora_name,
+    lora_version,
+    parse_completion,
+)
 from .vllm_publish import WeightPublisher
-from .vllm_replicas import (Replica, ReplicaStats, ServerEngineStats, ServerSupervisor, bring_back, check_tokenizer,
-                            connect_all, make_publisher, percentile, push_all, server_metrics)
+from .vllm_replicas import (
+    Replica,
+    ReplicaStats,
+    ServerEngineStats,
+    ServerSupervisor,
+    bring_back,
+    check_tokenizer,
+    connect_all,
+    make_publisher,
+    percentile,
+    push_all,
+    server_metrics,
+)
 
 __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
 
@@ -103,7 +125,8 @@ class VLLMServerEngine:
         try:
             reported = connect_all(self._replicas, startup_timeout, cancel=self._cancel, supervisor=supervisor)
             self._publisher = make_publisher(publisher, reported, nccl_options)
-            stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported) if v not in (None, policy_version)]
+            stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported, strict=True)
+                     if v not in (None, policy_version)]
             if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
@@ -246,7 +269,8 @@ class VLLMServerEngine:
             try:
                 completion = parse_completion(reply.json())
             except ValueError as exc:
-                raise RolloutError(f"{replica.url} answered trajectory {request.index} with invalid JSON: {exc}") from exc
+                raise RolloutError(
+                    f"{replica.url} answered trajectory {request.index} with invalid JSON: {exc}") from exc
             served = self._served_version(replica, completion, reply)
             if served != version:
                 raise StalePolicyError(f"trajectory {request.index}: {replica.url} sampled it with policy version "

@@ -249,7 +249,8 @@ class TRLNCCLPublisher:
         if self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
         client = self._client(url)
-        metadata = [(name, str(self.dtype or t.dtype).removeprefix("torch."), list(t.shape)) for name, t in self._tensors]
+        metadata = [(name, str(self.dtype or t.dtype).removeprefix("torch."), list(t.shape))
+                    for name, t in self._tensors]
         stream = ((name, t.to(device=self.device, dtype=self.dtype or t.dtype)) for name, t in self._tensors)
         try:
             client.update_named_params(metadata, stream)  # start → update (NCCL broadcast) → finish: synchronous

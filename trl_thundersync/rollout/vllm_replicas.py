@@ -22,8 +22,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError, RolloutError
-from .vllm_api import (Cancellation, EngineClosed, HTTPReply, error_message, http_call, parse_max_model_len,
-                       parse_model_ids)
+from .vllm_api import (
+    Cancellation,
+    EngineClosed,
+    HTTPReply,
+    error_message,
+    http_call,
+    parse_max_model_len,
+    parse_model_ids,
+)
 from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher, WeightPublisher
 
 logger = logging.getLogger(__name__)

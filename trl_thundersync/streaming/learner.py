@@ -14,8 +14,9 @@ most `max_buffered` trajectories hold an H_i buffer or per-turn state; the other
 With `objective_weights` (normalize_then_sum, `objectives.py`) groups keep per-function statistics and fold Σ R_i H_i
 and Σ H_i; the batch mean and std are the barrier's. With `off_policy_threshold` (TRL's off-policy sequence mask) a
 trajectory whose `off_policy_kl` is above it keeps H_i out of its group's G1/G2 (its reward still counts in μ, σ) in
-`masked`, counted against `max_buffered`; when the group closes it folds with its advantage (A_i ≥ 0) or is dropped
-(A_i < 0) — under normalize_then_sum the sign needs the batch mean, so it goes to the barrier in `BatchTotals.deferred`.
+the `OffPolicyMask` (`off_policy_mask.py`), counted against `max_buffered`; when the group closes it folds with its
+advantage (A_i ≥ 0) or is dropped (A_i < 0) — under normalize_then_sum the sign needs the batch mean, so it goes to
+the barrier in `BatchTotals.deferred`.
 
 With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
 when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
@@ -28,7 +29,6 @@ count, known only at the barrier (one parameter-sized buffer per micro-batch).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,12 +39,27 @@ from ..errors import BatchIncompleteError, StalePolicyError, UnscorableGroupErro
 from ..types import Rollout, ScoredRollout, TurnEvent
 from .accumulators import BatchAccumulator, GroupStatistics
 from .advantages import RewardScaling
-from .learner_records import BatchTotals, SourceGradients, WorkItem
+from .learner_records import BatchTotals, SourceGradients, TrajectoryTallies, WorkItem
 from .moe_aux import RouterAuxLoss
 from .objectives import ObjectiveGroupStatistics
+from .off_policy_mask import OffPolicyMask
 from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
+
+
+def _check_arguments(batch_size: int, num_generations: int, release: str,
+                     content_backward: Callable[[Rollout, int], SourceGradients] | None,
+                     turn_source: TurnSource | None) -> None:
+    """The constructor's refusals: whole groups only, and a release point's backward must be there."""
+    if batch_size % num_generations:
+        raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
+    if release not in RELEASE_POINTS:
+        raise ValueError(f"release={release!r} is not one of {RELEASE_POINTS}")
+    if release != "reward" and content_backward is None:
+        raise ValueError(f"release={release!r} needs a content_backward")
+    if release == "turn" and turn_source is None:
+        raise ValueError("release='turn' needs a turn_source")
 
 
 class GRPOBatchLearner:
@@ -73,14 +88,7 @@ class GRPOBatchLearner:
         off_policy_threshold: float | None = None,
         objective_weights: tuple[float, ...] | None = None,
     ) -> None:
-        if batch_size % num_generations:
-            raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
-        if release not in RELEASE_POINTS:
-            raise ValueError(f"release={release!r} is not one of {RELEASE_POINTS}")
-        if release != "reward" and content_backward is None:
-            raise ValueError(f"release={release!r} needs a content_backward")
-        if release == "turn" and turn_source is None:
-            raise ValueError("release='turn' needs a turn_source")
+        _check_arguments(batch_size, num_generations, release, content_backward, turn_source)
         self.batch_size = batch_size
         self.num_generations = num_generations
         self.num_groups = batch_size // num_generations
@@ -98,15 +106,9 @@ class GRPOBatchLearner:
         self.router_aux = router_aux
         self.entropy_micro_batch_of = entropy_micro_batch_of
         self.entropy_terms: dict[int, torch.Tensor] = {}  # Σ_{i∈b} E_i per TRL micro-batch b
-        self.entropy_sums = [0.0] * batch_size
-        # TRL's off-policy sequence mask: a row whose off-policy KL exceeds the threshold keeps H_i out of its group's
-        # G1/G2 (its reward still enters μ, σ) until the sign of A_i is known, then folds (A_i ≥ 0) or is dropped
-        self.off_policy_threshold = off_policy_threshold
         self.objective_weights = objective_weights  # normalize_then_sum (`objectives.py`); None: sum_then_normalize
-        self.masked: dict[int, tuple[int, torch.Tensor]] = {}  # index → (bucket, H_i), until its group closes
-        self.deferred: list[tuple[int, int, torch.Tensor]] = []  # normalize_then_sum: masked rows, until the barrier
-        self.off_policy_dropped: list[int] = []
-        self.objective_rewards = [math.nan] * batch_size
+        self.off_policy = OffPolicyMask(off_policy_threshold, defer=objective_weights is not None)
+        self.tallies = TrajectoryTallies.empty(batch_size)  # per-row values for the barrier
         self.accumulator = BatchAccumulator(num_params, device)
         self.open: dict[int, GroupStatistics] = {}
         self.closed: dict[int, GroupStatistics] = {}
@@ -119,11 +121,6 @@ class GRPOBatchLearner:
         self.reward_times: dict[int, float] = {}
         self.turn_fallbacks = 0  # turn-released trajectories recomputed whole (history mismatch)
         self.peak_held = 0  # most trajectories holding a buffer or per-turn state at once
-        self.rewards = [math.nan] * batch_size
-        self.tokens = [0] * batch_size
-        self.free_values = [0.0] * batch_size
-        self.kl_sums = [0.0] * batch_size
-        self.policy_values: list[float | None] = [None] * batch_size
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
 
@@ -142,7 +139,7 @@ class GRPOBatchLearner:
                 f"trajectory {index} claims group {group}, expected {index // self.num_generations}")
 
     def _holding(self) -> int:
-        return len(self.buffered) + len(self.turning) + len(self.masked) + len(self.deferred)
+        return len(self.buffered) + len(self.turning) + self.off_policy.held()
 
     def submit_turn(self, event: TurnEvent) -> None:
         """Release="turn": one turn's action is complete; run its backward now if the trajectory holds a slot."""
@@ -190,7 +187,7 @@ class GRPOBatchLearner:
         if grads.free_grad is not None:
             self.accumulator.add_free(grads.free_grad, bucket)
         self._add_entropy(rollout.index, grads)
-        self._record(rollout.index, grads)
+        self.tallies.record(rollout.index, grads)
         # K_i and E_i are folded already: keep only H_i, so the buffer holds one vector (release.vector_bytes)
         self.buffered[rollout.index] = Buffered(replace(grads, free_grad=None, entropy_grad=None), ready)
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, ready, start,
@@ -235,13 +232,6 @@ class GRPOBatchLearner:
                     progress = True
                     break
 
-    def _record(self, index: int, grads: SourceGradients) -> None:
-        self.tokens[index] = grads.scored_tokens
-        self.free_values[index] = grads.free_value
-        self.kl_sums[index] = grads.kl_sum
-        self.entropy_sums[index] = grads.entropy_sum
-        self.policy_values[index] = grads.policy_value
-
     def _add_entropy(self, index: int, grads: SourceGradients) -> None:
         if grads.entropy_grad is None:
             return
@@ -278,9 +268,9 @@ class GRPOBatchLearner:
                 self.accumulator.add_free(grads.free_grad, bucket)
             self._add_entropy(rollout.index, grads)
             self._add(group, source, grads, grads.score_grad, bucket)
-            self._record(rollout.index, grads)
+            self.tallies.record(rollout.index, grads)
             kind, tokens, content_ready = "trajectory", grads.scored_tokens, rollout.finished_at
-        self.rewards[rollout.index] = source.reward
+        self.tallies.rewards[rollout.index] = source.reward
         end = time.perf_counter()
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, source.scored_at, start,
                                   end, tokens, content_ready=content_ready, reward_at=source.scored_at))
@@ -290,33 +280,11 @@ class GRPOBatchLearner:
 
     def _add(self, group, source: ScoredRollout, grads: SourceGradients, score_grad, bucket: int) -> None:
         index = source.rollout.index
-        if (score_grad is not None and self.off_policy_threshold is not None
-                and grads.off_policy_kl > self.off_policy_threshold):
-            self.masked[index] = (bucket, score_grad)  # kept if A_i ≥ 0, dropped otherwise (TRL's mask)
-            score_grad = None
+        score_grad = self.off_policy.hold(index, bucket, grads, score_grad)
         if isinstance(group, ObjectiveGroupStatistics):
             group.add(source.reward, score_grad, bucket, index=index, rewards_per_func=source.rewards_per_func)
         else:
             group.add(source.reward, score_grad, bucket)
-
-    def _close_masked(self, group, scale: float) -> None:
-        """Off-policy masked members of a closing group: fold (A_i ≥ 0) or drop (A_i < 0); under normalize_then_sum
-        the sign needs the batch mean, so they wait for the barrier (`BatchTotals.deferred`)."""
-        first = group.group * self.num_generations
-        for index in range(first, first + self.num_generations):
-            if index not in self.masked:
-                continue
-            bucket, vector = self.masked.pop(index)
-            if self.objective_weights is not None:
-                self.deferred.append((index, bucket, vector))
-                continue
-            offset = self.rewards[index] - group.mean  # sign of A_i (σ + eps > 0; a NaN scale: A_i = 0, no term)
-            if not math.isfinite(scale) or not math.isfinite(offset):
-                continue
-            if offset < 0:
-                self.off_policy_dropped.append(index)
-            else:
-                self.accumulator.add_policy({bucket: vector * (offset * scale)})
 
     def _close(self, group: GroupStatistics, ready: float) -> None:
         if not group.scorable and not self.allow_unscorable_groups:
@@ -333,11 +301,13 @@ class GRPOBatchLearner:
             self.accumulator.add_policy(weighted)
             self.accumulator.add_offset(scorable_sum)
             for index, value in group.normalized().items():
-                self.objective_rewards[index] = value
+                self.tallies.objective_rewards[index] = value
         else:
             scale = self.scaling.group_scale(group.std)  # "batch": 1/(σ_B + eps) at the barrier (`advantages.py`)
             self.accumulator.add_policy(group.fold(scale))
-        self._close_masked(group, scale)
+        first = group.group * self.num_generations  # off-policy masked members: fold, drop or defer (TRL's mask)
+        self.off_policy.close(range(first, first + self.num_generations), self.tallies.rewards, group.mean, scale,
+                              self.accumulator)
         group.free()
         del self.open[group.group]
         self.closed[group.group] = group
@@ -347,7 +317,7 @@ class GRPOBatchLearner:
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
         used += sum(vector_bytes(b.grads) for b in self.buffered.values())
-        used += sum(v.numel() * 4 for _, v in self.masked.values()) + sum(v.numel() * 4 for *_, v in self.deferred)
+        used += self.off_policy.nbytes()
         if self.router_aux is not None:
             used += self.router_aux.nbytes()
         used += sum(v.numel() * 4 for v in self.entropy_terms.values())
@@ -363,8 +333,7 @@ class GRPOBatchLearner:
         self.turning.clear()
         self.buffered.clear()
         self.entropy_terms.clear()
-        self.masked.clear()
-        self.deferred.clear()
+        self.off_policy.clear()
         if self.router_aux is not None:
             self.router_aux.abort()
 
@@ -385,12 +354,12 @@ class GRPOBatchLearner:
         router_aux = self.router_aux.finish() if self.router_aux is not None else None
         return BatchTotals(
             accumulator=self.accumulator,
-            rewards=tuple(self.rewards),
+            rewards=tuple(self.tallies.rewards),
             group_means=tuple(g.mean for g in groups),
             group_stds=tuple(g.std for g in groups),
-            scored_tokens=tuple(self.tokens),
-            free_values=tuple(self.free_values),
-            kl_sums=tuple(self.kl_sums),
+            scored_tokens=tuple(self.tallies.tokens),
+            free_values=tuple(self.tallies.free_values),
+            kl_sums=tuple(self.tallies.kl_sums),
             work=tuple(replace(w, reward_at=self.reward_times.get(w.index)) if w.kind in ("content", "close", "turn")
                        else w for w in self.work),
             peak_stats_bytes=self.peak_bytes,
@@ -399,9 +368,9 @@ class GRPOBatchLearner:
             turn_fallbacks=self.turn_fallbacks,
             router_aux=router_aux,
             entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
-            entropy_sums=tuple(self.entropy_sums),
-            objective_rewards=tuple(self.objective_rewards) if self.objective_weights is not None else None,
-            deferred=tuple(self.deferred),
-            off_policy_dropped=tuple(self.off_policy_dropped),
-            policy_values=tuple(self.policy_values),
+            entropy_sums=tuple(self.tallies.entropy_sums),
+            objective_rewards=tuple(self.tallies.objective_rewards) if self.objective_weights is not None else None,
+            deferred=tuple(self.off_policy.deferred),
+            off_policy_dropped=tuple(self.off_policy.dropped),
+            policy_values=tuple(self.tallies.policy_values),
         )

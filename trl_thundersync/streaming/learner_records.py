@@ -1,7 +1,9 @@
-"""Frozen records of the GRPO learner: what a source's backward produced, one unit of work, the batch totals."""
+"""Records of the GRPO learner: what a source's backward produced, one unit of work, the batch totals (frozen), and
+the per-row tallies it fills on the way (its running state)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -71,3 +73,32 @@ class BatchTotals:
     deferred: tuple[tuple[int, int, torch.Tensor], ...] = ()  # (index, bucket, H_i) masked rows decided at the barrier
     off_policy_dropped: tuple[int, ...] = ()  # rows whose policy term the off-policy mask dropped (so far)
     policy_values: tuple[float | None, ...] = ()  # per trajectory index: SourceGradients.policy_value
+
+
+@dataclass
+class TrajectoryTallies:
+    """Per-row values of one batch for the barrier (batch-row order), filled as each trajectory's backward runs.
+
+    Mutable on purpose: the learner's own running state, frozen into `BatchTotals` tuples at the barrier."""
+
+    rewards: list[float]  # R_i, NaN until scored (and for unscorable rows)
+    tokens: list[int]  # SourceGradients.scored_tokens
+    free_values: list[float]  # SourceGradients.free_value
+    kl_sums: list[float]  # SourceGradients.kl_sum
+    entropy_sums: list[float]  # SourceGradients.entropy_sum
+    policy_values: list[float | None]  # SourceGradients.policy_value
+    objective_rewards: list[float]  # normalize_then_sum: TRL's group-normalized R_i, NaN until its group closes
+
+    @classmethod
+    def empty(cls, batch_size: int) -> TrajectoryTallies:
+        return cls(rewards=[math.nan] * batch_size, tokens=[0] * batch_size, free_values=[0.0] * batch_size,
+                   kl_sums=[0.0] * batch_size, entropy_sums=[0.0] * batch_size, policy_values=[None] * batch_size,
+                   objective_rewards=[math.nan] * batch_size)
+
+    def record(self, index: int, grads: SourceGradients) -> None:
+        """Keep the scalars of row `index`'s backward."""
+        self.tokens[index] = grads.scored_tokens
+        self.free_values[index] = grads.free_value
+        self.kl_sums[index] = grads.kl_sum
+        self.entropy_sums[index] = grads.entropy_sum
+        self.policy_values[index] = grads.policy_value

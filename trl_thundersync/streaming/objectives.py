@@ -119,7 +119,7 @@ class ObjectiveGroupStatistics:
         """R_i per batch index, exactly as TRL computes it (NaN for unscorable rows)."""
         order, table = self._table()
         values = group_normalized_rewards(table, torch.tensor(self.weights, dtype=torch.float32))
-        return dict(zip(order, values.tolist()))
+        return dict(zip(order, values.tolist(), strict=True))
 
     @property
     def mean(self) -> float:  # of R (for the barrier's records; the advantage uses the batch statistics)

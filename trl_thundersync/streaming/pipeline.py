@@ -162,13 +162,45 @@ def run_logical_batch(
     """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
     its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises."""
     start = time.perf_counter()
+    delivered: list[int] = []
+    items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
+                          delivered)
+    arrived = _scored_sources(items, delivered, len(requests))
+    if schedule == "sync":
+        for item in arrived:
+            learner.submit(item)
+    try:
+        totals = learner.finish()
+    except BaseException:
+        learner.abort()
+        raise
+    barrier = time.perf_counter()
+    rollout_end = max([s.scored_at for s in arrived], default=start)
+    busy = sum(w.end - w.start for w in totals.work)
+    order = tuple(s.rollout.index for s in arrived)
+    return totals, BatchTiming(start, rollout_end, busy, barrier, order)
+
+
+def _stream_batch(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    policy_version: int,
+    score: Callable[[Rollout], Sequence[ScoredRollout]],
+    learner: GRPOBatchLearner,
+    schedule: str,
+    on_source: Callable[[ScoredRollout], None] | None,
+    turns: TurnRouter | None,
+    grade: Callable[[Rollout], None] | None,
+    delivered: list[int],
+) -> list:
+    """Run the batch's rollouts on the producer thread and hand each item to the learner as it arrives (under
+    "thundersync"); returns every item in arrival order. `delivered` collects the indices the engine delivered."""
     inbox: queue.Queue = queue.Queue()
     early = schedule == "thundersync" and learner.release != "reward"  # work before the reward
     if turns is not None and early and learner.release == "turn":
         turns.open(inbox)
     engine.start_batch(requests, policy_version)
     stop = threading.Event()
-    delivered: list[int] = []
     producer = threading.Thread(target=_produce, args=(engine, score, inbox, stop, delivered, early, grade),
                                 name="thundersync-rollouts", daemon=True)
     producer.start()
@@ -185,7 +217,7 @@ def run_logical_batch(
                 learner.submit(item)
 
     try:
-        items = drain(inbox, stop, on_item)
+        return drain(inbox, stop, on_item)
     except BaseException:
         learner.abort()
         raise
@@ -193,23 +225,15 @@ def run_logical_batch(
         if turns is not None:
             turns.close()
         producer.join(timeout=5.0)
+
+
+def _scored_sources(items: list, delivered: list[int], requested: int) -> list[ScoredRollout]:
+    """The scored trajectories among the arrived items; a batch that lost or never scored a trajectory is an error."""
     arrived: list[ScoredRollout] = [x for x in items if isinstance(x, ScoredRollout)]
-    if len(delivered) != len(requests):
-        raise RolloutError(f"the rollout engine delivered {len(delivered)} of {len(requests)} trajectories")
-    if len(arrived) != len(requests):  # every trajectory arrived, but some reward call never became complete
+    if len(delivered) != requested:
+        raise RolloutError(f"the rollout engine delivered {len(delivered)} of {requested} trajectories")
+    if len(arrived) != requested:  # every trajectory arrived, but some reward call never became complete
         unscored = sorted(set(delivered) - {s.rollout.index for s in arrived})
         raise RolloutError(f"{len(unscored)} delivered trajectories were never scored (first: {unscored[:5]}): their "
                            "group or batch reward call never became complete")
-    if schedule == "sync":
-        for item in arrived:
-            learner.submit(item)
-    try:
-        totals = learner.finish()
-    except BaseException:
-        learner.abort()
-        raise
-    barrier = time.perf_counter()
-    rollout_end = max([s.scored_at for s in arrived], default=start)
-    busy = sum(w.end - w.start for w in totals.work)
-    order = tuple(s.rollout.index for s in arrived)
-    return totals, BatchTiming(start, rollout_end, busy, barrier, order)
+    return arrived

@@ -31,7 +31,7 @@ from typing import get_args
 import torch
 
 from ..errors import RewardScopeError
-from ..types import Rollout, RewardScope, ScoredRollout
+from ..types import RewardScope, Rollout, ScoredRollout
 from .grading import GradingPool
 from .rewards import RewardContext, RewardScorer, ScoringInput, describe_call
 

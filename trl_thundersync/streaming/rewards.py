@@ -92,7 +92,7 @@ class RewardScorer:
         per_row = torch.tensor(columns, dtype=torch.float32).T.reshape(len(items), len(self.funcs))
         scored_at = time.perf_counter()
         out = []
-        for item, per_func in zip(items, per_row):
+        for item, per_func in zip(items, per_row, strict=True):
             reward = math.nan if torch.isnan(per_func).all() else float((per_func * self.weights).nansum())
             out.append(ScoredRollout(item.rollout, tuple(float(v) for v in per_func), reward, scored_at))
         return out
@@ -106,14 +106,15 @@ class RewardScorer:
             args = dict(prompts=[x.prompt for x in items], completions=[x.rollout.completion for x in items],
                         completion_ids=[list(x.rollout.completion_ids) for x in items],
                         **self._kwargs(items, context))
-            if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):
+            if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):  # noqa: B004 (an async __call__, as TRL checks)
                 output = self._run_async(func(**args))
             else:
                 output = func(**args)
         except RewardFunctionError:
             raise
         except Exception as exc:
-            raise RewardFunctionError(f"reward function '{name}' raised {type(exc).__name__}: {exc} on {where}") from exc
+            raise RewardFunctionError(
+                f"reward function '{name}' raised {type(exc).__name__}: {exc} on {where}") from exc
         return _checked_values(output, len(items), name, where)
 
     @staticmethod
@@ -182,7 +183,8 @@ def _single_value(value: Any, name: str, where: str) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError) as exc:
-        raise RewardFunctionError(f"reward function '{name}' returned {value!r} on {where}; expected a number or None") from exc
+        raise RewardFunctionError(
+            f"reward function '{name}' returned {value!r} on {where}; expected a number or None") from exc
     if math.isnan(value) or math.isinf(value):
         raise RewardFunctionError(
             f"reward function '{name}' returned {value} on {where}; return None for 'not applicable', not NaN/inf"

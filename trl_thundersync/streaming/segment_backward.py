@@ -61,7 +61,7 @@ class GradientSum:
         self.buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
-        for buffer, grad in zip(self.buffers, grads):
+        for buffer, grad in zip(self.buffers, grads, strict=True):
             if grad is not None:
                 _require_finite(grad, where)
                 buffer.add_(grad.to(torch.float32))
@@ -77,7 +77,7 @@ class FlatGradient:
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
         offset = 0
-        for size, grad in zip(self.sizes, grads):
+        for size, grad in zip(self.sizes, grads, strict=True):
             if grad is not None:
                 _require_finite(grad, where)
                 self.vector[offset : offset + size].add_(grad.reshape(-1).to(torch.float32))
@@ -176,7 +176,8 @@ class _Segment:
     def pending(self, name: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(retained outputs, their adjoints) of one channel, where a later turn sent one."""
         adj = self.adjoints[name]
-        pairs = [*zip(self.keys, adj.keys), *zip(self.values, adj.values), (self.last_logits, adj.logits)]
+        pairs = [*zip(self.keys, adj.keys, strict=True), *zip(self.values, adj.values, strict=True),
+                 (self.last_logits, adj.logits)]
         pairs = [(out, a) for out, a in pairs if a is not None]
         return [out for out, _ in pairs], [a for _, a in pairs]
 
@@ -238,7 +239,7 @@ class BoundaryCut:
         if len(new) == len(action) and not state.segments:
             raise TurnOrderError(f"trajectory {event.index} turn {event.turn}: an action with an empty context")
         # one leaf per earlier segment and layer, sharing that segment's storage (no copy of the prefix)
-        proxies = [t.detach().requires_grad_() for s in state.segments for pair in zip(s.keys, s.values)
+        proxies = [t.detach().requires_grad_() for s in state.segments for pair in zip(s.keys, s.values, strict=True)
                    for t in pair]
         saved = _SavedBytes(self._param_storages)
         with saved.hooks():
@@ -246,8 +247,8 @@ class BoundaryCut:
             if proxies:
                 width = 2 * len(state.segments[0].keys)
                 cache = DynamicCache(ddp_cache_data=[
-                    (torch.cat(proxies[2 * l :: width], dim=-2), torch.cat(proxies[2 * l + 1 :: width], dim=-2))
-                    for l in range(width // 2)])
+                    (torch.cat(proxies[2 * layer :: width], dim=-2), torch.cat(proxies[2 * layer + 1 :: width], dim=-2))
+                    for layer in range(width // 2)])
             logits = model_logits(self.model, new, self.device, cache, keep=action_rows(len(new), len(action)))
             start = len(state.ids)
             keys = [layer.keys[:, :, start:] for layer in cache.layers]

@@ -34,8 +34,8 @@ import torch
 
 from ..errors import NonFiniteGradientError, RolloutError
 from ..types import Rollout, ScoredRollout
-from .learner import SourceGradients
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
+from .learner import SourceGradients
 from .normalization import LossNormalization
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
@@ -61,9 +61,8 @@ def policy_value(normalization: LossNormalization, logps: torch.Tensor, mask: to
 
 def flatten_grads(grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate per-parameter gradients into one FP32 vector (zeros where a parameter got none)."""
-    parts = [
-        (g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32) for g, p in zip(grads, params)
-    ]
+    parts = [(g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32)
+             for g, p in zip(grads, params, strict=True)]
     return torch.cat(parts)
 
 
@@ -145,6 +144,7 @@ class TrajectoryBackward:
         return self.gradients(rollout, score=True)
 
     def gradients(self, rollout: Rollout, *, score: bool) -> SourceGradients:
+        """One forward, then one vector-Jacobian product per needed term: H_i (`score`), K_i (β ≠ 0), E_i (entropy)."""
         ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)
         attention = torch.ones_like(ids)
         keep = len(rollout.completion_ids)
@@ -158,6 +158,25 @@ class TrajectoryBackward:
         if not (need_score or need_free or need_entropy):
             return SourceGradients(None, None, tokens)
 
+        logps, entropies = self._forward(rollout, ids, attention, keep, mask, need_entropy)
+        outputs: list[tuple[str, torch.Tensor]] = []  # (term kind, scalar to differentiate), in VJP order
+        off_policy, value = self._score_term(rollout, logps, mask, weight, outputs) if need_score else (0.0, 0.0)
+        free_value, kl_sum = (self._free_term(ids, attention, keep, logps, mask, weight, outputs) if need_free
+                              else (0.0, 0.0))
+        entropy_sum = self._entropy_term(entropies, mask, outputs) if need_entropy else 0.0
+
+        vectors = self._vectors(outputs)
+        score = vectors.get("score")
+        if score is not None and not math.isfinite(float(score.abs().sum())):
+            raise NonFiniteGradientError(
+                f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
+            )
+        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
+                               vectors.get("entropy"), entropy_sum, off_policy, value)
+
+    def _forward(self, rollout: Rollout, ids: torch.Tensor, attention: torch.Tensor, keep: int, mask: torch.Tensor,
+                 need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log π(o_it) [1, T] (and entropies H_it [1, T] with the entropy bonus); loud on non-finite ones."""
         if need_entropy:
             logps, entropies = self.logps_entropy_fn(ids, attention, keep)
         else:
@@ -167,47 +186,49 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
                 f"version {rollout.policy_version}; refusing to accumulate it"
             )
-        outputs, kinds, free_value, kl_sum, off_policy, value = [], [], 0.0, 0.0, 0.0, 0.0
-        if need_score and self.off_policy_sampling:
-            off_policy = off_policy_kl(logps, sampler_logps(rollout, self.device), mask)
-        if need_score:
-            policy = logps * mask
-            weights = None
-            if self.correction is not None:
-                weights = self.correction.weights(logps, self._sampling_logps(rollout), mask)
-                policy = policy * weights
-            outputs.append(policy.sum() * weight * self.normalization.policy_coefficient)
-            value = policy_value(self.normalization, logps, mask, weights, weight)
-            kinds.append("score")
-        if need_free:
-            with torch.no_grad():
-                ref = self.ref_logps_fn(ids, attention, keep)
-            kl = torch.exp(ref - logps) - (ref - logps) - 1
-            kl_sum = float((kl.detach() * mask).sum())
-            if self.bias_correction_kl:
-                kl = kl * torch.exp(logps - logps.detach())
-            outputs.append((kl * mask).sum() * weight * self.beta)
-            free_value = float(outputs[-1].detach())
-            kinds.append("free")
-        entropy_sum = 0.0
-        if need_entropy:
-            bonus = (entropies * mask).sum()
-            entropy_sum = float(bonus.detach())
-            if self.entropy_coef != 0.0 and bonus.requires_grad:
-                outputs.append(bonus * -self.entropy_coef)
-                kinds.append("entropy")
+        return logps, entropies
 
+    def _score_term(self, rollout: Rollout, logps: torch.Tensor, mask: torch.Tensor, weight: float,
+                    outputs: list[tuple[str, torch.Tensor]]) -> tuple[float, float]:
+        """Appends Σ_t m_it · u_i · c_it · log π(o_it) (H_i's potential); returns (off-policy KL, V_i)."""
+        off_policy = 0.0
+        if self.off_policy_sampling:
+            off_policy = off_policy_kl(logps, sampler_logps(rollout, self.device), mask)
+        policy = logps * mask
+        weights = None
+        if self.correction is not None:
+            weights = self.correction.weights(logps, self._sampling_logps(rollout), mask)
+            policy = policy * weights
+        outputs.append(("score", policy.sum() * weight * self.normalization.policy_coefficient))
+        return off_policy, policy_value(self.normalization, logps, mask, weights, weight)
+
+    def _free_term(self, ids: torch.Tensor, attention: torch.Tensor, keep: int, logps: torch.Tensor,
+                   mask: torch.Tensor, weight: float, outputs: list[tuple[str, torch.Tensor]]) -> tuple[float, float]:
+        """Appends β · Σ_t m_it · u_i · KL_it · ratio_it (K_i's potential); returns (its value, Σ_t m_it KL_it)."""
+        with torch.no_grad():
+            ref = self.ref_logps_fn(ids, attention, keep)
+        kl = torch.exp(ref - logps) - (ref - logps) - 1
+        kl_sum = float((kl.detach() * mask).sum())
+        if self.bias_correction_kl:
+            kl = kl * torch.exp(logps - logps.detach())
+        outputs.append(("free", (kl * mask).sum() * weight * self.beta))
+        return float(outputs[-1][1].detach()), kl_sum
+
+    def _entropy_term(self, entropies: torch.Tensor, mask: torch.Tensor,
+                      outputs: list[tuple[str, torch.Tensor]]) -> float:
+        """Appends −coef · Σ_t m_it H_it (E_i's potential) unless coef = 0; returns Σ_t m_it H_it."""
+        bonus = (entropies * mask).sum()
+        if self.entropy_coef != 0.0 and bonus.requires_grad:
+            outputs.append(("entropy", bonus * -self.entropy_coef))
+        return float(bonus.detach())
+
+    def _vectors(self, outputs: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One flat FP32 gradient per term, sharing the forward graph until the last product."""
         vectors: dict[str, torch.Tensor] = {}
-        for n, (kind, out) in enumerate(zip(kinds, outputs)):
+        for n, (kind, out) in enumerate(outputs):
             grads = torch.autograd.grad(out, self.params, retain_graph=n + 1 < len(outputs), allow_unused=True)
             vectors[kind] = flatten_grads(grads, self.params)
-        score = vectors.get("score")
-        if score is not None and not math.isfinite(float(score.abs().sum())):
-            raise NonFiniteGradientError(
-                f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
-            )
-        return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
-                               vectors.get("entropy"), entropy_sum, off_policy, value)
+        return vectors
 
     def _sampling_logps(self, rollout) -> torch.Tensor:
         values = rollout.sampling_logprobs

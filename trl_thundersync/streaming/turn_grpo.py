@@ -17,8 +17,10 @@ then applies what is known only when the trajectory's content is complete (`sour
     H_i = s_i · u_i · policy_coefficient · c_i      u_i = normalization.sequence_weight(|m_i|) (grpo: 1/|o_i|)
     K_i = k_i · u_i                                  c_i: TRL's sequence-mode weight from the recorded log-probs
     E_i = e_i                                        (normalized per TRL micro-batch at the barrier)
-    V_i = Σ_j Σ_{t∈a_j} c_t · h_t · u_i · policy_coefficient · c_i   the loss value's coefficient (`source.policy_value`;
-                                                     h_t = log π(a_t) for cispo / vespo, else 1), from the turns' records
+    V_i = Σ_j Σ_{t∈a_j} c_t · h_t · u_i · policy_coefficient · c_i
+                                                     the loss value's coefficient (`source.policy_value`;
+                                                     h_t = log π(a_t) for cispo / vespo, else 1),
+                                                     from the turns' records
 
 Exact only when the turns are the rollout's token history: the turns' context + action tokens are a prefix of
 prompt + completion, and the action positions are exactly the env_mask-1 positions (token modes: with the sampler
@@ -241,7 +243,7 @@ class TurnScoreBackward:
         """The turns' recorded learner log-probs laid out over the completion, [1, T] (0 off the actions)."""
         logps = torch.zeros(1, len(rollout.completion_ids), dtype=torch.float32)
         offset = len(rollout.prompt_ids)
-        for (start, end), values in zip(state.spans if state else [], state.logps if state else []):
+        for (start, end), values in zip(state.spans if state else [], state.logps if state else [], strict=True):
             logps[0, start - offset : end - offset] = values.float().cpu()
         return logps
 
@@ -272,7 +274,7 @@ class TurnScoreBackward:
             return "the action tokens are not exactly the env_mask-1 tokens of the completion"
         if self.token_mode and state is not None:
             sampled = rollout.sampling_logprobs or ()
-            for (start, end), values in zip(state.spans, state.sampled):
+            for (start, end), values in zip(state.spans, state.sampled, strict=True):
                 if tuple(sampled[start - offset : end - offset]) != tuple(values or ()):
                     return "the turns' sampler log-probs differ from the rollout's"
         return None

@@ -31,7 +31,7 @@ class ModelShape:
     gated_mlp: bool = True
 
     @classmethod
-    def from_config(cls, config) -> "ModelShape":
+    def from_config(cls, config) -> ModelShape:
         config = getattr(config, "text_config", config)
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

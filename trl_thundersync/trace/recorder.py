@@ -18,7 +18,6 @@ from ..streaming.learner import WorkItem
 from ..types import ScoredRollout
 from .records import StepTrace, TraceEvent
 
-
 # WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them).
 LEARNER_KINDS = {"trajectory": "source_backward", "content": "content_backward", "turn": "turn_backward",
                  "close": "turn_close", "bind": "bind", "group_fold": "group_fold"}
@@ -55,7 +54,7 @@ def rollout_events(scored: Sequence[ScoredRollout]) -> list[TraceEvent]:
             runs = action_runs(r.env_mask, len(r.completion_ids))
             if len(runs) != len(r.agent.turn_intervals):
                 runs = [0] * len(r.agent.turn_intervals)  # unknown split (0 tokens: the replay splits evenly)
-            for turn, ((start, end), tokens) in enumerate(zip(r.agent.turn_intervals, runs)):
+            for turn, ((start, end), tokens) in enumerate(zip(r.agent.turn_intervals, runs, strict=True)):
                 events.append(TraceEvent("rollout", "turn", start, end, r.index, r.group, turn, r.policy_version,
                                          tokens=tokens))
             for start, end in r.agent.tool_intervals:

@@ -32,8 +32,13 @@ from ..errors import UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from .gkd_config import ThunderSyncGKDConfig
-from .gkd_rollout import (agent_engine, pass_through_collator, requests_from_collated, requests_from_rows,
-                          sampling_params)
+from .gkd_rollout import (
+    agent_engine,
+    pass_through_collator,
+    requests_from_collated,
+    requests_from_rows,
+    sampling_params,
+)
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
 from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
@@ -187,7 +192,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
                                            schedule=self.args.schedule, router=self._router if self._agentic else None,
                                            logits_vocab_size=vocab, on_item=items.append)
-        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens)):
+        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens), strict=True):
             param.grad = direction.to(param.dtype)
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)

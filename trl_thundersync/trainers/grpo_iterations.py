@@ -171,11 +171,12 @@ def padded_tokens(trainer: Any, scored) -> dict[str, torch.Tensor]:
            "completion_mask": padded([[1] * len(c) for c in completions], 0, "right")}
     if trainer._agentic() or any(s.rollout.env_mask is not None for s in scored):
         out["tool_mask"] = padded([s.rollout.env_mask if s.rollout.env_mask is not None else [1] * len(c)
-                                   for s, c in zip(scored, completions)], 1, "right")
+                                   for s, c in zip(scored, completions, strict=True)], 1, "right")
     if trainer.mask_truncated_completions:
         eos_and_pad = [*trainer.eos_token_ids, pad_id]
         truncated = torch.tensor([s.rollout.truncated if s.rollout.truncated is not None
-                                  else bool(c) and c[-1] not in eos_and_pad for s, c in zip(scored, completions)],
+                                  else bool(c) and c[-1] not in eos_and_pad
+                                  for s, c in zip(scored, completions, strict=True)],
                                  device=device)
         for key in ("completion_mask", "tool_mask"):
             if key in out:

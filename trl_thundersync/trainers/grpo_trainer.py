@@ -409,4 +409,4 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     def _log_extra_rows(self, column: str, rows, values: list) -> None:
         """`log_extra` of one reward call (`RewardContext`): values keyed by trajectory until `_log_batch`."""
-        self._pending_extra_rows[column].update(zip(rows, values))
+        self._pending_extra_rows[column].update(zip(rows, values, strict=True))

@@ -134,7 +134,7 @@ class ToolRunner:
 async def _with_timeout(coro, timeout: float) -> Any:
     try:
         return await asyncio.wait_for(coro, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise TimeoutError(f"tool call did not finish within {timeout:g} s") from None
 
 

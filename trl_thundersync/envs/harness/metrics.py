@@ -21,7 +21,7 @@ def model_token_counts(completion_ids: Sequence[Sequence[int]],
                        env_masks: Sequence[Sequence[int] | None]) -> list[int]:
     """Per completion, the tokens TRL's `completions/*_length` metrics count: the model's own (mask 1) when there is
     a tool/environment mask, else all of them (`GRPOTrainer._generate`: "count only model-generated tokens")."""
-    return [len(ids) if mask is None else sum(mask) for ids, mask in zip(completion_ids, env_masks)]
+    return [len(ids) if mask is None else sum(mask) for ids, mask in zip(completion_ids, env_masks, strict=True)]
 
 
 def completion_metrics(completion_ids: Sequence[Sequence[int]], env_masks: Sequence[Sequence[int] | None],
@@ -34,7 +34,7 @@ def completion_metrics(completion_ids: Sequence[Sequence[int]], env_masks: Seque
     if not lengths:
         return {}
     truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
-    terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
+    terminated = [n for n, cut in zip(lengths, truncated, strict=True) if not cut] or [0]
     return {
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),

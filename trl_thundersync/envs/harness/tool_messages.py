@@ -67,7 +67,7 @@ class ToolMessagesRenderer:
         if not all(isinstance(m["content"], str) for m in messages):
             return None
         sentinels = [_SENTINEL.format(i) for i in range(len(messages))]
-        stand_ins = [{**m, "content": s} for m, s in zip(messages, sentinels)]
+        stand_ins = [{**m, "content": s} for m, s in zip(messages, sentinels, strict=True)]
         suffix = self._suffix(stand_ins)
         pieces = []
         for sentinel in sentinels:
@@ -87,7 +87,7 @@ class ToolMessagesRenderer:
             raise ConfigurationError("a tool result holds control-token text, and the chat template does not render "
                                      "each tool message's content once; it cannot be tokenized as data")
         ids = self._encode(framing[0])
-        for message, after in zip(messages, framing[1:]):
+        for message, after in zip(messages, framing[1:], strict=True):
             ids += encode_data(self.tokenizer, message["content"]) + self._encode(after)
         return ids
 

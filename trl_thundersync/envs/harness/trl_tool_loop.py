@@ -186,7 +186,7 @@ def execute_turn(tools: dict[str, Callable], tool_calls: Sequence[Any], run_tool
             results.append((name, {"error": str(exc)}))
     if pending:
         outcomes = run_tool.gather([coro for _, coro in pending], timeout)
-        for (name, _), outcome in zip(pending, outcomes):
+        for (name, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 failures += 1
                 outcome = {"error": str(outcome)}

@@ -44,7 +44,8 @@ bubblewrap 0.8, cgroup v1):
   other users may not read are masked (S test_etc_secrets_are_masked);
 - changing host kernel settings: nothing host-global under /proc is writable, not even with the value it holds, and
   its root-only entries are unreadable (H test_proc_sys_writes_fail_even_with_the_same_value,
-  test_nothing_host_global_under_proc_is_writable, test_root_only_proc_entries_are_masked_and_net_sysctls_are_the_sandboxes);
+  test_nothing_host_global_under_proc_is_writable,
+  test_root_only_proc_entries_are_masked_and_net_sysctls_are_the_sandboxes);
 - reading task answers: the bundled suites' solutions and verifiers and any `hidden_paths`, wherever installed under
   a bound path (H test_task_data_under_a_bound_prefix_is_hidden, test_the_installed_task_data_is_unreadable_inside,
   test_hidden_paths_argument_covers_files_and_directories);
@@ -332,7 +333,8 @@ class BwrapSandbox:
     ) -> CommandResult:
         captures = (BoundedCapture(self.limits.output_bytes), BoundedCapture(self.limits.output_bytes))
         streams = (proc.stdout, proc.stderr)
-        readers = [threading.Thread(target=drain, args=pair, daemon=True) for pair in zip(streams, captures)]
+        readers = [threading.Thread(target=drain, args=pair, daemon=True)
+                   for pair in zip(streams, captures, strict=True)]
         for reader in readers:
             reader.start()
         timed_out = False

@@ -69,7 +69,9 @@ class CommandCgroup:
     """One command's cgroups: `max_tasks` tasks and (unless None) `memory_bytes` of memory, no swap, for the tree."""
 
     def __init__(self, parents: dict[str, Path], max_tasks: int, memory_bytes: int | None) -> None:
-        wanted = {"pids": str(max_tasks)} if memory_bytes is None else {"pids": str(max_tasks), "memory": str(memory_bytes)}
+        wanted = {"pids": str(max_tasks)}
+        if memory_bytes is not None:
+            wanted["memory"] = str(memory_bytes)
         name = f"trl_thundersync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.paths: dict[str, Path] = {c: parents[c] / name for c in wanted}  # controller -> its child cgroup
         try:

@@ -59,7 +59,7 @@ class LocalSubprocessSandbox:
                 kill_group(proc, after_exit=True)  # also ends background children left behind by a finished command
                 proc.wait()
                 captures = (BoundedCapture(self.limits.output_bytes), BoundedCapture(self.limits.output_bytes))
-                for capture, stream in zip(captures, (out, err)):
+                for capture, stream in zip(captures, (out, err), strict=True):
                     capture.feed_file(stream)
         finally:
             os.close(command_fd)

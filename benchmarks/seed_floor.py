@@ -1,6 +1,6 @@
 """Why ThunderSync's AdamW Δθ sits up to ~5× above the permuted-member floor: that floor keeps TRL's backward seeds.
 
-    python -m trl_thundersync.bench.seed_floor [--out outputs/seed_floor.json] [--threads N]
+    python -m benchmarks.seed_floor [--out outputs/seed_floor.json] [--threads N]
 
 Stock TRL back-propagates row i from the per-token seed ∂loss/∂log π(o_it) = −fl(A_i · ν_i) (ν_i the loss
 normalizer, e.g. 1/N for dapo); every FP32 rounding of the backward after it (the fused LM head, each activation
@@ -8,10 +8,12 @@ gradient, RMSNorm and SiLU backward) depends on that seed's mantissa. Permuting 
 forward *and* its seed bitwise unchanged, so the permuted floor measures only the order of the weight-gradient sums.
 A streaming learner computes H_i = ∇ Σ_t u_i log π(o_it) before A_i and ν exist (seed u_i, not A_i·ν_i): its
 backward rounds independently of TRL's, as accurately (the first table: distance of the step-1 batch direction to an
-FP64 gradient of the same loss) but uncorrelated, and AdamW, which divides every coordinate by its own magnitude, amplifies that
+FP64 gradient of the same loss) but uncorrelated, and AdamW, which divides every coordinate by its own magnitude,
+amplifies that
 per-coordinate noise over three steps.
 
-Columns of the second table (relative error of the parameter displacement after 3 steps against stock TRL, ‖Δθ − Δθ_trl‖ / ‖Δθ_trl‖):
+Columns of the second table (relative error of the parameter displacement after 3 steps against stock TRL,
+‖Δθ − Δθ_trl‖ / ‖Δθ_trl‖):
 
     floor/perm    stock TRL with each group's members reversed / rotated (max): the issue's floor
     floor/seed    stock TRL with its loss × c and every gradient ÷ c (c = 3, 0.7; max): the same run in exact
@@ -21,6 +23,10 @@ Columns of the second table (relative error of the parameter displacement after 
     ts/content    ThunderSync, content release (H_i before the reward)
     ts/trl-seeds  ThunderSync's pipeline with each trajectory's backward seeded by TRL's own per-token seeds, recorded
                   from the TRL run (an oracle, not streamable): back at floor/perm, which isolates the cause
+
+The ts/trl-seeds row is a diagnostic that instruments internals on purpose (`trl_seeded_thundersync` swaps the
+per-trajectory backward and the barrier's gradient write; TRL's side patches `_compute_loss`): no trainer should
+offer a seam for replacing its seeds. Every other row runs the trainers through their public API.
 """
 
 from __future__ import annotations
@@ -38,13 +44,19 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-from ..streaming import source as source_module
-from ..testing.parity import (load_model, relative_error, reward_batch_relative_length, reward_group_rank,
-                              reward_len, run_trainer)
-from ..testing.tiny import save_tiny_model
-from ..trainers import grpo_trainer as trainer_module
-from ..trainers.grpo_config import ThunderSyncGRPOConfig
-from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from tests.fixtures.parity import (
+    load_model,
+    relative_error,
+    reward_batch_relative_length,
+    reward_group_rank,
+    reward_len,
+    run_trainer,
+)
+from trl_thundersync.streaming import source as source_module
+from trl_thundersync.tiny.model import save_tiny_model
+from trl_thundersync.trainers import grpo_trainer as trainer_module
+from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
 SEED_SCALES = (3.0, 0.7)  # not powers of two: a power of two rescales every rounding exactly
 
@@ -93,7 +105,7 @@ def record_trl_seeds(seeds: dict) -> Iterator[None]:
         self._seed_rows = [
             _row_key(self.state.global_step, p[pm.bool()], c[cm.bool()])
             for p, pm, c, cm in zip(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
-                                    inputs["completion_mask"])
+                                    inputs["completion_mask"], strict=True)
         ]
         try:
             return compute_loss(self, model, inputs)
@@ -105,7 +117,7 @@ def record_trl_seeds(seeds: dict) -> Iterator[None]:
         rows = getattr(self, "_seed_rows", None)
         if rows is not None and out[0].requires_grad:
             def keep(grad):
-                for key, row in zip(rows, grad):
+                for key, row in zip(rows, grad, strict=True):
                     seeds[key] = row[: len(key[2])].detach().clone()
             out[0].register_hook(keep)
         return out

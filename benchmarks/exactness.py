@@ -1,11 +1,12 @@
 """Print the FP32 exactness figures: ThunderSync vs stock `trl.GRPOTrainer` on identical batches, per option.
 
-    python -m trl_thundersync.bench.exactness [--out outputs/exactness.json] [--reward-scopes]
+    python -m benchmarks.exactness [--out outputs/exactness.json] [--reward-scopes]
 
 For every case of `testing.parity.PARITY_CASES` both trainers take one step from the same tiny model on the same
 scripted rollouts; the relative error ‖g_ts − g_trl‖ / ‖g_trl‖ of the batch direction is printed and saved.
 `--reward-scopes` adds the reward_scope × release table: 3 SGD and 3 AdamW steps with call-dependent rewards, the
-relative error of the parameter displacement ‖Δθ_ts − Δθ_trl‖ / ‖Δθ_trl‖ per scope, next to the floor (stock TRL against itself with each
+relative error of the parameter displacement ‖Δθ_ts − Δθ_trl‖ / ‖Δθ_trl‖ per scope, next to the floor (stock TRL
+against itself with each
 group's members reversed / rotated).
 """
 
@@ -23,11 +24,19 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-from ..testing.parity import (PARITY_CASES, load_model, relative_error, reward_batch_relative_length,
-                              reward_group_rank, reward_len, reward_parity, run_trainer)
-from ..testing.tiny import save_tiny_model
-from ..trainers.grpo_config import ThunderSyncGRPOConfig
-from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from tests.fixtures.parity import (
+    PARITY_CASES,
+    load_model,
+    relative_error,
+    reward_batch_relative_length,
+    reward_group_rank,
+    reward_len,
+    reward_parity,
+    run_trainer,
+)
+from trl_thundersync.tiny.model import save_tiny_model
+from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
 
 def main(argv: list[str] | None = None) -> None:

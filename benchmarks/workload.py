@@ -6,7 +6,7 @@ Every schedule of a benchmark point runs exactly this workload:
   the learner-side cost;
 - data: `batch / group` chat prompts per step (TRL's sampler, fixed seed), `group` trajectories each;
 - environment: `ShellBenchEnv`, a TRL `environment_factory` environment whose one tool `run_shell(command)` runs a
-  real command in the bubblewrap sandbox (`envs.sandbox.make_sandbox` on a private temp workspace); its reward is
+  real command in the bubblewrap sandbox (`envs.runtimes.make_sandbox` on a private temp workspace); its reward is
   a deterministic hash of everything the trajectory ran and saw, so GRPO advantages are non-zero;
 - agent: `ScriptedTurnGenerator` actions — `turns` tool calls `sleep <d> && printf ... &&
   ls`, then a final answer. d = `latency_mean` × m_i × j_it: m_i ~ LogNormal(mean 1, CV `latency_cv`) per
@@ -71,13 +71,13 @@ class Workload:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Workload":
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown workload fields {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
         return cls(**data)
 
-    def with_(self, **changes: Any) -> "Workload":
+    def with_(self, **changes: Any) -> Workload:
         return replace(self, **changes)
 
     @property
@@ -150,7 +150,8 @@ _TRAJECTORY_KEY = re.compile(r"traj %d turn %d\\n' (\d+) (\d+) (\d+)")  # comman
 
 def command_for(w: Workload, step: int, index: int, turn: int) -> str:
     """The real command of one tool call: a seeded sleep and a little real work."""
-    return (f"sleep {tool_latency(w, step, index, turn):.4f} && printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
+    return (f"sleep {tool_latency(w, step, index, turn):.4f} && "
+            f"printf 'step %d traj %d turn %d\\n' {step} {index} {turn}"
             " && ls")
 
 
@@ -175,8 +176,8 @@ class ShellBenchEnv:
     workload: Workload | None = None
 
     def __init__(self) -> None:
-        from ..envs.runtimes import make_sandbox
-        from ..envs.runtimes.api import SandboxLimits
+        from trl_thundersync.envs.runtimes import make_sandbox
+        from trl_thundersync.envs.runtimes.api import SandboxLimits
 
         workspace = Path(tempfile.mkdtemp(prefix="ts-bench-ws-"))
         _WORKSPACES.append(workspace)
@@ -239,7 +240,7 @@ def bench_dataset(n: int = 64):
 
 def bench_script(w: Workload, step_fn: Callable[[], int]):
     """The scripted agent: `turns` sandboxed commands, then an answer; `step_fn()` gives the optimizer step."""
-    from ..testing.scripted import tool_call_text
+    from tests.fixtures.scripted import tool_call_text
 
     def script(index: int, turn: int, context: str) -> str:
         if turn < w.turns:

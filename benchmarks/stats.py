@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..trace.model import RELEASE_MODES, Replay, predict_release, predicted_vs_measured, replay
-from ..trace.records import StepTrace, TraceEvent
+from trl_thundersync.trace.model import RELEASE_MODES, Replay, predict_release, predicted_vs_measured, replay
+from trl_thundersync.trace.records import StepTrace, TraceEvent
+
 from .workload import split_schedule
 
 WHOLE_BACKWARD_KINDS = ("source_backward", "content_backward")  # one trajectory's full forward + backward
@@ -261,7 +262,8 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
         rollout_s=_mean([r.rollout_end for r in reps]), learner_busy_s=_mean([r.learner_service for r in reps]),
         suffix_s=_mean([r.suffix for r in reps]), balance_ratio=_mean([r.balance_ratio for r in reps]),
         learner_tail_s=_mean([max(0.0, t.learner_end - t.rollout_end) for t in traces]),
-        learner_idle_fraction=_mean([max(0.0, 1 - r.learner_service / t.wall) for r, t in zip(reps, traces)]),
+        learner_idle_fraction=_mean([max(0.0, 1 - r.learner_service / t.wall)
+                                     for r, t in zip(reps, traces, strict=True)]),
         learner_tflops_per_s=_mean(tflops), mfu=_mean([x * 1e12 / peak_flops for x in tflops]) if peak_flops
         else None, stats_peak_mb=max(t.stats_bytes for t in traces) / 2**20,
         trajectory_duration_cv=_mean([trajectory_duration_cv(t) for t in traces]),

@@ -1,11 +1,12 @@
-"""Render benchmark reports (the JSON `python -m trl_thundersync.bench` writes) as Markdown tables.
+"""Render benchmark reports (the JSON `python -m benchmarks` writes) as Markdown tables.
 
-    python -m trl_thundersync.bench.markdown outputs/bench/quick.json outputs/bench/balance-sweep.json
-    python -m trl_thundersync.bench.markdown --from-traces outputs/bench/quick.json   # re-summarize the raw traces
+    python -m benchmarks.markdown outputs/bench/quick.json outputs/bench/balance-sweep.json
+    python -m benchmarks.markdown --from-traces outputs/bench/quick.json   # re-summarize the raw traces
 
 Tables per report: every (point, schedule) with its step time, stage times and memory; per point, sync vs
 thundersync measured next to the replay prediction; with several release points, each ThunderSync schedule's measured
-speedup next to its release point's replay predictions and its tail; and the overlap cost per side. This is how the tables in BENCHMARKS.md are produced.
+speedup next to its release point's replay predictions and its tail; and the overlap cost per side. This is how the
+tables in BENCHMARKS.md are produced.
 `--from-traces` recomputes the summaries from the runs' step traces (kept in the work dir) with this version's
 `bench.stats`, instead of reading the summaries stored in the report.
 """
@@ -162,7 +163,7 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of python -m trl_thundersync.bench")
+    parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of python -m benchmarks")
     parser.add_argument("--from-traces", action="store_true", help="recompute the summaries from the step traces")
     args = parser.parse_args(argv)
     reports = [json.loads(path.read_text()) for path in args.reports]

@@ -1,6 +1,6 @@
 """Side-by-side step wall time of `schedule="sync"` and `"thundersync"` on the toy workload (same seeds).
 
-    python -m trl_thundersync.bench.schedules [--steps 6] [--repeats 2] [--engine local_process]
+    python -m benchmarks.schedules [--steps 6] [--repeats 2] [--engine local_process]
 
 Runs are interleaved (sync, thundersync, sync, ...) so machine noise hits both; the first step of every run is
 dropped (worker start-up). Prints mean step wall time, rollout time R, learner busy time L, learner tail and the
@@ -20,10 +20,10 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from ..testing.parity import cpu_config, load_model, prompt_dataset
-from ..testing.tiny import save_tiny_model
-from ..trainers.grpo_config import ThunderSyncGRPOConfig
-from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from trl_thundersync.tiny.model import save_tiny_model
+from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
 
 def reward_digits(completions, **kwargs):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import time
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +160,8 @@ def print_overlap(stats: dict[str, ScheduleSummary], cmp: Comparison) -> None:
     print("overlap cost per side (medians; busy = learner items cover ≥ half the interval, idle = none; vs sync = "
           "the same trajectory / turn / tool call in the sync runs):")
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))))
+        cells = enumerate(zip(r, widths, strict=True))
+        print("  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in cells))
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> 
     returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main process
     builds the folder, showing progress, while the other processes wait and then reuse it."""
     if name in (None, "", "tiny"):
-        from .testing.tiny import save_tiny_model
+        from .tiny.model import save_tiny_model
 
         return _build_once(args, lambda progress: save_tiny_model(tiny_dir))
     if name == "tiny-agent":
-        from .testing.tiny_agent import save_tiny_agent_model
+        from .tiny.agent import save_tiny_agent_model
 
         return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress))
     return name
@@ -59,11 +59,11 @@ def resolve_teacher(name: str | None, tiny_dir: str = "tiny-agent-teacher", args
     teacher, wider and deeper than the tiny student; anything else is returned unchanged. All share the student's
     tokenizer. `args`: as for `resolve_model`."""
     if name in (None, "", "tiny-agent"):
-        from .testing.tiny_agent import save_tiny_agent_model
+        from .tiny.agent import save_tiny_agent_model
 
         return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, seed=1, progress=progress))
     if name == "tiny":
-        from .testing.tiny import save_tiny_model
+        from .tiny.model import save_tiny_model
 
         return _build_once(args, lambda progress: save_tiny_model(tiny_dir, hidden_size=96, num_layers=3, seed=7))
     return name

@@ -1,10 +1,10 @@
 """Benchmark with real generation: the warm-started tiny agent on the bundled SWE repair tasks (issue 10).
 
-    python -m trl_thundersync.bench.realgen          # ~8 min on 2 CPU cores (+ ~2-5 min once for the tiny agents)
-    python -m trl_thundersync.bench.realgen --schedules sync,thundersync:content --steps 3 --repeats 1
-    python -m trl_thundersync.bench.realgen --reuse  # only redo the analysis of the runs already in the work dir
+    python -m benchmarks.realgen          # ~8 min on 2 CPU cores (+ ~2-5 min once for the tiny agents)
+    python -m benchmarks.realgen --schedules sync,thundersync:content --steps 3 --repeats 1
+    python -m benchmarks.realgen --reuse  # only redo the analysis of the runs already in the work dir
 
-The workload of `examples/swe_grpo.py`: the tool-calling tiny agent (`testing/tiny_agent.py`, built once in the work
+The workload of `examples/swe_grpo.py`: the tool-calling tiny agent (`tiny/agent.py`, built once in the work
 dir), the bundled SWE-style repair tasks with bubblewrap-sandboxed shell tools, the environment's pass/fail reward
 (it runs the task's tests: real grading after the last turn) plus the example's small length penalty, TRL 1.16's tool
 loop (`agent_protocol="trl"`, `max_tool_calling_iterations=5`), 16 trajectories per step in groups of 8, and real
@@ -82,7 +82,7 @@ def shorter_is_better(completion_ids, **kwargs) -> list[float]:
 
 
 def _tasks(w: RealgenWorkload):
-    from ..envs.tasks import load_swe_suite
+    from trl_thundersync.envs.tasks import load_swe_suite
 
     tasks = load_swe_suite()
     if w.num_tasks:
@@ -98,11 +98,11 @@ def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
 
 
 def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_dir: Path):
-    from ..envs.environments.swe import SWERepairEnv
-    from ..envs.tasks import swe_dataset
-    from ..testing.parity import cpu_config, load_model
-    from ..trainers.grpo_config import ThunderSyncGRPOConfig
-    from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from tests.fixtures.parity import cpu_config, load_model
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
+    from trl_thundersync.envs.tasks import swe_dataset
+    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
     tasks = _tasks(w)
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_grpo_common(w), schedule=schedule, release=release,
@@ -112,11 +112,11 @@ def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_
 
 
 def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
-    from ..envs.environments.swe import SWERepairEnv
-    from ..envs.tasks import swe_dataset
-    from ..testing.parity import load_model
-    from ..trainers.gkd_config import ThunderSyncGKDConfig
-    from ..trainers.gkd_trainer import ThunderSyncGKDTrainer
+    from tests.fixtures.parity import load_model
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
+    from trl_thundersync.envs.tasks import swe_dataset
+    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
+    from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
 
     tasks = _tasks(w)
     # cpu_config's base has GRPO-only fields (num_generations, max_completion_length): the same CPU settings here
@@ -135,12 +135,13 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     rollout item = TRL's generation call incl. its tool loop, one learner item = scoring + loss + backward)."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from ..envs.environments.swe import SWERepairEnv
-    from ..envs.tasks import swe_dataset
-    from ..testing.parity import cpu_config, load_model
-    from ..trace.flops import ModelShape, learner_flops
-    from ..trace.recorder import TraceWriter
-    from ..trace.records import StepTrace, TraceEvent
+    from tests.fixtures.parity import cpu_config, load_model
+    from trl_thundersync.envs.environments.swe import SWERepairEnv
+    from trl_thundersync.envs.tasks import swe_dataset
+    from trl_thundersync.trace.flops import ModelShape, learner_flops
+    from trl_thundersync.trace.recorder import TraceWriter
+    from trl_thundersync.trace.records import StepTrace, TraceEvent
+
     from .run_one import TRACE_FILE
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -201,7 +202,7 @@ def _trl_tokens(out) -> list[int]:
     are the prompt and completion id lists); [] if its shape is not that."""
     try:
         prompt_ids, completion_ids = out[0], out[1]
-        return [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+        return [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     except (TypeError, IndexError, KeyError):
         return []
 
@@ -278,7 +279,7 @@ def format_episode_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 def prepare_models(work: Path) -> tuple[Path, Path]:
     """The tiny agent student (seed 0) and teacher (seed 1), built once in `work` (about a minute each)."""
-    from ..testing.tiny_agent import save_tiny_agent_model
+    from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     return save_tiny_agent_model(work / "tiny-agent"), save_tiny_agent_model(work / "tiny-agent-teacher", seed=1)
 
@@ -288,7 +289,7 @@ def run_child(schedule: str, w: RealgenWorkload, run_dir: Path, models: tuple[Pa
 
     spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(models[0]),
             "teacher_dir": str(models[1]), "result": str(run_dir / "result.json")}
-    return spawn_run("trl_thundersync.bench.realgen", "--child", spec, run_dir, "log.txt", f"realgen run {schedule}")
+    return spawn_run("benchmarks.realgen", "--child", spec, run_dir, "log.txt", f"realgen run {schedule}")
 
 
 def realgen_rows(stats: dict[str, Any], cmp: Any) -> list[dict[str, Any]]:
@@ -380,7 +381,7 @@ def format_rows(rows: list[dict[str, Any]], rho_sync: float | None) -> list[str]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trl_thundersync.bench.realgen", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.realgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
@@ -419,7 +420,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         Path(spec["result"]).write_text(json.dumps(run(spec), indent=1))
         return None
 
-    from ..trace.export import plot_timeline, read_jsonl
+    from trl_thundersync.trace.export import plot_timeline, read_jsonl
+
     from .report import print_overlap, print_point, write_report
     from .stats import compare, measured_run, side_by_side, summarize
 
@@ -429,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     out = Path(args.out)
     work = Path(args.work_dir or out.with_name(f"{out.stem}-runs"))
     work.mkdir(parents=True, exist_ok=True)
-    command = "python -m trl_thundersync.bench.realgen " + " ".join(
+    command = "python -m benchmarks.realgen " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     print(f"{command}\n{args.repeats} repeat(s) × {', '.join(args.schedules)}; work dir {work}", flush=True)

@@ -1,6 +1,6 @@
 """One benchmark run in its own process: one schedule on one workload; writes a result JSON and step traces.
 
-    python -m trl_thundersync.bench.run_one --json-args '{"schedule": "sync", "workload": {...},
+    python -m benchmarks.run_one --json-args '{"schedule": "sync", "workload": {...},
         "out_dir": "...", "model_dir": "...", "result": "...", "pin": false}'
 
 Schedules: "sync" and "thundersync" (`ThunderSyncGRPOTrainer`; "thundersync:<release>" sets
@@ -10,7 +10,7 @@ for the whole batch). Every run uses one torch thread for the learner. Per step 
 `on_step_begin` to `on_step_end` (after the new weights are published) and a `StepTrace`: ThunderSync writes its own
 (`<out_dir>/thundersync_trace/steps.jsonl`); for TRL this module writes one in the same format with schedule "trl"
 (rollout = TRL's generation call, one learner item = scoring + loss + backward of the whole batch). The process's
-peak RSS (itself + its largest finished child) goes into the result. The parent (`python -m trl_thundersync.bench`)
+peak RSS (itself + its largest finished child) goes into the result. The parent (`python -m benchmarks`)
 does all the statistics.
 """
 
@@ -31,11 +31,12 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from ..testing.parity import cpu_config, load_model  # noqa: E402
-from ..testing.tiny import save_tiny_model  # noqa: E402
-from ..trace.flops import ModelShape, learner_flops  # noqa: E402
-from ..trace.recorder import TraceWriter  # noqa: E402
-from ..trace.records import StepTrace, TraceEvent  # noqa: E402
+from tests.fixtures.parity import cpu_config, load_model  # noqa: E402
+from trl_thundersync.tiny.model import save_tiny_model  # noqa: E402
+from trl_thundersync.trace.flops import ModelShape, learner_flops  # noqa: E402
+from trl_thundersync.trace.recorder import TraceWriter  # noqa: E402
+from trl_thundersync.trace.records import StepTrace, TraceEvent  # noqa: E402
+
 from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
 from .workload import Workload, bench_dataset, bench_delay, bench_script, env_factory, split_schedule  # noqa: E402
 
@@ -89,9 +90,9 @@ def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
 
 def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
                       plan: CorePlan | None, release: str = "reward"):
-    from ..testing.scripted import ScriptedTurnGenerator
-    from ..trainers.grpo_config import ThunderSyncGRPOConfig
-    from ..trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from tests.fixtures.scripted import ScriptedTurnGenerator
+    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
     # agent_protocol="paper": the published BENCHMARKS.md figures were measured with it (its stock-TRL side below
     # runs the same paper loop through rollout_func)
@@ -121,9 +122,9 @@ class ScriptedBatchRollout:
         self.last: list = []
 
     def _build(self, trainer):
-        from ..envs.harness.agent_loop import AgentLimits
-        from ..rollout.agent_setup import make_agent_engine
-        from ..testing.scripted import ScriptedTurnGenerator
+        from tests.fixtures.scripted import ScriptedTurnGenerator
+        from trl_thundersync.envs.harness.agent_loop import AgentLimits
+        from trl_thundersync.rollout.agent_setup import make_agent_engine
 
         w = self.w
         step = lambda: trainer.state.global_step  # noqa: E731
@@ -141,8 +142,8 @@ class ScriptedBatchRollout:
         use_rollout_pools(self.engine, w.concurrency, self.plan)
 
     def __call__(self, prompts, trainer):
-        from ..trainers.lifecycle import trajectory_seed
-        from ..types import RolloutRequest
+        from trl_thundersync.trainers.lifecycle import trajectory_seed
+        from trl_thundersync.types import RolloutRequest
 
         if self.engine is None:
             self._build(trainer)

@@ -4,7 +4,7 @@ Its config declares `router_aux_loss_coef` (Qwen3-MoE's default 0.001, or the va
 `output_router_logits=False`, like the published Qwen3-MoE checkpoints: TRL 1.16 then enables the load-balancing
 auxiliary loss on default settings (`GRPOConfig.router_aux_loss_coef=None` reads the model's coefficient).
 
-    python -m trl_thundersync.testing.tiny_moe ./tiny-qwen3-moe
+    python -m trl_thundersync.tiny.moe ./tiny-qwen3-moe
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, 
     """A Qwen3-MoE causal LM sized for a CPU test: every layer sparse, `num_experts` experts, top-k routing."""
     from transformers import Qwen3MoeConfig
 
-    from .tiny import model_from_config, tiny_shape
+    from .model import model_from_config, tiny_shape
 
     config = Qwen3MoeConfig(
         **tiny_shape(tokenizer, hidden_size, num_layers),
@@ -35,7 +35,7 @@ def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, 
 
 def save_tiny_moe_model(path: str | Path, router_aux_loss_coef: float = 0.001, seed: int = 0) -> Path:
     """Create (or reuse) a tiny MoE model folder at `path` and return it."""
-    from .tiny import save_model_folder
+    from .model import save_model_folder
 
     return save_model_folder(path, lambda tokenizer: build_tiny_moe_model(
         tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed))

@@ -4,7 +4,7 @@ Same synthetic multi-turn trajectories, same tiny student and fake teacher, both
 JSON. FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` (matrix products of forward and backward),
 wall time is the median of `--repeats` runs; the relative error of the two gradient sums is reported too.
 
-    python -m trl_thundersync.bench.turn_backward --turns 8 --out turn_backward.json
+    python -m benchmarks.turn_backward --turns 8 --out turn_backward.json
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..distill.losses import opd_loss_sum
-from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
-from ..testing.tiny import build_tiny_model, build_tiny_tokenizer
-from ..testing.turns import SeededTeacher, synthetic_trajectory
+from tests.fixtures.turns import SeededTeacher, synthetic_trajectory
+from trl_thundersync.distill.losses import opd_loss_sum
+from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
 
 def _run(cls, model, trajectories, scores):
@@ -28,8 +28,8 @@ def _run(cls, model, trajectories, scores):
     grads = GradientSum(params)
     backward = cls(model, params, lambda logits, actions, teacher: opd_loss_sum(logits, actions, teacher.logprobs),
                    grads)
-    for events, turn_scores in zip(trajectories, scores):
-        for event, teacher in zip(events, turn_scores):
+    for events, turn_scores in zip(trajectories, scores, strict=True):
+        for event, teacher in zip(events, turn_scores, strict=True):
             backward.turn(event, teacher)
         backward.close(events[0].index)
     return torch.cat([b.reshape(-1) for b in grads.buffers])

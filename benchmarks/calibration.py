@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..trace.records import StepTrace
+from trl_thundersync.trace.records import StepTrace
+
 from .workload import Workload, grading_seconds, trajectory_latency_units
 
 

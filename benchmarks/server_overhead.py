@@ -1,6 +1,6 @@
 """What HTTP costs: the in-process embedded engine vs embedded servers driven by the vLLM client, same model.
 
-    python -m trl_thundersync.bench.server_overhead [--batches 5] [--batch 16] [--tokens 32] [--out PATH]
+    python -m benchmarks.server_overhead [--batches 5] [--batch 16] [--tokens 32] [--out PATH]
 
 For each engine: startup seconds, then per batch (B trajectories, T tokens each, no EOS) the generation seconds and
 the publication seconds (θ pushed and acknowledged by every replica). Prints medians and writes every sample as
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..rollout.local import LocalProcessEngine
-from ..serve.launcher import ServerOptions, start_embedded_engine
-from ..testing.tiny import save_tiny_model
-from ..types import RolloutRequest, SamplingParams
+from trl_thundersync.rollout.local import LocalProcessEngine
+from trl_thundersync.serve.launcher import ServerOptions, start_embedded_engine
+from trl_thundersync.tiny.model import save_tiny_model
+from trl_thundersync.types import RolloutRequest, SamplingParams
 
 
 def _measure(engine_factory, requests, batches: int) -> dict:

@@ -1,12 +1,12 @@
 """Benchmark: the same agentic GRPO workload under `sync`, `thundersync` and stock `trl.GRPOTrainer`.
 
-    python -m trl_thundersync.bench --preset quick                 # ~5 min on 2 CPU cores, ρ ≈ 1, CV 0.6
-    python -m trl_thundersync.bench --preset quick --pin           # learner on one core, rollout on the other
-    python -m trl_thundersync.bench --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
-    python -m trl_thundersync.bench --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
-    python -m trl_thundersync.bench --preset quick-grading         # + 1.2 s grading; reward vs content release
-    python -m trl_thundersync.bench --preset quick --release reward,content,turn --grading-latency 2
-    python -m trl_thundersync.bench --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
+    python -m benchmarks --preset quick                 # ~5 min on 2 CPU cores, ρ ≈ 1, CV 0.6
+    python -m benchmarks --preset quick --pin           # learner on one core, rollout on the other
+    python -m benchmarks --preset balance-sweep         # ρ ∈ {0.25, 0.5, 1, 2, 4} (Figure 7 shape)
+    python -m benchmarks --preset spread-sweep          # trajectory-duration CV ∈ {0 … 1.5}
+    python -m benchmarks --preset quick-grading         # + 1.2 s grading; reward vs content release
+    python -m benchmarks --preset quick --release reward,content,turn --grading-latency 2
+    python -m benchmarks --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
 
 Each run (one schedule, one repeat) is its own process (`bench.run_one`), so peak RSS is per schedule and runs
 share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so machine noise hits every schedule, and
@@ -37,11 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
-from .child import spawn_run
+from trl_thundersync.trace.export import SpeedupPoint, plot_speedup, plot_timeline, read_jsonl, write_chrome_trace
+from trl_thundersync.trace.model import RELEASE_MODES
+
 from .calibration import Calibration, calibrated_latency_mean, calibration_from_probe
+from .child import spawn_run
 from .report import SpreadPoint, describe, plot_spread, print_overlap, print_point, write_report
-from ..trace.model import RELEASE_MODES
 from .stats import RunSteps, compare, measured_run, side_by_side, summarize, thundersync_schedules
 from .workload import Workload, split_schedule
 
@@ -77,7 +78,7 @@ def run_child(schedule: str, w: Workload, run_dir: Path, model_dir: Path, pin: b
     """One run in its own process; returns run_one's result JSON (with the log path)."""
     spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(model_dir),
             "result": str(run_dir / "result.json"), "pin": pin}
-    return spawn_run("trl_thundersync.bench.run_one", "--json-args", spec, run_dir, "run.log",
+    return spawn_run("benchmarks.run_one", "--json-args", spec, run_dir, "run.log",
                      f"benchmark run {schedule} ({w.name})")
 
 
@@ -208,7 +209,7 @@ def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trl_thundersync.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(presets()), default=None,
                    help="a predefined point or sweep (default: quick, with any knob below overriding it)")
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     cache_path = work / "calibration.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-    command = "python -m trl_thundersync.bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                           else sys.argv[1:]))
     started = time.perf_counter()
     print(f"{command}\n{len(points)} point(s) × {repeats} repeat(s) × {', '.join(schedules)}; work dir {work}",

@@ -9,7 +9,7 @@ A calibration row runs the learner next to a spawned process that runs the same 
 is shared, so its slowdown is what the hardware alone imposes (shared cores, memory bandwidth, SMT). The process
 engine can do no better than that floor; the gap between the thread engine and the floor is the GIL's cost.
 
-    python -m trl_thundersync.bench.gil_overlap --out outputs/gil_overlap.json
+    python -m benchmarks.gil_overlap --out outputs/gil_overlap.json
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing
 
-from ..rollout.local import LocalProcessEngine
-from ..testing.tiny import build_tiny_model, build_tiny_tokenizer
-from ..types import RolloutRequest, SamplingParams
+from trl_thundersync.rollout.local import LocalProcessEngine
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.types import RolloutRequest, SamplingParams
 
 
 @dataclass(frozen=True)
