@@ -205,13 +205,6 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling uses args.temperature)
         return generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
 
-    @property
-    def rollout_engine(self) -> RolloutEngine:
-        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
-        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
-        policy version to it and closes it when training ends."""
-        return self._rollout_engine()
-
     def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
         """Sample the on-policy rollouts with `generator` (any `TurnGenerator`: `submit`, `publish`,
         `policy_version`, `close`; lifecycle in `rollout/engine.py`) instead of the engine the config's rollout fields

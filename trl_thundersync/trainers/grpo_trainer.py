@@ -304,13 +304,6 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             for i in range(len(rows))
         ]
 
-    @property
-    def rollout_engine(self) -> RolloutEngine:
-        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
-        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
-        policy version to it and closes it when training ends."""
-        return self._rollout_engine()
-
     def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
         """Sample with `generator` (any `TurnGenerator`: `submit`, `publish`, `policy_version`, `close`; lifecycle in
         `rollout/engine.py`) instead of the engine the config's rollout fields would build. Call it before `train()`,

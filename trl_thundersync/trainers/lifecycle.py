@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from transformers import TrainerCallback
 
+from ..rollout.engine import RolloutEngine
 from ..trace.recorder import open_run_trace
 
 
@@ -72,6 +73,16 @@ class StreamingLifecycle:
     _open_step: StepRecord | None = None  # the streamed batch whose optimizer step has not been traced yet
     _trace_writer = None  # the run's `TraceWriter` while `train` runs on the main process (None otherwise)
     last_trace = None  # `StepTrace` of the latest optimizer step
+
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The `RolloutEngine` this trainer samples with, built on first use (from the config's rollout fields: that
+        starts the rollout worker or servers) unless `use_turn_generator` gave one. The trainer publishes every new
+        policy version to it and closes it when training ends."""
+        return self._rollout_engine()
+
+    def _rollout_engine(self) -> RolloutEngine:
+        raise NotImplementedError
 
     def _publish(self, version: int) -> None:
         """Push θ to the rollout engine (it acknowledges before returning) and make `version` current."""
