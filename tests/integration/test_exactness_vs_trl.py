@@ -73,7 +73,7 @@ def test_parameters_after_three_steps_match_trl(case, optim, release, tmp_path, 
     if optim == "sgd":
         assert rel(got - initial, ref - initial) <= TOL
     compared = got_dirs if optim == "sgd" else got_dirs[:1]
-    for a, b in zip(compared, ref_dirs, strict=True):
+    for a, b in zip(compared, ref_dirs[: len(compared)], strict=True):
         assert rel(a, b) <= TOL
 
 
