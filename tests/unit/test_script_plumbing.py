@@ -1,4 +1,5 @@
-"""example_support.resolve_model / resolve_teacher: the offline tiny folders are built once per node, with progress there."""
+"""example_support.resolve_model / resolve_teacher: the offline tiny folders are built once per node, with progress
+there."""
 
 from __future__ import annotations
 
