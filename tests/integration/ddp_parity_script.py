@@ -5,7 +5,8 @@ Launched by test_distributed.py.
 
 Cases `server_full` / `server_lora` (any number of processes): ThunderSync alone, sampling from one embedded
 rollout server that rank 0 starts and every process shares (full weights, or LoRA adapters published as
-versions); the global batch is 8 rows however many processes split it, so one process is the reference.
+versions); `server_external`: from the server at $TS_TEST_SERVER_URL, started by the test. The global batch is
+8 rows however many processes split it, so one process is the reference.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ overrides = {
     "straddle": dict(),
     "server_full": dict(),
     "server_lora": dict(),
+    "server_external": dict(),
     "dapo": dict(),
     "grpo_batch_beta": dict(loss_type="grpo", scale_rewards="batch", beta=0.1),
     "bnpo_ga2": dict(loss_type="bnpo", gradient_accumulation_steps=2, per_device_train_batch_size=2),
@@ -54,10 +56,15 @@ if case.startswith("server_"):  # one shared embedded server; the global batch s
     lora = case == "server_lora"
     torch.manual_seed(0)  # the LoRA initialization: the same in every run
     capture = CaptureGrads()
+    if case == "server_external":  # a server started by the test from other weights: rank 0 publishes θ_0 first
+        servers = dict(use_vllm=True, vllm_mode="server", vllm_server_base_urls=[os.environ["TS_TEST_SERVER_URL"]],
+                       vllm_importance_sampling_correction=False)
+    else:
+        servers = dict(rollout_engine="embedded_server", rollout_num_servers=1,
+                       vllm_weight_publisher="lora" if lora else "auto")
     args = cpu_config(ThunderSyncGRPOConfig, out / "ts", per_device_train_batch_size=8 // world, num_generations=2,
                       max_steps=3, optim="sgd", learning_rate=0.5 if lora else 0.05, max_grad_norm=1e6,
-                      rollout_engine="embedded_server", rollout_num_servers=1, rollout_max_in_flight=4,
-                      vllm_weight_publisher="lora" if lora else "auto")
+                      rollout_max_in_flight=4, **servers)
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0) if lora else None
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[reward_len, reward_parity],
                                      args=args, train_dataset=prompt_dataset(16), processing_class=tokenizer,

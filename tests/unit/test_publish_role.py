@@ -215,3 +215,13 @@ def test_run_on_main_runs_once_and_hands_the_value_or_the_failure_to_every_rank(
             failed[1].result(WAIT_S)
     assert run_on_main(SINGLE_PROCESS, "alone", lambda: 3) == 3
     assert MainFailed("x", "y") == MainFailed("x", "y")
+
+
+def test_one_process_needs_no_collective_and_several_need_torch_distributed():
+    from trl_thundersync.errors import ConfigurationError
+    from trl_thundersync.rollout.publish_role import distributed_role
+
+    assert distributed_role(0, 1) is SINGLE_PROCESS and SINGLE_PROCESS.main
+    if not torch.distributed.is_initialized():
+        with pytest.raises(ConfigurationError, match="torch.distributed is not initialized.*accelerate launch"):
+            distributed_role(1, 2)

@@ -71,6 +71,7 @@ from .vllm_replicas import (
     ServerEngineStats,
     ServerSupervisor,
     bring_back,
+    check_completion,
     check_engine_options,
     check_tokenizer,
     connect_all,
@@ -209,9 +210,9 @@ class VLLMServerEngine:
             if previous != policy_version and self._publisher is not None:
                 self._publisher.retire([r.url for r in self._replicas], previous)
             self._last_pub = time.perf_counter() - start
-            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (rank %d%s)", policy_version,
+            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (rank %d, %s)", policy_version,
                         len(self._replicas), self._last_pub, self.role.rank,
-                        "" if self._publisher is None else f", {type(self._publisher).__name__}")
+                        type(self._publisher).__name__ if self._publisher else "published by rank 0")
             return self._last_pub
         finally:
             self._publishing = False
@@ -292,15 +293,7 @@ class VLLMServerEngine:
                 raise RolloutError(
                     f"{replica.url} answered trajectory {request.index} with invalid JSON: {exc}") from exc
             served = self._served_version(replica, completion, reply)
-            if served != version:
-                raise StalePolicyError(f"trajectory {request.index}: {replica.url} sampled it with policy version "
-                                       f"{served}, the batch is at version {version}; the sample is refused")
-            if completion.prompt_ids is not None and completion.prompt_ids != tuple(request.prompt_ids):
-                raise RolloutError(f"trajectory {request.index}: {replica.url} generated from other prompt tokens "
-                                   "than it was sent (truncation or a chat template on the server?)")
-            if not 1 <= len(completion.token_ids) <= max_tokens:
-                raise RolloutError(f"trajectory {request.index}: {replica.url} returned {len(completion.token_ids)} "
-                                   f"tokens for max_tokens={max_tokens}")
+            check_completion(replica.url, request, completion, max_tokens, served=served, version=version)
         finally:
             finished = time.perf_counter()
             with self._lock:  # released before the future resolves: publish() right after a result sees it

@@ -268,6 +268,22 @@ def push_all(replicas: Sequence[Replica], publisher: WeightPublisher, version: i
     return [o for o in outcomes if o is not None]
 
 
+def check_completion(url: str, request: Any, completion: Any, max_tokens: int, *, served: int | None,
+                     version: int) -> None:
+    """One answer of `url` to `request` (a `RolloutRequest`; `completion` a `vllm_api.Completion`), checked: sampled
+    at the batch's `version` (else `StalePolicyError`: refused, never relabelled), from the tokens it was sent, with
+    1..`max_tokens` new tokens."""
+    if served != version:
+        raise StalePolicyError(f"trajectory {request.index}: {url} sampled it with policy version {served}, the "
+                               f"batch is at version {version}; the sample is refused")
+    if completion.prompt_ids is not None and completion.prompt_ids != tuple(request.prompt_ids):
+        raise RolloutError(f"trajectory {request.index}: {url} generated from other prompt tokens than it was sent "
+                           "(truncation or a chat template on the server?)")
+    if not 1 <= len(completion.token_ids) <= max_tokens:
+        raise RolloutError(f"trajectory {request.index}: {url} returned {len(completion.token_ids)} tokens for "
+                           f"max_tokens={max_tokens}")
+
+
 def restore_version(url: str, health: HTTPReply, *, version: int, published: bool, lora: bool,
                     publisher: WeightPublisher | None, rank: int) -> None:
     """After a restart: check the replica at `url` serves `version`, or have the publisher put it back.

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolloutError
+from ..rollout.publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from ..rollout.tempdir import OwnedTempDir
 from ..rollout.weights import base_config, policy_state_dict, unwrap_model
 
@@ -196,7 +197,8 @@ class EmbeddedServers:
 
 
 def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas: int = 1, policy_version: int = 0,
-                          options: ServerOptions = ServerOptions(), publisher: Any = "auto", role: Any = None,
+                          options: ServerOptions = ServerOptions(), publisher: Any = "auto",
+                          role: PublishRole = SINGLE_PROCESS,
                           **engine_kwargs: Any) -> Any:
     """Start `replicas` embedded servers serving `model` and a `VLLMServerEngine` over them (closing it stops them;
     it restarts one whose process dies, at most `max_restarts` times, an engine keyword argument).
@@ -204,14 +206,12 @@ def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas
     With `publisher="lora"` the servers hold the base weights and the policy's adapter is published (loaded as
     `policy-v{policy_version}`) before this returns; otherwise they start with the merged policy weights.
 
-    With several learner processes (`role`, a `rollout.publish_role.PublishRole`) rank 0 starts the servers and
+    With several learner processes (`role`, see `rollout.publish_role`) rank 0 starts the servers and
     owns them (restarts, stops them when its engine closes); every rank receives their URLs and builds its own
     engine over them, and every rank calls this (it is a collective).
     """
-    from ..rollout.publish_role import SINGLE_PROCESS, run_on_main
     from ..rollout.vllm_client import VLLMServerEngine
 
-    role = SINGLE_PROCESS if role is None else role
     lora = publisher == "lora"
     servers = None
 
