@@ -2,6 +2,11 @@
 
 Writes the per-step batch directions and final parameters of both trainers (rank 0) to the folder given as argv[1].
 Launched by test_distributed.py.
+
+Cases `server_full` / `server_lora` (any number of processes): ThunderSync alone, sampling from one embedded
+rollout server that rank 0 starts and every process shares (full weights, or LoRA adapters published as
+versions); `server_external`: from the server at $TS_TEST_SERVER_URL, started by the test. The global batch is
+8 rows however many processes split it, so one process is the reference.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 overrides = {
     "straddle": dict(),
+    "server_full": dict(),
+    "server_lora": dict(),
+    "server_external": dict(),
     "dapo": dict(),
     "grpo_batch_beta": dict(loss_type="grpo", scale_rewards="batch", beta=0.1),
     "bnpo_ga2": dict(loss_type="bnpo", gradient_accumulation_steps=2, per_device_train_batch_size=2),
@@ -39,6 +47,48 @@ max_steps = overrides.pop("max_steps", 2)
 ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
 rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
 tokenizer = AutoTokenizer.from_pretrained(model_path)
+if case.startswith("server_"):  # one shared embedded server; the global batch split over the processes
+    from peft import LoraConfig
+
+    from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, prompt_dataset
+
+    world = int(os.environ["WORLD_SIZE"])  # accelerate initializes the process group later (one process: none)
+    lora = case == "server_lora"
+    torch.manual_seed(0)  # the LoRA initialization: the same in every run
+    capture = CaptureGrads()
+    if case == "server_external":  # a server started by the test from other weights: rank 0 publishes θ_0 first
+        servers = dict(use_vllm=True, vllm_mode="server", vllm_server_base_urls=[os.environ["TS_TEST_SERVER_URL"]],
+                       vllm_importance_sampling_correction=False)
+    else:
+        servers = dict(rollout_engine="embedded_server", rollout_num_servers=1,
+                       vllm_weight_publisher="lora" if lora else "auto")
+    args = cpu_config(ThunderSyncGRPOConfig, out / "ts", per_device_train_batch_size=8 // world, num_generations=2,
+                      max_steps=3, optim="sgd", learning_rate=0.5 if lora else 0.05, max_grad_norm=1e6,
+                      rollout_max_in_flight=4, **servers)
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0) if lora else None
+    trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[reward_len, reward_parity],
+                                     args=args, train_dataset=prompt_dataset(16), processing_class=tokenizer,
+                                     callbacks=[capture], peft_config=peft)
+    engine = trainer._rollout_engine()  # this rank's VLLMServerEngine (built at once: every rank enters together)
+    trainer.train()
+    params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters() if p.requires_grad])
+    # who owned the server, who published, who sampled what (the engine is closed; its records stay)
+    mine = {"urls": engine.base_urls, "owns_servers": engine.supervisor is not None,
+            "has_publisher": engine._publisher is not None, "trajectories": engine.stats().trajectories,
+            "policy_version": engine.policy_version}
+    ranks = [mine]
+    if torch.distributed.is_initialized():
+        ranks = [None] * world
+        torch.distributed.all_gather_object(ranks, mine)
+    if int(os.environ["RANK"]) == 0:
+        torch.save({"ts": {"directions": capture.directions, "params": params, "ranks": ranks}, "trl": None},
+                   out / "results.pt")
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 if case == "straddle":  # 3 rows per process, groups of 2: a group would span both processes
     from trl_thundersync.errors import ConfigurationError
 

@@ -22,14 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ddp_parity(tmp_path, model_path: str, case: str) -> tuple[dict, dict]:
-    """`ddp_parity_script.py` case `case` on two CPU processes (gloo): stock TRL's and ThunderSync's results
-    (`directions` per optimizer step, final `params`)."""
+def run_ddp_parity(tmp_path, model_path: str, case: str, processes: int = 2,
+                   extra_env: dict[str, str] | None = None) -> tuple[dict, dict]:
+    """`ddp_parity_script.py` case `case` on `processes` CPU processes (gloo): stock TRL's and ThunderSync's results
+    (`directions` per optimizer step, final `params`; TRL's is None for the server cases)."""
     script = Path(__file__).with_name("ddp_parity_script.py")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script), str(tmp_path), model_path, case]
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(extra_env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path), model_path, case]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     results = torch.load(tmp_path / "results.pt")
@@ -55,3 +57,44 @@ def test_groups_spanning_processes_are_refused(tmp_path, tiny_model_path):
     assert done.returncode == 0, done.stderr[-4000:]
     message = (tmp_path / "error.txt").read_text()
     assert "per_device_train_batch_size × steps_per_generation = 3" in message and "num_generations=2" in message
+
+
+def _server_run(tmp_path, model_path: str, case: str, processes: int) -> dict:
+    """ThunderSync's results of `case` on `processes` processes; `server_external` gets a fresh server started here
+    from other weights than the policy's (halved), so the run must publish θ_0 before its first batch."""
+    if case != "server_external":
+        return run_ddp_parity(tmp_path, model_path, case, processes)[1]
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.parity import load_model
+    from trl_thundersync.serve.launcher import EmbeddedServers, ServerOptions
+
+    other = load_model(model_path)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    servers = EmbeddedServers.start(other, AutoTokenizer.from_pretrained(model_path), replicas=1,
+                                    options=ServerOptions(max_in_flight=4))
+    try:
+        return run_ddp_parity(tmp_path, model_path, case, processes, {"TS_TEST_SERVER_URL": servers.urls[0]})[1]
+    finally:
+        servers.close()
+
+
+@pytest.mark.parametrize("case", ["server_full", "server_lora", "server_external"])
+def test_two_processes_sharing_one_rollout_server_match_one_process(case, tmp_path, tiny_model_path):
+    """Rank 0 starts the embedded server (or finds the external one) and publishes θ_{k+1} (full weights, or the
+    adapter once per version); both ranks sample their own rows from that one server (seeds by global row), so
+    3 steps equal one process on the same global batch."""
+    one = _server_run(tmp_path / "one", tiny_model_path, case, processes=1)
+    two = _server_run(tmp_path / "two", tiny_model_path, case, processes=2)
+    assert len(one["directions"]) == len(two["directions"]) == 3
+    for a, b in zip(two["directions"], one["directions"], strict=True):
+        assert relative_error(a, b) <= 1e-5
+    assert relative_error(two["params"], one["params"]) <= 1e-5
+    main, follower = two["ranks"]
+    assert main["urls"] == follower["urls"] and len(main["urls"]) == 1  # one server, shared
+    assert main["owns_servers"] == (case != "server_external") and main["has_publisher"]
+    assert not follower["owns_servers"] and not follower["has_publisher"]  # the follower never publishes
+    assert main["trajectories"] == follower["trajectories"] == 3 * 4  # each rank sampled its own 4 rows per step
+    assert main["policy_version"] == follower["policy_version"] == one["ranks"][0]["policy_version"] == 3

@@ -33,6 +33,9 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   `StalePolicyError`: the sample is refused, never relabelled.
 - Publication: `publish()` refuses while requests are in flight, then runs the `WeightPublisher` (`vllm_publish`)
   on every replica and returns only when each of them acknowledged the new version.
+- Several learner processes (`role`, `publish_role`): each rank has its own engine and sends its own requests;
+  only rank 0 builds the publisher and pushes, and every rank's `publish()` returns together once the replicas
+  acknowledged (rank 0's failure is raised on every rank).
 """
 
 from __future__ import annotations
@@ -45,15 +48,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import ConfigurationError, RolloutError, StalePolicyError
+from ..errors import RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
+from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from .vllm_api import (
     Cancellation,
     Completion,
     EngineClosed,
     HTTPReply,
-    check_base_url,
     completion_payload,
     error_message,
     http_call,
@@ -68,11 +71,14 @@ from .vllm_replicas import (
     ServerEngineStats,
     ServerSupervisor,
     bring_back,
+    check_completion,
+    check_engine_options,
     check_tokenizer,
     connect_all,
     make_publisher,
     percentile,
     push_all,
+    restore_version,
     server_metrics,
 )
 
@@ -92,16 +98,9 @@ class VLLMServerEngine:
                  startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
                  policy_version: int = 0, on_close: Callable[[], None] | None = None,
                  nccl_options: Mapping[str, Any] | None = None, supervisor: ServerSupervisor | None = None,
-                 max_restarts: int = 3) -> None:
-        urls = [check_base_url(u, "base_urls") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
-        if not urls or len(set(urls)) != len(urls):
-            raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
-        if sampling.temperature <= 0.0 or sampling.max_new_tokens < 1:
-            raise ConfigurationError(f"SamplingParams temperature={sampling.temperature} and max_new_tokens="
-                                     f"{sampling.max_new_tokens} must be > 0 (greedy decoding has no distribution)")
-        if max_concurrency < 1 or retries < 0 or max_restarts < 0:
-            raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1, retries={retries} >= 0 and "
-                                     f"max_restarts={max_restarts} >= 0")
+                 max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS) -> None:
+        urls = check_engine_options(base_urls, sampling, max_concurrency=max_concurrency, retries=retries,
+                                    max_restarts=max_restarts)
         self.sampling, self.retries, self.max_restarts = sampling, retries, max_restarts
         self._on_close = on_close
         self.supervisor = supervisor  # the processes behind the replicas, if this process started them
@@ -121,13 +120,18 @@ class VLLMServerEngine:
         self._publishing = self._closed = False
         self._failure: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="thundersync-vllm")
-        self._publisher: WeightPublisher | None = None
+        self.role = role  # rank 0 publishes; followers only learn the new version (`publish_role`)
+        self._publisher: WeightPublisher | None = None  # None on a follower: it never publishes
+        self._lora = publisher == "lora" or bool(getattr(publisher, "lora", False))  # requests name the adapter
+        self._prefix = getattr(publisher, "prefix", "policy")  # the adapters' name prefix (`lora_name`)
         try:
             reported = connect_all(self._replicas, startup_timeout, cancel=self._cancel, supervisor=supervisor)
-            self._publisher = make_publisher(publisher, reported, nccl_options)
+            if role.main:
+                self._publisher = make_publisher(publisher, reported, nccl_options)
+                self._lora, self._prefix = self._publisher.lora, getattr(self._publisher, "prefix", "policy")
             stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported, strict=True)
                      if v not in (None, policy_version)]
-            if stale and not self._publisher.lora:  # with LoRA the header is the base weights' version
+            if stale and not self._lora:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
             if tokenizer is not None:
@@ -176,6 +180,8 @@ class VLLMServerEngine:
             yield rollout
 
     def publish(self, model: Any, policy_version: int) -> float:
+        """Every process calls it once per version: rank 0 pushes θ, and all return once every replica acknowledged
+        (with several processes, rank 0's failure is raised on every rank: `publish_role.run_on_main`)."""
         self._check_usable()
         with self._lock:
             if self._batch.open is not None or self._keys:
@@ -184,12 +190,16 @@ class VLLMServerEngine:
             self._publishing = True
         try:
             start = time.perf_counter()
-            self._revive_exited()
-            self._publisher.prepare(model, policy_version)
-            failures = push_all(self._replicas, self._publisher, policy_version)
-            if failures:
-                self._failure = f"publication of version {policy_version} failed on " + "; ".join(failures)
-                raise RolloutError(self._failure + ". Replicas now serve different versions: create a new engine.")
+            try:
+                acknowledged = run_on_main(self.role, f"publishing policy version {policy_version}",
+                                           lambda: self._push_everywhere(model, policy_version))
+            except RolloutError as exc:
+                self._failure = self._failure or str(exc)
+                raise
+            if acknowledged != policy_version:
+                self._failure = (f"rank {self.role.rank} published version {policy_version} while rank 0 published "
+                                 f"{acknowledged}: the processes are out of step")
+                raise RolloutError(self._failure)
             previous = self._version
             with self._lock:
                 for replica in self._replicas:
@@ -197,14 +207,25 @@ class VLLMServerEngine:
                 self._version = policy_version
                 self._publications += 1
             self._clear_routes()
-            if previous != policy_version:
+            if previous != policy_version and self._publisher is not None:
                 self._publisher.retire([r.url for r in self._replicas], previous)
             self._last_pub = time.perf_counter() - start
-            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (%s)", policy_version,
-                        len(self._replicas), self._last_pub, type(self._publisher).__name__)
+            logger.info("policy version %d acknowledged by %d replica(s) in %.3f s (rank %d, %s)", policy_version,
+                        len(self._replicas), self._last_pub, self.role.rank,
+                        type(self._publisher).__name__ if self._publisher else "published by rank 0")
             return self._last_pub
         finally:
             self._publishing = False
+
+    def _push_everywhere(self, model: Any, policy_version: int) -> int:
+        """The main process's part of `publish`: θ to every replica; returns the version they all acknowledged."""
+        self._revive_exited()
+        self._publisher.prepare(model, policy_version)
+        failures = push_all(self._replicas, self._publisher, policy_version)
+        if failures:
+            self._failure = f"publication of version {policy_version} failed on " + "; ".join(failures)
+            raise RolloutError(self._failure + ". Replicas now serve different versions: create a new engine.")
+        return policy_version
 
     def close(self) -> None:
         """Abort what is in flight, stop the owned servers, remove the publisher's files; idempotent."""
@@ -261,7 +282,7 @@ class VLLMServerEngine:
     def _generate(self, replica: Replica, request: RolloutRequest, key: Any, max_tokens: int, version: int) -> Rollout:
         started, completion = time.perf_counter(), None
         try:
-            model = (lora_name(self._publisher_prefix(), version) if self._publisher.lora and self._publications
+            model = (lora_name(self._prefix, version) if self._lora and self._publications
                      else replica.base_model)
             payload = completion_payload(model, request.prompt_ids, self.sampling, max_tokens=max_tokens,
                                          seed=request.seed)
@@ -272,15 +293,7 @@ class VLLMServerEngine:
                 raise RolloutError(
                     f"{replica.url} answered trajectory {request.index} with invalid JSON: {exc}") from exc
             served = self._served_version(replica, completion, reply)
-            if served != version:
-                raise StalePolicyError(f"trajectory {request.index}: {replica.url} sampled it with policy version "
-                                       f"{served}, the batch is at version {version}; the sample is refused")
-            if completion.prompt_ids is not None and completion.prompt_ids != tuple(request.prompt_ids):
-                raise RolloutError(f"trajectory {request.index}: {replica.url} generated from other prompt tokens "
-                                   "than it was sent (truncation or a chat template on the server?)")
-            if not 1 <= len(completion.token_ids) <= max_tokens:
-                raise RolloutError(f"trajectory {request.index}: {replica.url} returned {len(completion.token_ids)} "
-                                   f"tokens for max_tokens={max_tokens}")
+            check_completion(replica.url, request, completion, max_tokens, served=served, version=version)
         finally:
             finished = time.perf_counter()
             with self._lock:  # released before the future resolves: publish() right after a result sees it
@@ -312,7 +325,7 @@ class VLLMServerEngine:
             except OSError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             else:
-                lost_adapter = self._publisher.lora and reply.status == 404  # a restarted vLLM forgot the adapter
+                lost_adapter = self._lora and reply.status == 404  # a restarted vLLM forgot the adapter
                 if reply.status == 200:
                     return reply
                 if reply.status not in _RESTARTING and not lost_adapter:
@@ -326,8 +339,8 @@ class VLLMServerEngine:
         raise RolloutError(f"trajectory {index}: {replica.url} failed {self.retries + 1} times; last error: {failure}")
 
     def _served_version(self, replica: Replica, completion: Completion, reply: HTTPReply) -> int | None:
-        if self._publisher.lora:
-            version = lora_version(completion.model, self._publisher_prefix())
+        if self._lora:
+            version = lora_version(completion.model, self._prefix)
             if version is None and completion.model == replica.base_model and not self._publications:
                 return self._initial_version  # before the first publication the base model is the policy
             return version
@@ -367,7 +380,8 @@ class VLLMServerEngine:
             try:
                 health = bring_back(replica, self.restart_timeout, cancel=self._cancel, supervisor=self.supervisor,
                                     max_restarts=self.max_restarts, lock=self._lock)
-                self._restore(replica, health)
+                restore_version(replica.url, health, version=self._version, published=bool(self._publications),
+                                lora=self._lora, publisher=self._publisher, rank=self.role.rank)
             except (RolloutError, OSError) as exc:  # OSError: the re-publication found no server
                 if self._cancel.is_set:
                     raise RolloutError(f"the engine was closed while {replica.url} was recovering") from None
@@ -384,22 +398,6 @@ class VLLMServerEngine:
         for replica in self._replicas:
             if self.supervisor.exit_status(replica.index) is not None:
                 self._recover(replica, replica.epoch, "its process exited between batches")
-
-    def _restore(self, replica: Replica, health: HTTPReply) -> None:
-        """After a restart: check the replica serves the engine's version, or have the publisher put it back."""
-        version = self._version
-        if not self._publications:  # nothing published: it restarted from the weights it was started with
-            if not self._publisher.lora and health.policy_version not in (None, version):
-                raise StalePolicyError(f"it came back serving version {health.policy_version}, expected {version}")
-            return
-        if not self._publisher.lora and health.policy_version == version:
-            return
-        if not self._publisher.restore(replica.url, version):
-            raise RolloutError(f"{type(self._publisher).__name__} cannot re-publish version {version} to a "
-                               "restarted server")
-
-    def _publisher_prefix(self) -> str:
-        return getattr(self._publisher, "prefix", "policy")
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -21,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ConfigurationError, RolloutError
+from ..errors import ConfigurationError, RolloutError, StalePolicyError
 from .vllm_api import (
     Cancellation,
     EngineClosed,
     HTTPReply,
+    check_base_url,
     error_message,
     http_call,
     parse_max_model_len,
@@ -189,6 +190,21 @@ def bring_back(replica: Replica, timeout: float, *, cancel: Cancellation, superv
     return await_health(url, timeout, cancel=cancel, exited=exited)
 
 
+def check_engine_options(base_urls: Sequence[str] | str, sampling: Any, *, max_concurrency: int, retries: int,
+                         max_restarts: int) -> list[str]:
+    """`VLLMServerEngine`'s arguments, checked; returns the base URLs as a list."""
+    urls = [check_base_url(u, "base_urls") for u in ([base_urls] if isinstance(base_urls, str) else base_urls)]
+    if not urls or len(set(urls)) != len(urls):
+        raise ConfigurationError(f"base_urls={list(urls)} must name at least one server, each once")
+    if sampling.temperature <= 0.0 or sampling.max_new_tokens < 1:
+        raise ConfigurationError(f"SamplingParams temperature={sampling.temperature} and max_new_tokens="
+                                 f"{sampling.max_new_tokens} must be > 0 (greedy decoding has no distribution)")
+    if max_concurrency < 1 or retries < 0 or max_restarts < 0:
+        raise ConfigurationError(f"max_concurrency={max_concurrency} must be >= 1, retries={retries} >= 0 and "
+                                 f"max_restarts={max_restarts} >= 0")
+    return urls
+
+
 def connect_all(replicas: Sequence[Replica], timeout: float, *, cancel: Cancellation | None = None,
                 supervisor: ServerSupervisor | None = None) -> list[int | None]:
     """Startup: wait for every replica, read its base model name; returns the versions they report (None: vLLM).
@@ -250,6 +266,43 @@ def push_all(replicas: Sequence[Replica], publisher: WeightPublisher, version: i
     else:
         outcomes = [push(r) for r in replicas]
     return [o for o in outcomes if o is not None]
+
+
+def check_completion(url: str, request: Any, completion: Any, max_tokens: int, *, served: int | None,
+                     version: int) -> None:
+    """One answer of `url` to `request` (a `RolloutRequest`; `completion` a `vllm_api.Completion`), checked: sampled
+    at the batch's `version` (else `StalePolicyError`: refused, never relabelled), from the tokens it was sent, with
+    1..`max_tokens` new tokens."""
+    if served != version:
+        raise StalePolicyError(f"trajectory {request.index}: {url} sampled it with policy version {served}, the "
+                               f"batch is at version {version}; the sample is refused")
+    if completion.prompt_ids is not None and completion.prompt_ids != tuple(request.prompt_ids):
+        raise RolloutError(f"trajectory {request.index}: {url} generated from other prompt tokens than it was sent "
+                           "(truncation or a chat template on the server?)")
+    if not 1 <= len(completion.token_ids) <= max_tokens:
+        raise RolloutError(f"trajectory {request.index}: {url} returned {len(completion.token_ids)} tokens for "
+                           f"max_tokens={max_tokens}")
+
+
+def restore_version(url: str, health: HTTPReply, *, version: int, published: bool, lora: bool,
+                    publisher: WeightPublisher | None, rank: int) -> None:
+    """After a restart: check the replica at `url` serves `version`, or have the publisher put it back.
+
+    A follower (`publisher` None) cannot publish: rank 0 restores the replica, and until then the follower's
+    per-response version check refuses what it serves; only a server that reports no version is refused here."""
+    if not published:  # nothing published: it restarted from the weights it was started with
+        if not lora and health.policy_version not in (None, version):
+            raise StalePolicyError(f"it came back serving version {health.policy_version}, expected {version}")
+        return
+    if not lora and health.policy_version == version:
+        return
+    if publisher is None:
+        if lora or health.policy_version is not None:
+            return
+        raise RolloutError(f"it came back without a version header, and rank {rank} cannot publish to it or tell "
+                           "which weights it serves")
+    if not publisher.restore(url, version):
+        raise RolloutError(f"{type(publisher).__name__} cannot re-publish version {version} to a restarted server")
 
 
 def check_tokenizer(replicas: Sequence[Replica], tokenizer: Any) -> None:

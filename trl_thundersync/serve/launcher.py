@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolloutError
+from ..rollout.publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from ..rollout.tempdir import OwnedTempDir
 from ..rollout.weights import base_config, policy_state_dict, unwrap_model
 
@@ -197,27 +198,40 @@ class EmbeddedServers:
 
 def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas: int = 1, policy_version: int = 0,
                           options: ServerOptions = ServerOptions(), publisher: Any = "auto",
+                          role: PublishRole = SINGLE_PROCESS,
                           **engine_kwargs: Any) -> Any:
     """Start `replicas` embedded servers serving `model` and a `VLLMServerEngine` over them (closing it stops them;
     it restarts one whose process dies, at most `max_restarts` times, an engine keyword argument).
 
     With `publisher="lora"` the servers hold the base weights and the policy's adapter is published (loaded as
     `policy-v{policy_version}`) before this returns; otherwise they start with the merged policy weights.
+
+    With several learner processes (`role`, see `rollout.publish_role`) rank 0 starts the servers and
+    owns them (restarts, stops them when its engine closes); every rank receives their URLs and builds its own
+    engine over them, and every rank calls this (it is a collective).
     """
     from ..rollout.vllm_client import VLLMServerEngine
 
     lora = publisher == "lora"
-    servers = EmbeddedServers.start(model, tokenizer, replicas=replicas, policy_version=policy_version,
-                                    options=options, without_adapters=lora)
+    servers = None
+
+    def start() -> tuple[str, ...]:
+        nonlocal servers
+        servers = EmbeddedServers.start(model, tokenizer, replicas=replicas, policy_version=policy_version,
+                                        options=options, without_adapters=lora)
+        return tuple(servers.urls)
+
+    urls = run_on_main(role, f"starting {replicas} embedded server(s)", start)
     engine = None
     try:
-        engine = VLLMServerEngine(list(servers.urls), tokenizer, sampling, policy_version=policy_version,
-                                  publisher=publisher, supervisor=servers, **engine_kwargs)
+        engine = VLLMServerEngine(list(urls), tokenizer, sampling, policy_version=policy_version,
+                                  publisher=publisher, supervisor=servers, role=role, **engine_kwargs)
         if lora:
             engine.publish(model, policy_version)
         return engine
     except BaseException:
         if engine is not None:
             engine.close()
-        servers.close()
+        if servers is not None:
+            servers.close()
         raise

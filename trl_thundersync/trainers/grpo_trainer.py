@@ -325,7 +325,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         if self._agentic():
             sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
         target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer, self.accelerator.device,
-                               self.accelerator.num_processes, self.policy_version)
+                               self.accelerator.num_processes, self.policy_version, self.accelerator.process_index)
         generator = build_turn_generator(target, self.args, sampling,
                                          on_metric=lambda name, value: self._metrics["train"][name].append(value))
         return self.use_turn_generator(generator)

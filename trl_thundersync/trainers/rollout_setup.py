@@ -36,8 +36,9 @@ class RolloutTarget:
     policy: Any  # the unwrapped policy module at `policy_version` (LoRA: the PEFT model)
     tokenizer: Any  # the policy's tokenizer (servers load it; the client decodes nothing with it)
     device: torch.device  # the learner's device; on CPU the learner's thread count is set here
-    num_processes: int  # trainer processes on this machine's cores
+    num_processes: int  # trainer processes (accelerate's `num_processes`), each with its own generator
     policy_version: int  # the version `policy` holds now
+    process_index: int = 0  # this process's rank (accelerate's `process_index`); rank 0 publishes to servers
 
 
 def check_turn_generator(uses_trl_generation: bool, *, built: bool) -> None:
@@ -69,7 +70,9 @@ def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: S
 
 def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingParams,
                    on_metric: MetricSink) -> TurnGenerator:
-    """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run."""
+    """`VLLMServerEngine` over the configured servers, or over embedded servers started for this run (by rank 0,
+    with several processes: every rank gets its own engine over them, and only rank 0 publishes)."""
+    from ..rollout.publish_role import distributed_role
     from ..rollout.vllm_client import VLLMServerEngine
     from ..serve.launcher import ServerOptions, start_embedded_engine
 
@@ -77,7 +80,8 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
     replicas = len(urls) if urls else a.rollout_num_servers
     common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
                   request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
-                  restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version)
+                  restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version,
+                  role=distributed_role(target.process_index, target.num_processes))
     if urls is None:  # embedded servers started from the policy as it is now
         set_learner_threads(target, a, "process", a.rollout_num_threads * replicas, on_metric)
         options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
@@ -89,7 +93,7 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
             "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
     engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
                               nccl_options=nccl, **common)
-    try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first
+    try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first (rank 0 pushes)
         seconds = engine.publish(target.policy, target.policy_version)
     except BaseException:
         engine.close()
