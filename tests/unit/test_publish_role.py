@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import torch
 
+from tests.fixtures import http_stub
 from trl_thundersync.errors import RolloutError, StalePolicyError
 from trl_thundersync.rollout import vllm_client
 from trl_thundersync.rollout.publish_role import SINGLE_PROCESS, MainFailed, PublishRole, run_on_main
@@ -56,14 +57,10 @@ class VersionedStub:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.http, self.url = http_stub.start(Handler)
 
     def stop(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
+        http_stub.stop(self.http)
 
 
 class StubPublisher:

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures import http_stub
 from tests.fixtures.parity import cpu_config
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError, RolloutError
@@ -74,15 +75,11 @@ class StubServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.http, self.url = http_stub.start(Handler)
 
     def stop(self) -> None:
         self.release.set()
-        self.http.shutdown()
-        self.http.server_close()
+        http_stub.stop(self.http)
 
 
 @pytest.fixture
