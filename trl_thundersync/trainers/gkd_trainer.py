@@ -167,11 +167,15 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         the earlier micro-steps add nothing to param.grad and report a zero loss."""
         self._window.append(inputs)
         if len(self._window) < self.current_gradient_accumulation_steps:
-            return torch.zeros((), device=self.args.device)
-        micro_batches, self._window = self._window, []
-        return self._streamed_batch(model, micro_batches)
+            loss = torch.zeros((), device=self.args.device)
+        else:
+            micro_batches, self._window = self._window, []
+            loss = self._streamed_batch(model, micro_batches)
+        self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
+        return loss
 
     def _streamed_batch(self, model, micro_batches: list) -> torch.Tensor:
+        placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
             self._publish(version)
@@ -180,7 +184,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         for inputs in micro_batches:  # row r of the logical batch: the same index and seed however it was split
             requests.extend(to_requests(inputs, self.args.seed, version, first_index=len(requests)))
         engine = self._rollout_engine()
-        module = self.accelerator.unwrap_model(model)
+        target = placement.open_batch(model)  # the module and parameters the per-turn passes differentiate
+        module, self._trainable = target.module, target.params
         module.train()
         grads = GradientSum(self._trainable)
         backward_cls = BoundaryCutBackward if self.args.turn_backward == "boundary_cut" else NaiveTurnBackward
@@ -192,8 +197,9 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
                                            schedule=self.args.schedule, router=self._router if self._agentic else None,
                                            logits_vocab_size=vocab, on_item=items.append)
-        for param, direction in zip(self._trainable, batch_direction(totals.grads, totals.scored_tokens), strict=True):
-            param.grad = direction.to(param.dtype)
+        direction = torch.cat([g.reshape(-1).to(torch.float32)
+                               for g in batch_direction(totals.grads, totals.scored_tokens)])
+        placement.hand_over(direction, f"optimizer step {self.state.global_step} (policy version {version})")
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)
         self._log_batch(totals, timing, items)
@@ -217,7 +223,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         if self._agentic:
             self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,
                                         environment_factory=self.environment_factory, on_turn=self._router,
-                                        policy=self.accelerator.unwrap_model(self.model))
+                                        policy=self._policy_module())
         return self._engine
 
     def _rollout_engine(self) -> RolloutEngine:
@@ -226,7 +232,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             eos = [eos] if isinstance(eos, int) else list(eos or [])
             per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
             sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
-            target = RolloutTarget(self.accelerator.unwrap_model(self.model), self.processing_class,
+            target = RolloutTarget(self._policy_module(), self.processing_class,
                                    self.accelerator.device, self.accelerator.num_processes, self.policy_version)
             generator = build_turn_generator(target, self.args, sampling,
                                              on_metric=lambda name, value: self._metrics["train"][name].append(value))

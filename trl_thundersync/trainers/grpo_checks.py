@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate.utils import DistributedType
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from .grpo_config import ThunderSyncGRPOConfig
+from .placement import check_engine
 
 
 def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
@@ -44,12 +44,7 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
 
 def check_distributed(trainer: Any) -> None:
     """Refuse sharded setups and, with several processes, groups split across processes."""
-    kind = trainer.accelerator.distributed_type
-    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
-        raise UnsupportedOptionError(
-            f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
-            "gradients do not allow yet; use DDP or a single process"
-        )
+    check_engine(trainer.accelerator)
     local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
     if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
         raise ConfigurationError(

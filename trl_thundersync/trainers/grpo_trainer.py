@@ -20,7 +20,7 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
 from ..envs.harness.metrics import agent_metrics, completion_metrics, model_token_counts
-from ..errors import NonFiniteGradientError, UnsupportedOptionError
+from ..errors import UnsupportedOptionError
 from ..rollout.agent_setup import make_agent_engine
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
@@ -34,7 +34,6 @@ from ..streaming.normalization import micro_batch_of
 from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, ScoringInput
-from ..streaming.source import write_flat_grads
 from ..streaming.unscorable import unscorable_warning
 from ..types import Rollout, RolloutRequest, SamplingParams
 from . import grpo_iterations, grpo_trace
@@ -119,8 +118,9 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
                 grpo_iterations.buffer_generation_batch(self, self._open_step.items, self._last_advantages,
                                                         self._permutation, self._recorded_logps)
-        else:  # the batch direction is already in param.grad; later micro-steps of the window add nothing
+        else:  # the batch direction is already handed over; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
+        self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
         self._step += 1
         self._current_train_step_time += time.perf_counter() - started
         if self._step % self.current_gradient_accumulation_steps == 0:
@@ -129,6 +129,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         return loss
 
     def _run_logical_batch(self, model, rows: list[dict]) -> torch.Tensor:
+        placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
             self._publish(version)
@@ -139,9 +140,10 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         prompts = self._prompts(rows)
         requests = self._requests(rows, prompts, version)
         engine = self._rollout_engine()
-        # Per-source passes run on the unwrapped module: DDP's reducer must not see them. The batch direction is
-        # averaged across processes once, at the barrier (what DDP's all-reduce would have produced).
-        module = self.accelerator.unwrap_model(model)
+        # Per-source passes run on the placement's module (no DDP/engine hooks); the batch direction is handed to
+        # the engine once, at the barrier (`placement/`)
+        target = placement.open_batch(model)
+        module, self._trainable = target.module, target.params
         learner = self._batch_learner(module, version, len(rows), normalization, buckets, permutation)
 
         def prepare(rollout: Rollout) -> ScoringInput:
@@ -241,15 +243,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                               bonus)
         self._last_advantages = list(result.advantages.values)  # TRL's per-row advantages (passes 2..μ)
         self.last_off_policy_dropped = result.dropped
-        direction = result.direction
-        if self.accelerator.num_processes > 1:
-            direction = self.accelerator.reduce(direction, reduction="mean")
-        if not torch.isfinite(direction).all():
-            raise NonFiniteGradientError(
-                f"the batch direction of optimizer step {self.state.global_step} (policy version "
-                f"{self.policy_version}) contains NaN/inf; the step is refused"
-            )
-        write_flat_grads(direction, self._trainable)
+        self._learner_placement().hand_over(
+            result.direction, f"optimizer step {self.state.global_step} (policy version {self.policy_version})")
         self._log_batch(totals, timing, scored, self._last_advantages, prompts)
         self._metrics["train"]["frac_reward_zero_std"].append(result.advantages.zero_std_fraction)
         if self.beta != 0.0:
@@ -324,7 +319,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         sampling = self._sampling_params()
         if self._agentic():
             sampling = replace(sampling, max_new_tokens=self.args.agent_limits().max_tokens_per_turn)
-        target = RolloutTarget(self.accelerator.unwrap_model(self.model), self._tokenizer, self.accelerator.device,
+        target = RolloutTarget(self._policy_module(), self._tokenizer, self.accelerator.device,
                                self.accelerator.num_processes, self.policy_version, self.accelerator.process_index)
         generator = build_turn_generator(target, self.args, sampling,
                                          on_metric=lambda name, value: self._metrics["train"][name].append(value))
@@ -341,7 +336,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             environment_factory=self.environment_factories, chat_template_kwargs=self.chat_template_kwargs,
             has_tools=bool(self.tools), tool_runner=ToolRunner(loop=getattr(self, "async_loop", None)),
             on_turn=self._turns, max_concurrent=max(8, self._train_batch_size_local()),
-            policy=self.accelerator.unwrap_model(self.model))
+            policy=self._policy_module())
 
     def _train_batch_size_local(self) -> int:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation

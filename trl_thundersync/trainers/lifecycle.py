@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 
 from ..rollout.engine import RolloutEngine
 from ..trace.recorder import open_run_trace
+from .placement import learner_placement
 
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
@@ -70,6 +71,7 @@ class StreamingLifecycle:
     """Mixin (before TRL's trainer class in the bases) owning publication, the step trace, `close` and `train`."""
 
     _engine = None  # the rollout engine (built lazily by the trainer)
+    _placement = None  # the `LearnerPlacement` of the training engine (built at the first streamed batch)
     _open_step: StepRecord | None = None  # the streamed batch whose optimizer step has not been traced yet
     _trace_writer = None  # the run's `TraceWriter` while `train` runs on the main process (None otherwise)
     last_trace = None  # `StepTrace` of the latest optimizer step
@@ -84,10 +86,24 @@ class StreamingLifecycle:
     def _rollout_engine(self) -> RolloutEngine:
         raise NotImplementedError
 
+    def _learner_placement(self):
+        """Where the learner work runs and how the direction reaches the engine (`placement/`), built on first use:
+        inside `train`, after `accelerator.prepare` wrapped the model."""
+        if self._placement is None:
+            self._placement = learner_placement(self)
+        return self._placement
+
+    def _policy_module(self):
+        """The policy with its full current weights, to publish or to start rollout servers from (on every process:
+        with sharded parameters this gathers them)."""
+        if self._placement is None:
+            return self.accelerator.unwrap_model(self.model)
+        return self._placement.publish_module(self.model)
+
     def _publish(self, version: int) -> None:
         """Push θ to the rollout engine (it acknowledges before returning) and make `version` current."""
         if self._engine is not None:
-            seconds = self._engine.publish(self.accelerator.unwrap_model(self.model), version)
+            seconds = self._engine.publish(self._policy_module(), version)
             self._metrics["train"]["thundersync/publish_seconds"].append(seconds)
         self.policy_version = version
 

@@ -1,0 +1,71 @@
+"""Where a ThunderSync trainer's learner work runs, and how the batch direction reaches the engine's optimizer step.
+
+Both trainers stream per-source backward passes at the frozen θ_k and assemble one batch direction at the barrier.
+What differs between training engines (one process, DDP, DeepSpeed ZeRO-1/2/3, FSDP2) is only (a) which module and
+parameters those passes differentiate, (b) how the direction is reduced across processes and handed to the engine
+so that the engine's own clipping and optimizer step see it, and (c) which module holds the full weights to publish.
+A `LearnerPlacement` owns exactly that; the trainers call it and hold no engine-specific code.
+
+Lifecycle, on every process in the same order (each call may be a collective):
+
+1. `open_batch(model)` at the start of every logical batch → `StreamingTarget` (the module and the flat parameter
+   order for the per-source passes, at θ_k);
+2. the per-source passes (local: no collective runs while sources finish at their own times);
+3. `hand_over(local, label)` at the barrier: `local` is this process's share of the batch direction, the direction
+   being the mean of the shares over processes (DDP's averaging convention); the placement reduces it, refuses a
+   non-finite direction (`NonFiniteGradientError`, `label` names the step) and gives it to the engine;
+4. `end_micro_step(sync_gradients)` after every micro-step of TRL's accumulation window (engines that step inside
+   their backward take the direction at the window's last micro-step);
+5. `publish_module(model)` whenever θ is published: a module with the full current weights (the engine's publish
+   then runs on the main process only, `rollout/publish_role.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from accelerate.utils import DistributedType
+
+from ...errors import UnsupportedOptionError
+
+
+@dataclass(frozen=True)
+class StreamingTarget:
+    """What the per-source passes of one logical batch differentiate."""
+
+    module: torch.nn.Module  # the policy at θ_k, without DDP/engine hooks (no collective in its forward/backward)
+    params: list[torch.Tensor]  # its trainable parameters, in the order of every flat P-vector of the batch
+
+
+class LearnerPlacement(Protocol):
+    """One training engine's side of the streamed step (lifecycle in the module docstring)."""
+
+    name: str  # the engine, as error messages and the start-up report name it ("single process", "DDP", ...)
+
+    def open_batch(self, model: torch.nn.Module) -> StreamingTarget: ...
+
+    def hand_over(self, local: torch.Tensor, label: str) -> None: ...
+
+    def end_micro_step(self, sync_gradients: bool) -> None: ...
+
+    def publish_module(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+
+def check_engine(accelerator: Any) -> None:
+    """Refuse, at construction, a training engine no placement supports (named, with the reason)."""
+    kind = accelerator.distributed_type
+    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise UnsupportedOptionError(
+            f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
+            "gradients do not allow yet; use DDP or a single process"
+        )
+
+
+def learner_placement(trainer: Any) -> LearnerPlacement:
+    """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
+    check_engine(trainer.accelerator)
+    from .replicated import ReplicatedPlacement
+
+    return ReplicatedPlacement(trainer.accelerator)

@@ -1,0 +1,52 @@
+"""One process or DDP: every process holds the whole model, so each source's backward is local and the barrier
+averages the processes' shares once (what DDP's all-reduce would have produced) and writes it into `param.grad`;
+TRL's loop then clips it and takes the optimizer step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...errors import NonFiniteGradientError
+from ...streaming.source import write_flat_grads
+from . import StreamingTarget
+
+
+def trainable_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters the optimizer updates, in `module.parameters()` order (the order of every flat P-vector)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def refuse_non_finite(direction: torch.Tensor, label: str) -> None:
+    """The step is refused, loudly, when the reduced batch direction holds NaN or inf."""
+    if not torch.isfinite(direction).all():
+        raise NonFiniteGradientError(f"the batch direction of {label} contains NaN/inf; the step is refused")
+
+
+class ReplicatedPlacement:
+    """Single process and DDP (`placement/__init__.py` for the lifecycle)."""
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        self.name = "DDP" if accelerator.num_processes > 1 else "single process"
+        self._params: list[torch.Tensor] = []
+
+    def open_batch(self, model: torch.nn.Module) -> StreamingTarget:
+        # the unwrapped module: DDP's reducer must not see the per-source passes
+        module = self.accelerator.unwrap_model(model)
+        self._params = trainable_parameters(module)
+        return StreamingTarget(module, self._params)
+
+    def hand_over(self, local: torch.Tensor, label: str) -> None:
+        direction = local
+        if self.accelerator.num_processes > 1:
+            direction = self.accelerator.reduce(local, reduction="mean")
+        refuse_non_finite(direction, label)
+        write_flat_grads(direction, self._params)
+
+    def end_micro_step(self, sync_gradients: bool) -> None:
+        """Nothing: the direction is in `param.grad` from the barrier on, and TRL's loop steps at the sync."""
+
+    def publish_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(model)
