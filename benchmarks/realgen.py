@@ -45,7 +45,6 @@ from typing import Any
 
 GRPO_SCHEDULES = ("sync", "thundersync:reward", "thundersync:content", "thundersync:turn", "trl")
 DEFAULT_SCHEDULES = GRPO_SCHEDULES + ("gkd",)
-LENGTH_PENALTY = 0.001  # examples/swe_grpo.py's default weight of shorter_is_better
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +72,6 @@ def bound(rho: float) -> float:
     return (1.0 + rho) / max(1.0, rho)
 
 
-def shorter_is_better(completion_ids, **kwargs) -> list[float]:
-    """examples/swe_grpo.py's shaping term: minus the completion length (per sample)."""
-    return [-float(len(ids)) for ids in completion_ids]
-
-
 # --- one run (child process) ----------------------------------------------------------------------------------------
 
 
@@ -91,6 +85,8 @@ def _tasks(w: RealgenWorkload):
 
 
 def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
+    from trl_thundersync.agentic import LENGTH_PENALTY  # the examples' weight of `shorter_is_better`
+
     return dict(per_device_train_batch_size=w.batch, num_generations=w.group, max_steps=w.steps,
                 max_completion_length=w.max_completion_length,
                 max_tool_calling_iterations=w.max_tool_calling_iterations, learning_rate=1e-5, seed=w.seed,
@@ -99,6 +95,7 @@ def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
 
 def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_dir: Path):
     from tests.fixtures.parity import cpu_config, load_model
+    from trl_thundersync.agentic import shorter_is_better
     from trl_thundersync.envs.environments.swe import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
     from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
@@ -136,6 +133,7 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     from trl import GRPOConfig, GRPOTrainer
 
     from tests.fixtures.parity import cpu_config, load_model
+    from trl_thundersync.agentic import shorter_is_better
     from trl_thundersync.envs.environments.swe import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
     from trl_thundersync.trace.flops import ModelShape, learner_flops

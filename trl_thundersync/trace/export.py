@@ -131,7 +131,7 @@ def _figure(figsize: tuple[float, float]) -> Any:
     return Figure(figsize=figsize)
 
 
-def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """Merge overlapping [start, end] intervals (busy time of a lane with concurrent work)."""
     merged: list[list[float]] = []
     for a, b in sorted(intervals):
@@ -166,7 +166,7 @@ def plot_timeline(steps: Sequence[StepTrace], path: str | Path, title: str | Non
     def bars(y: float, lane: str, kinds: Sequence[str] | None, color: str, label: str, merge: bool) -> None:
         spans = [(e.start - origin, e.end - origin) for e in events
                  if e.lane == lane and (kinds is None or e.kind in kinds)]
-        spans = _union(spans) if merge else spans
+        spans = merge_intervals(spans) if merge else spans
         if spans:
             ax.broken_barh([(a, b - a) for a, b in spans], (y - h / 2, h), facecolors=color,
                            edgecolor="none" if merge else "white", linewidth=0.5, label=label)

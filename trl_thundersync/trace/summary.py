@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .export import _union, plot_timeline, write_chrome_trace
+from .export import merge_intervals, plot_timeline, write_chrome_trace
 from .records import StepTrace
 
 # Logged per-step quality metrics, first found wins: GRPO's mean reward, then the distillation objectives'.
@@ -48,7 +48,7 @@ class StepTimings:
 
 def step_timings(step: StepTrace) -> StepTimings:
     """Measured timings of one recorded step."""
-    learner = _union([(e.start, e.end) for e in step.events if e.lane == "learner"])
+    learner = merge_intervals([(e.start, e.end) for e in step.events if e.lane == "learner"])
     busy = math.fsum(b - a for a, b in learner)
     rollout = step.rollout_end - step.start
     learner_end = step.learner_end - step.start
