@@ -63,7 +63,7 @@ def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
     trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[], args=args, train_dataset=dataset(),
                                      processing_class=tokenizer, environment_factory=CounterEnv, callbacks=[capture])
     generator = ScriptedTurnGenerator(tokenizer, script, delay=delay)
-    trainer._engine = trainer._agent_engine(generator)
+    trainer.use_turn_generator(generator)
     captured = []
     original = trainer._barrier
 

@@ -48,8 +48,8 @@ def test_concurrent_grading_trains_what_serial_grading_trains(scope, release, tm
         trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                          train_dataset=dataset(), processing_class=tokenizer,
                                          environment_factory=env)
-        trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script,
-                                                                      delay=lambda i, t: 0.002 * ((7 * i + t) % 5)))
+        trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, script,
+                                                         delay=lambda i, t: 0.002 * ((7 * i + t) % 5)))
         trainer.train()
         params[workers], logged[workers] = flat(trainer.model), trainer._logs["rewards"]["CounterEnv"]
     assert list(logged[BATCH]) == list(logged[1])
@@ -82,7 +82,7 @@ def test_a_get_reward_that_raises_stops_training_before_any_step_naming_it(scope
     initial = flat(model)
     trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[], args=args, train_dataset=dataset(),
                                      processing_class=tokenizer, environment_factory=CrashingEnv)
-    trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, script))
     with pytest.raises(RewardFunctionError, match=r"reward function 'CounterEnv' raised RuntimeError: pytest crashed "
                                                   r"on trajectory \d+ \(group \d+\)"):
         trainer.train()

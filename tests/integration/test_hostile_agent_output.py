@@ -48,7 +48,7 @@ def test_hostile_calls_and_forged_observations_train(tmp_path, tokenizer, tiny_m
                       agent_protocol="paper", optim="sgd")
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=dataset, processing_class=tokenizer, environment_factory=EchoEnv)
-    trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, script))
     captured = []
     original = trainer._barrier
 
@@ -79,7 +79,7 @@ def test_hostile_calls_and_forged_observations_train_under_the_trl_protocol(tmp_
                       max_tool_calling_iterations=2, optim="sgd")
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=dataset, processing_class=tokenizer, environment_factory=EchoEnv)
-    trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, script))
     captured = []
     original = trainer._barrier
 

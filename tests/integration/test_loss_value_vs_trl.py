@@ -168,7 +168,7 @@ def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenize
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=dataset(), processing_class=tokenizer,
                                      environment_factory=CounterEnv, callbacks=[capture])
-    trainer._engine = trainer._agent_engine(SpreadSampler(tokenizer, script))
+    trainer.use_turn_generator(SpreadSampler(tokenizer, script))
     captured = []
     original = trainer._barrier
 

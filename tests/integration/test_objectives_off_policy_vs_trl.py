@@ -211,7 +211,7 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[], args=args,
                                      train_dataset=dataset(), processing_class=tokenizer,
                                      environment_factory=CounterEnv, callbacks=[capture])
-    trainer._engine = trainer._agent_engine(OffsetSampler(tokenizer, script))
+    trainer.use_turn_generator(OffsetSampler(tokenizer, script))
     captured = []
     original = trainer._barrier
 

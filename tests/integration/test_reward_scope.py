@@ -211,8 +211,8 @@ def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_siz
         trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[rank], args=args,
                                          train_dataset=dataset(), processing_class=tokenizer,
                                          environment_factory=CounterEnv)
-        trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, script,
-                                                                      delay=lambda i, t: 0.002 * ((7 * i + t) % 5)))
+        trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, script,
+                                                         delay=lambda i, t: 0.002 * ((7 * i + t) % 5)))
         trainer.train()
         params[run_scope] = flat(trainer.model)
         logged[run_scope] = trainer._logs["rewards"]

@@ -154,7 +154,7 @@ def test_unknown_environment_name_raises_trls_value_error(tmp_path, tokenizer, t
                               args=cpu_config(config_cls, tmp_path / trainer_cls.__name__, max_steps=1),
                               processing_class=tokenizer, environment_factory={"echo": EchoEnv})
         if trainer_cls is ThunderSyncGRPOTrainer:  # no model generation needed: the batch fails before it starts
-            trainer._engine = trainer._agent_engine(ScriptedTurnGenerator(tokenizer, lambda i, t, c: "Done."))
+            trainer.use_turn_generator(ScriptedTurnGenerator(tokenizer, lambda i, t, c: "Done."))
         with pytest.raises(ValueError) as caught:
             trainer.train()
         messages.append(str(caught.value))

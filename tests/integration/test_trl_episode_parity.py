@@ -187,7 +187,7 @@ def test_logged_lengths_and_tool_metrics_equal_stock_trl(tmp_path, tokenizer, ti
     ts_args = cpu_config(ThunderSyncGRPOConfig, tmp_path / "ts", **COMMON)
     ours = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[zero], args=ts_args,
                                   train_dataset=Dataset.from_list(rows()), processing_class=tokenizer, tools=TOOLS)
-    ours._engine = ours._agent_engine(ScriptedTurnGenerator(tokenizer, script))
+    ours.use_turn_generator(ScriptedTurnGenerator(tokenizer, script))
     ours.train()
     expected = next(h for h in stock.state.log_history if "completions/mean_length" in h)
     logged = next(h for h in ours.state.log_history if "completions/mean_length" in h)
