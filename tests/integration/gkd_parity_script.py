@@ -8,6 +8,8 @@ Parity cases (3 optimizer steps, global batch of 4 rows, each process streams it
   plain_opd_ga2    the same with OPD, per-device batches of 2 // world rows × gradient_accumulation_steps=2
   agent_opd        multi-turn tool episodes (`CounterEnv`) of 2–4 turns by prompt (unequal tokens per process)
   agent_gjsd       the same with the generalized JSD
+  mixed_lmbda      lmbda=0.5: TRL's draw decides per step between a streamed on-policy batch and TRL's own
+                   off-policy step (DDP's backward); every process takes the same branch
   rank1_empty      in-order rows, every completion of a row the second process would hold is empty: that process
                    streams zero scored tokens and its share is zero, the step still the global batch's
   server_opd       OPD over HTTP: the student samples from one embedded rollout server that process 0 starts and
@@ -132,11 +134,12 @@ CASES = {
     "rank1_empty": dict(objective="opd", train_sampling_strategy="sequential"),
     "server_opd": dict(objective="opd", rollout_engine="embedded_server", rollout_num_servers=1,
                        rollout_max_in_flight=4, teacher_server_url=os.environ.get("TS_TEST_TEACHER_URL")),
+    "mixed_lmbda": dict(objective="gjsd", lmbda=0.5),
     "teacher_fails": dict(objective="opd"),
     "all_empty": dict(objective="opd"),
 }
-LOGGED = ("loss", "thundersync/scored_tokens", "thundersync/turns", "opd/reverse_kl", "completions/mean_length",
-          "agent/turns_mean", "tools/call_frequency")
+LOGGED = ("loss", "thundersync/on_policy", "thundersync/scored_tokens", "thundersync/turns", "opd/reverse_kl",
+          "completions/mean_length", "agent/turns_mean", "tools/call_frequency")
 
 
 def run(case: str) -> dict:
@@ -168,18 +171,20 @@ def run(case: str) -> dict:
     except Exception as exc:  # the failure cases: what this process raised, and how long it took to raise it
         return {"error": type(exc).__name__, "message": str(exc), "seconds": time.perf_counter() - started,
                 "steps": trainer.state.global_step}
-    logs = [{k: h[k] for k in LOGGED if k in h} for h in trainer.state.log_history if "thundersync/turns" in h]
+    logs = [{k: h[k] for k in LOGGED if k in h} for h in trainer.state.log_history if "loss" in h]
     final = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters() if p.requires_grad])
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(model_path).parameters() if p.requires_grad])
     record = {"directions": capture.directions, "params": final, "update": final - initial, "logs": logs,
-              "policy_version": trainer.policy_version, "local_tokens": trainer.last_batch[0].scored_tokens}
+              "policy_version": trainer.policy_version,
+              "local_tokens": trainer.last_batch[0].scored_tokens if trainer.last_batch else 0}
     if engine is not None:  # who owned the server, who published, what each process sampled (the engine is closed)
         record.update(urls=engine.base_urls, owns_servers=engine.supervisor is not None,
                       has_publisher=engine._publisher is not None, trajectories=engine.stats().trajectories)
     return record
 
 
-cases = [c for c in CASES if world > 1 or c not in ("teacher_fails", "all_empty")]
+only = os.environ.get("TS_TEST_CASES")  # a comma-separated subset, for runs by hand
+cases = [c for c in (only.split(",") if only else CASES) if world > 1 or c not in ("teacher_fails", "all_empty")]
 results = {}
 for case in cases:
     mine = run(case)

@@ -24,7 +24,7 @@ from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
 
-PARITY = ("plain_gjsd", "plain_opd_ga2", "agent_opd", "agent_gjsd", "rank1_empty", "server_opd")
+PARITY = ("plain_gjsd", "plain_opd_ga2", "agent_opd", "agent_gjsd", "rank1_empty", "server_opd", "mixed_lmbda")
 
 
 def _launch(out: Path, model_path: str, teacher_path: str, teacher_url: str, processes: int) -> dict:
@@ -74,6 +74,14 @@ def test_two_processes_match_one_process(runs, case):
                 assert mine[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-8), name
     # each process streamed its own share: the shares add up to the one process's count
     assert sum(r["local_tokens"] for r in two["ranks"]) == one["local_tokens"]
+
+
+def test_mixed_steps_take_the_same_branch_on_every_process(runs):
+    """lmbda=0.5 draws both kinds of steps (seed 0: off, off, on); TRL's off-policy steps, scaled as one process's
+    (`ThunderSyncGKDTrainer.compute_loss`), and the streamed one agree with one process (the parity test above)."""
+    kinds = ["thundersync/on_policy" in h for h in runs[1]["mixed_lmbda"]["logs"]]
+    assert kinds == ["thundersync/on_policy" in h for h in runs[0]["mixed_lmbda"]["logs"]]
+    assert any(kinds) and not all(kinds)
 
 
 def test_unequal_and_empty_shares(runs):

@@ -7,6 +7,11 @@ its action is complete, the student's backward for that turn runs at once (bound
 barrier Σ_j g_j / N_k is written into `param.grad`; TRL's loop clips it and takes the one optimizer step, and a
 callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
 teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
+
+Several processes (DDP): each process streams its own micro-batches (rows seeded by their global row), the barrier
+exchanges every process's share once (`distill.processes`: the global scored-token count N_k, failures, the batch
+metrics) and hands world · Σ_r g_j / N_k to the placement, whose mean over processes is the one-process direction.
+Rank 0 alone publishes to shared rollout servers (`rollout/publish_role.py`); a served teacher is read-only.
 """
 
 from __future__ import annotations
@@ -156,7 +161,21 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return VocabularyMap.from_json(self.args.teacher_vocab_map, student_vocab=student_vocab,
                                        teacher_vocab=teacher_vocab)
 
-    # -- TRL hook ---------------------------------------------------------------------------------------------------
+    # -- TRL hooks --------------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's off-policy loss, scaled by the number of processes when it is normalized by the global token count.
+
+        transformers gathers `num_items_in_batch` over the processes (`average_tokens_across_devices`), and
+        `GKDTrainer.compute_loss` divides each process's JSD sum by it; DDP then averages the gradients, which leaves
+        1/num_processes of the one-process step. `Trainer.compute_loss` multiplies by num_processes for exactly this
+        (TRL's DistillationTrainer divides the count instead); GKDTrainer's override skips it. Done here, an off-policy
+        step equals the one-process step on the same global batch, as the streamed on-policy steps do."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        world = self.accelerator.num_processes
+        if world > 1 and num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            loss = (loss[0] * world, *loss[1:]) if return_outputs else loss * world
+        return loss
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._draw_on_policy():
             return self._on_policy_micro_step(model, inputs)
