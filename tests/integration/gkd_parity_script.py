@@ -187,7 +187,9 @@ only = os.environ.get("TS_TEST_CASES")  # a comma-separated subset, for runs by 
 cases = [c for c in (only.split(",") if only else CASES) if world > 1 or c not in ("teacher_fails", "all_empty")]
 results = {}
 for case in cases:
+    started = time.perf_counter()
     mine = run(case)
+    mine["wall_seconds"] = time.perf_counter() - started  # the case's cost, for the CI budget
     if world > 1:  # every process's record: who raised what, each process's own token count
         gathered = [None] * world
         torch.distributed.all_gather_object(gathered, {k: v for k, v in mine.items()
