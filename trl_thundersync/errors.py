@@ -67,3 +67,8 @@ class TurnOrderError(ThunderSyncError):
 
 class TraceInUseError(ConfigurationError):
     """Another live run writes the step trace in this output_dir (two trainers sharing one output_dir at once)."""
+
+
+class PeerProcessError(ThunderSyncError):
+    """Another learner process failed its share of a streamed batch, so this process refuses the step too (the
+    batch direction needs every process's share); the message names the failed process and its cause."""

@@ -7,6 +7,11 @@ its action is complete, the student's backward for that turn runs at once (bound
 barrier Σ_j g_j / N_k is written into `param.grad`; TRL's loop clips it and takes the one optimizer step, and a
 callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
 teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
+
+Several processes (DDP): each process streams its own micro-batches (rows seeded by their global row), the barrier
+exchanges every process's share once (`distill.processes`: the global scored-token count N_k, failures, the batch
+metrics) and hands world · Σ_r g_j / N_k to the placement, whose mean over processes is the one-process direction.
+Rank 0 alone publishes to shared rollout servers (`rollout/publish_role.py`); a served teacher is read-only.
 """
 
 from __future__ import annotations
@@ -15,25 +20,36 @@ import os
 import random
 
 import torch
+from accelerate.utils import broadcast, gather_object
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
-from ..distill.learner import DistillBatchLearner, batch_direction
+from ..distill.learner import DistillBatchLearner
 from ..distill.losses import generalized_jsd_per_token, opd_loss_sum
 from ..distill.pipeline import DistillTiming, TurnRouter, run_distill_batch
+from ..distill.processes import (
+    RankShare,
+    batch_metrics,
+    check_shares,
+    failed_share,
+    finished_share,
+    global_loss,
+    local_share,
+)
 from ..distill.records import DistillTotals, TeacherScores
 from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
-from ..envs.harness.metrics import agent_metrics, model_token_counts
+from ..envs.harness.metrics import model_token_counts
 from ..errors import UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (
     agent_engine,
+    global_first_row,
     pass_through_collator,
     requests_from_collated,
     requests_from_rows,
@@ -80,10 +96,6 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             self._init_without_trl_teacher(model, trainer_kwargs)
             self._teacher = self._mapped_local_teacher(teacher_model) if teacher_model is not None else \
                 self._server_teacher()
-        if self.accelerator.num_processes > 1:
-            raise UnsupportedOptionError(
-                f"{self.accelerator.num_processes} processes: the streamed distillation barrier is single-process so "
-                "far (no cross-process token count); run one process")
         if self._agentic:
             from trl.chat_template_utils import add_response_schema
 
@@ -149,9 +161,23 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return VocabularyMap.from_json(self.args.teacher_vocab_map, student_vocab=student_vocab,
                                        teacher_vocab=teacher_vocab)
 
-    # -- TRL hook ---------------------------------------------------------------------------------------------------
+    # -- TRL hooks --------------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's off-policy loss, scaled by the number of processes when it is normalized by the global token count.
+
+        transformers gathers `num_items_in_batch` over the processes (`average_tokens_across_devices`), and
+        `GKDTrainer.compute_loss` divides each process's JSD sum by it; DDP then averages the gradients, which leaves
+        1/num_processes of the one-process step. `Trainer.compute_loss` multiplies by num_processes for exactly this
+        (TRL's DistillationTrainer divides the count instead); GKDTrainer's override skips it. Done here, an off-policy
+        step equals the one-process step on the same global batch, as the streamed on-policy steps do."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        world = self.accelerator.num_processes
+        if world > 1 and num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            loss = (loss[0] * world, *loss[1:]) if return_outputs else loss * world
+        return loss
+
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if random.random() <= self.lmbda:  # TRL's draw, at the same point of the RNG stream
+        if self._draw_on_policy():
             return self._on_policy_micro_step(model, inputs)
         if self.seq_kd:
             with unwrap_model_for_generation(self.teacher_model, self.accelerator,
@@ -174,15 +200,50 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
         return loss
 
+    def _draw_on_policy(self) -> bool:
+        """TRL's draw `random() <= lmbda`, at the same point of the RNG stream on every process. With several
+        processes the main process's draw decides for all (every process seeds alike, so they agree anyway): an
+        on-policy step on one process and an off-policy one on another would pair different collectives."""
+        on_policy = random.random() <= self.lmbda
+        if self.accelerator.num_processes > 1 and 0.0 < self.lmbda < 1.0:
+            flag = torch.tensor([float(on_policy)], device=self.accelerator.device)
+            on_policy = bool(broadcast(flag, from_process=0).item())
+        return on_policy
+
     def _streamed_batch(self, model, micro_batches: list) -> torch.Tensor:
+        """Stream this process's share of the logical batch, exchange the shares (`distill.processes`: every process
+        enters, also after a failure or with zero tokens), then hand world · Σ_r g_j / N_k to the placement."""
         placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
             self._publish(version)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        error, share = None, None
+        try:
+            share = self._stream_share(placement, model, micro_batches, version)
+        except Exception as exc:  # re-raised after the exchange, which the other processes are waiting in
+            if world == 1:
+                raise
+            error, share = exc, failed_share(rank, exc)
+        shares = gather_object([share]) if world > 1 else [share]
+        global_tokens = check_shares(shares, rank, error)
+        totals = self.last_batch[0]
+        direction = local_share(totals.grads, global_tokens, world)
+        placement.hand_over(direction, f"optimizer step {self.state.global_step} (policy version {version})")
+        for name, value in batch_metrics(shares, self.args.objective).items():
+            self._metrics["train"][name].append(value)
+        self._metrics["train"]["thundersync/policy_version"].append(float(self.policy_version))
+        return torch.tensor(global_loss(shares), device=self.args.device)  # the same on every process
+
+    def _stream_share(self, placement, model, micro_batches: list, version: int) -> RankShare:
+        """This process's micro-batches as one streamed batch: rows indexed locally, seeded by their global row."""
         to_requests = requests_from_rows if self._agentic else requests_from_collated
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
         requests = []
-        for inputs in micro_batches:  # row r of the logical batch: the same index and seed however it was split
-            requests.extend(to_requests(inputs, self.args.seed, version, first_index=len(requests)))
+        for m, inputs in enumerate(micro_batches):  # global row r: the same seed however the batch was split
+            rows = len(inputs) if self._agentic else inputs["prompts"].shape[0]
+            requests.extend(to_requests(inputs, self.args.seed, version, first_index=len(requests),
+                                        first_row=global_first_row(m, rows, rank, world)))
         engine = self._rollout_engine()
         target = placement.open_batch(model)  # the module and parameters the per-turn passes differentiate
         module, self._trainable = target.module, target.params
@@ -197,13 +258,15 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
                                            schedule=self.args.schedule, router=self._router if self._agentic else None,
                                            logits_vocab_size=vocab, on_item=items.append)
-        direction = torch.cat([g.reshape(-1).to(torch.float32)
-                               for g in batch_direction(totals.grads, totals.scored_tokens)])
-        placement.hand_over(direction, f"optimizer step {self.state.global_step} (policy version {version})")
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)
-        self._log_batch(totals, timing, items)
-        return torch.tensor(totals.loss_sum / totals.scored_tokens, device=self.args.device)
+        rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
+        turns = [w for w in totals.work if w.kind == "turn_backward"]
+        return finished_share(rank, totals, step_timing_metrics(timing),
+                              model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts]),
+                              [r.agent for r in rollouts if r.agent is not None], engine_step_metrics(self._engine),
+                              teacher_wait=sum(w.teacher_wait for w in turns),
+                              teacher_seconds=sum(w.teacher_seconds for w in turns))
 
     def _objective(self, logits: torch.Tensor, actions: torch.Tensor, teacher: TeacherScores) -> torch.Tensor:
         if self.args.objective == "opd":
@@ -232,8 +295,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             eos = [eos] if isinstance(eos, int) else list(eos or [])
             per_turn = self.args.agent_limits().max_tokens_per_turn if self._agentic else self.args.max_new_tokens
             sampling = sampling_params(self.args, eos, self.processing_class.pad_token_id, per_turn)
-            target = RolloutTarget(self._policy_module(), self.processing_class,
-                                   self.accelerator.device, self.accelerator.num_processes, self.policy_version)
+            target = RolloutTarget(self._policy_module(), self.processing_class, self.accelerator.device,
+                                   self.accelerator.num_processes, self.policy_version, self.accelerator.process_index)
             generator = build_turn_generator(target, self.args, sampling,
                                              on_metric=lambda name, value: self._metrics["train"][name].append(value))
             self.use_turn_generator(generator)
@@ -254,29 +317,6 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         """Stop the rollout engine, release the trace and close the teacher (also done at interpreter exit)."""
         super().close()
         self._teacher.close()
-
-    def _log_batch(self, totals: DistillTotals, timing: DistillTiming, items: list) -> None:
-        m = self._metrics["train"]
-        turns = [w for w in totals.work if w.kind == "turn_backward"]
-        m["thundersync/on_policy"].append(1.0)
-        m["thundersync/scored_tokens"].append(float(totals.scored_tokens))
-        m["thundersync/turns"].append(float(totals.turns))
-        m["thundersync/open_trajectories_peak"].append(float(totals.peak_open_trajectories))
-        m["thundersync/teacher_queue_wait_seconds"].append(timing.teacher_wait / max(len(turns), 1))
-        m["thundersync/teacher_scoring_seconds"].append(timing.teacher_seconds / max(len(turns), 1))
-        m["thundersync/teacher_busy_seconds"].append(timing.teacher_seconds)
-        for name, value in step_timing_metrics(timing).items():
-            m[name].append(value)
-        m["thundersync/policy_version"].append(float(self.policy_version))
-        if self.args.objective == "opd":  # −Σ A / N = mean of log π_θ − log π_T over sampled tokens
-            m["opd/reverse_kl"].append(totals.loss_sum / totals.scored_tokens)
-        rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
-        lengths = model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts])
-        m["completions/mean_length"].append(sum(lengths) / len(lengths))
-        for name, value in agent_metrics([r.agent for r in rollouts if r.agent is not None]).items():
-            m[name].append(value)
-        for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
-            m[name].append(value)
 
 
 def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:
