@@ -67,3 +67,8 @@ class TurnOrderError(ThunderSyncError):
 
 class TraceInUseError(ConfigurationError):
     """Another live run writes the step trace in this output_dir (two trainers sharing one output_dir at once)."""
+
+
+class PeerFailedError(ThunderSyncError):
+    """Another learner process of the job failed (its cause in the message); this one stops too instead of waiting
+    in a collective that will not complete (`trainers/rank_failure.py`)."""

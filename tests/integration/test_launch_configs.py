@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures.launch import run_together
 from tests.integration.test_distributed import free_port
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def accelerate_launch(config: Path, script: str, *args: str, timeout: int = 600)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
            "--main_process_port", str(free_port()), str(ROOT / script), *args]
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    (done,) = run_together([cmd], env=env, cwd=str(ROOT), timeout=timeout)
     assert done.returncode == 0, f"{config.name}: exit {done.returncode}\n{done.stderr[-4000:]}"
     return done.stdout, time.perf_counter() - started
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.fixtures.launch import run_together
 from tests.fixtures.parity import relative_error
 from tests.integration.test_distributed import _server_run, free_port
 
@@ -52,33 +51,14 @@ def separate_server(model_path: str):
 def launch_nodes(script: Path, *args: str, extra_env: dict[str, str] | None = None,
                  timeout: int = 600) -> list[subprocess.CompletedProcess]:
     """Node 0 and node 1 of `configs/two_node.yaml`, each `accelerate launch <script> <args>` with one process,
-    meeting at 127.0.0.1:<free port>; both are waited for (bounded: killed at `timeout`), both outputs returned."""
+    meeting at 127.0.0.1:<free port>; both are waited for (`TimeoutError` at `timeout`, every process killed)."""
     port = str(free_port())
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", PYTHONPATH=str(ROOT), **(extra_env or {}))
-    nodes, logs = [], []
-    for machine_rank in (0, 1):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/two_node.yaml"),
-               "--num_processes", "2", "--machine_rank", str(machine_rank), "--main_process_ip", "127.0.0.1",
-               "--main_process_port", port, str(script), *args]
-        logs.append((tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))  # files: no pipe fills up
-        nodes.append(subprocess.Popen(cmd, stdout=logs[-1][0], stderr=logs[-1][1], text=True, env=env, cwd=ROOT))
-    deadline = time.monotonic() + timeout
-    try:
-        for node in nodes:
-            node.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait(timeout=30)
-    results = []
-    for node, (stdout, stderr) in zip(nodes, logs, strict=True):
-        stdout.seek(0)
-        stderr.seek(0)
-        results.append(subprocess.CompletedProcess(node.args, node.returncode, stdout.read(), stderr.read()))
-        stdout.close()
-        stderr.close()
-    return results
+    commands = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                 str(ROOT / "configs/two_node.yaml"), "--num_processes", "2", "--machine_rank", str(machine_rank),
+                 "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(script), *args]
+                for machine_rank in (0, 1)]
+    return run_together(commands, env=env, cwd=str(ROOT), timeout=timeout)
 
 
 def test_two_nodes_on_loopback_sharing_a_separate_server_match_one_process(tmp_path, tiny_model_path):
