@@ -77,7 +77,7 @@ def test_cpu_config_launches_the_toy_example(config, tmp_path):
     stdout, _ = accelerate_launch(config, "examples/toy_grpo.py", "--config", "configs/toy_grpo.yaml",
                                   "--max_steps", "2", "--output_dir", str(tmp_path / "out"),
                                   "--tiny_model_dir", str(tmp_path / "tiny"), "--disable_tqdm", "true")
-    processes = yaml.safe_load(config.read_text())["num_processes"]
+    processes = yaml.safe_load(config.read_text()).get("num_processes", 1)
     assert stdout.count("done: 2 optimizer steps, policy version 2") == processes, stdout[-3000:]
     assert stdout.count("run summary: 2 optimizer steps") == 1, stdout[-3000:]
 
