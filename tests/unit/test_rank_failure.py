@@ -70,10 +70,13 @@ class GoneStore:
 
 
 def test_a_store_that_is_gone_stops_the_process(capsys):
+    exits = []
     started = time.monotonic()
-    with pytest.raises(PeerFailedError, match="rendezvous store is unreachable"), guard(1, GoneStore()):
+    with pytest.raises(PeerFailedError, match="rendezvous store is unreachable"), guard(1, GoneStore(), exits):
         time.sleep(30)
     assert STORE_LOST_POLLS * 0.02 <= time.monotonic() - started < 5
+    time.sleep(0.6)
+    assert exits == [1]
 
 
 def test_a_finished_run_stops_watching():
