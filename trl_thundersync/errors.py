@@ -70,5 +70,6 @@ class TraceInUseError(ConfigurationError):
 
 
 class PeerProcessError(ThunderSyncError):
-    """Another learner process failed its share of a streamed batch, so this process refuses the step too (the
-    batch direction needs every process's share); the message names the failed process and its cause."""
+    """Another learner process of the job failed, so this one stops too instead of stepping without its share or
+    waiting in a collective that will not complete; the message names the failed process and its cause (raised at a
+    streamed batch's exchange of shares, or by `trainers/rank_failure.py` when a peer posted its failure)."""

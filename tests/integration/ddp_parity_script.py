@@ -75,7 +75,7 @@ if case.startswith("server_"):  # one shared embedded server; the global batch s
     # who owned the server, who published, who sampled what (the engine is closed; its records stay)
     mine = {"urls": engine.base_urls, "owns_servers": engine.supervisor is not None,
             "has_publisher": engine._publisher is not None, "trajectories": engine.stats().trajectories,
-            "policy_version": engine.policy_version}
+            "policy_version": engine.policy_version, "node": int(os.environ.get("GROUP_RANK", 0))}
     ranks = [mine]
     if torch.distributed.is_initialized():
         ranks = [None] * world

@@ -15,9 +15,11 @@ pushes the weights, then `accelerator.wait_for_everyone()`).
 - Failure: when rank 0's publication (or server start) raises, rank 0 shares the cause before re-raising it, and
   every follower raises `RolloutError` naming it — nobody waits at the barrier for a publication that will not come.
   Bound: a rank 0 that dies without raising (killed, segfault) shares nothing; the followers then wait in the
-  collective until the launcher ends them (`accelerate launch` / `torchrun` stop every rank when one exits with an
-  error, within seconds) or, without a launcher, until the process group's timeout (torch's default: 30 minutes for
-  gloo, 10 for NCCL; `InitProcessGroupKwargs(timeout=...)` in accelerate sets it).
+  collective until the launcher ends them (`accelerate launch` / `torchrun` stop every rank of a node when one
+  exits with an error, within seconds), until the collective fails (gloo: at once, the sockets close) or until
+  the process group's timeout: TrainingArguments' `ddp_timeout` (default 1800 s), which the trainers' failure
+  guard sets for every collective of `train()`, these included, on CPU too (`trainers/rank_failure.py`, which also
+  ends the other processes, with the cause, when one raises anywhere in `train()`).
 """
 
 from __future__ import annotations

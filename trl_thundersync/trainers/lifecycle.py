@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from ..rollout.engine import RolloutEngine
 from ..trace.recorder import open_run_trace
 from .placement import learner_placement
+from .rank_failure import RankFailureGuard
 
 
 def trajectory_seed(run_seed: int, step: int, index: int) -> int:
@@ -139,6 +140,9 @@ class StreamingLifecycle:
         try:
             # the run's trace, held exclusively until close(): a second live run on this output_dir is refused here
             self._trace_writer = open_run_trace(self.args, self.accelerator.is_main_process, resume_from_checkpoint)
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            # one process failing ends every process with its cause, within a bound (`rank_failure.py`)
+            with RankFailureGuard(self.accelerator.process_index, self.accelerator.num_processes,
+                                  self.args.ddp_timeout, step=lambda: self.state.global_step):
+                return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.close()
