@@ -8,10 +8,12 @@ after each push the publisher writes a label the server stores, and before each 
     GET  /weight_info                                                -> {"weight_version": "policy-<run>-v<k>"}
 
 (vLLM >= 0.27, `vllm/entrypoints/serve/dev/rlhf/api_router.py`, served only with `VLLM_SERVER_DEV_MODE=1`; a fresh
-vLLM reports "default", and so does the embedded server.) The label carries the run id, so a server that another
-run published to is caught too. A server without the routes (vLLM <= 0.26, or no dev mode) answers FastAPI's 404
-`{"detail": "Not Found"}`: its label is then not checked (`Acknowledgements.unchecked`); the LoRA publisher still
-checks that `/v1/models` lists its adapter, which a restarted server has forgotten.
+vLLM reports "default", and so does the embedded server.) The full-weight publishers (`HTTPWeightFile`,
+`TRLNCCLPublisher`) use it; the label carries the run id, so a server that another run published to is caught too.
+A server without the routes (vLLM <= 0.26, or no dev mode) answers FastAPI's 404 `{"detail": "Not Found"}`: its
+label is then not checked (`Acknowledgements.unchecked`, logged once per replica). The LoRA publisher needs no
+label: its acknowledgement is the adapter name in `/v1/models`, which a restarted server has forgotten (any vLLM
+version, no dev mode), and a server-wide label would be overwritten by other runs sharing a LoRA server.
 
 `reset_prefix_cache` retries vLLM >= 0.26's `{"success": false}` (blocks still held, e.g. by requests of another
 client or an async KV offload) a bounded number of times. `adapter_load_error` turns a refused

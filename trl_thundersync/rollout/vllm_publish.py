@@ -4,7 +4,7 @@ A `WeightPublisher` is used by the engine once per optimizer step (paper Algorit
 
 1. `prepare(model, version)` — once, on the trainer: write the weights file, save the adapter, note the model.
 2. `push(url, version)` — once per replica (concurrently when `concurrent`): load the version, reset the prefix
-   cache, store the version's label on the server (`server_acks`), and return only once the replica
+   cache (full weights: store the version's label on the server, `server_acks`), and return only once the replica
    *acknowledged* serving it; raise `RolloutError` otherwise.
 3. `retire(urls, previous_version)` — after every replica acknowledged: free what the previous version held.
 4. `confirm(url, version) -> str | None` — before each batch: why the replica no longer confirms `version` (it
