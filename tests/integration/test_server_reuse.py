@@ -10,6 +10,7 @@ that serves the weights it was started with — what a supervisor restarting a c
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.error
 import urllib.request
 
@@ -18,9 +19,9 @@ import torch
 
 from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.errors import ReplicaRestartedError
+from trl_thundersync.errors import ReplicaRestartedError, RolloutError
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
-from trl_thundersync.rollout.vllm_publish import HTTPWeightFile
+from trl_thundersync.rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher
 from trl_thundersync.serve.app import EmbeddedServer, ServerThread
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
@@ -96,6 +97,23 @@ def test_the_adapter_and_version_routes_refuse_what_vllm_refuses(server, tiny_mo
     assert _call(server.url, "GET", "/weight_info") == (200, {"weight_version": "run-v3"})
     assert _call(server.url, "POST", "/update_weight_version", {"new_version": 3})[0] == 400
     assert _call(server.url, "POST", "/no_such_route", {}) == (404, {"detail": "Not Found"})  # FastAPI's answer
+
+
+def test_an_adapter_folder_the_server_cannot_read_is_reported_with_its_own_text(server, tiny_model_path, tokenizer,
+                                                                                 tmp_path):
+    class ElsewhereOnDisk(LoRAAdapterPublisher):  # the trainer writes where the server's filesystem has nothing
+        def prepare(self, model, version):
+            super().prepare(model, version)
+            shutil.rmtree(self._path)
+
+    engine = VLLMServerEngine([server.url], tokenizer, SAMPLING, publisher=ElsewhereOnDisk(tmp_path / "local"))
+    try:
+        with pytest.raises(RolloutError, match=r"cannot read adapter 'policy-\w+-v1' at .*No adapter found for "
+                                               r"<path>.*vllm_publish_dir") as caught:
+            engine.publish(_peft(tiny_model_path), 1)
+        assert "--enable-lora" not in str(caught.value)  # not mistaken for a server without LoRA loading
+    finally:
+        engine.close()
 
 
 def test_two_engines_one_after_the_other_reuse_one_server_without_a_name_clash(server, tiny_model_path, tokenizer):
