@@ -184,6 +184,14 @@ def test_a_full_weight_replica_that_restarted_is_refused_before_the_batch_naming
         confirm_all([stub.url], publisher, 3)
 
 
+def test_a_replica_that_is_down_before_the_batch_is_left_to_the_request_path(stub):
+    publisher = TRLNCCLPublisher(device="cpu", client_factory=_FakeClient)
+    publisher.prepare(torch.nn.Linear(2, 2), 1)
+    publisher.push(stub.url, 1)
+    stub.stop()  # its requests will wait for it to come back, and its recovery puts the version back (or fails)
+    confirm_all([stub.url], publisher, 1)
+
+
 def test_servers_without_the_version_routes_are_unchecked_not_refused():
     old = VLLMDevStub(version_routes=False)  # vLLM <= 0.26, or no VLLM_SERVER_DEV_MODE
     try:

@@ -35,6 +35,7 @@ from .vllm_api import HTTPReply, error_message, http_call
 
 logger = logging.getLogger(__name__)
 
+RESTARTING = (502, 503, 504)  # answers of a proxy or of a server still loading: unreachable for now, not an error
 RESET_ATTEMPTS = 5  # /reset_prefix_cache calls before {"success": false} is an error
 RESET_BACKOFF_S = 0.2  # first wait between them; doubled after each refusal (0.2 + 0.4 + 0.8 + 1.6 s at most)
 _NO_ADAPTER = "No adapter found"  # vLLM's LoRAAdapterNotFoundError: lora_path has no adapter the server can open
@@ -106,6 +107,8 @@ def read_weight_version(url: str, timeout: float) -> str | None:
     reply = http_call(url, "GET", "/weight_info", timeout=timeout)
     if route_absent(reply):
         return None
+    if reply.status in RESTARTING:
+        raise ConnectionError(f"{url} GET /weight_info: HTTP {reply.status} (restarting)")
     body = reply.json() if reply.status == 200 else None
     if not isinstance(body, dict) or not isinstance(body.get("weight_version"), str):
         raise RolloutError(f"{url} GET /weight_info failed: HTTP {reply.status} "
@@ -151,7 +154,11 @@ def confirm_all(urls: Sequence[str], publisher: Any, version: int) -> None:
     """Before a batch: every replica must still confirm `version`. A replica that does not is given it again when
     the publisher can (`restore`); otherwise `ReplicaRestartedError` names it."""
     for url in urls:
-        problem = publisher.confirm(url, version)
+        try:
+            problem = publisher.confirm(url, version)
+        except OSError as exc:  # down or restarting: its requests wait for it, and its recovery restores the version
+            logger.info("rollout replica %s could not be checked before the batch (%s)", url, exc)
+            continue
         if problem is None:
             continue
         if publisher.restore(url, version) and publisher.confirm(url, version) is None:

@@ -48,7 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..errors import ConfigurationError, RolloutError, UnsupportedOptionError
-from .server_acks import Acknowledgements, adapter_load_error, new_run_id, reset_prefix_cache
+from .server_acks import RESTARTING, Acknowledgements, adapter_load_error, new_run_id, reset_prefix_cache
 from .tempdir import OwnedTempDir
 from .vllm_api import error_message, http_call, lora_name, parse_model_ids
 from .weights import policy_state_dict, policy_tensors, unwrap_model
@@ -251,6 +251,8 @@ class LoRAAdapterPublisher:
 
     def _served(self, url: str) -> list[str]:
         reply = http_call(url, "GET", "/v1/models", timeout=self.timeout)
+        if reply.status in RESTARTING:
+            raise ConnectionError(f"{url} /v1/models: HTTP {reply.status} (restarting)")
         if reply.status != 200:
             raise RolloutError(f"{url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
         return parse_model_ids(reply.json())
