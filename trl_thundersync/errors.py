@@ -73,3 +73,22 @@ class PeerProcessError(ThunderSyncError):
     """Another learner process of the job failed, so this one stops too instead of stepping without its share or
     waiting in a collective that will not complete; the message names the failed process and its cause (raised at a
     streamed batch's exchange of shares, or by `trainers/rank_failure.py` when a peer posted its failure)."""
+
+
+class AdapterLoadError(RolloutError):
+    """A rollout server refused `/v1/load_lora_adapter`. `kind` tells why: "route absent" (the server was started
+    without runtime LoRA loading), "path unreadable" (the server cannot open `lora_path` on its own filesystem),
+    "duplicate name" (the name is loaded already) or "refused" (anything else); `server_message` is its own text."""
+
+    def __init__(self, message: str, *, url: str, adapter: str, kind: str, server_message: str) -> None:
+        super().__init__(message)
+        self.url, self.adapter, self.kind, self.server_message = url, adapter, kind, server_message
+
+
+class ReplicaRestartedError(StalePolicyError):
+    """Before a batch, a rollout replica no longer confirms the weight version it acknowledged (it restarted and
+    serves its checkpoint weights, or another trainer published to it), and that version could not be put back."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url

@@ -264,7 +264,8 @@ def test_lora_publication_serves_each_adapter_version(replicas, tiny_model_path,
     engine = _engine(replicas, base_file, tokenizer, sampling, publisher="lora")
     try:
         engine.publish(policy, policy_version=1)  # lora_B = 0: the adapter leaves the model unchanged
-        assert all("policy-v1" in s.models() for s in replicas)
+        prefix = engine._publisher.prefix  # policy-<run id>: names unique per run
+        assert prefix.startswith("policy-") and all(f"{prefix}-v1" in s.models() for s in replicas)
         first = _run(engine, requests, 1)
         with torch.no_grad():
             generator = torch.Generator().manual_seed(3)
@@ -273,10 +274,11 @@ def test_lora_publication_serves_each_adapter_version(replicas, tiny_model_path,
                     p.copy_(torch.randn(p.shape, generator=generator))
         expected = _local(policy, sampling, requests)  # LocalProcessEngine merges the adapter: W + BA·α/r
         engine.publish(policy, policy_version=2)
-        assert all("policy-v2" in s.models() and "policy-v1" not in s.models() for s in replicas)
+        assert all(f"{prefix}-v2" in s.models() and f"{prefix}-v1" not in s.models() for s in replicas)
         second = _run(engine, requests, 2)
     finally:
         engine.close()
+    assert all(not any(m.startswith(prefix) for m in s.models()) for s in replicas)  # the last one unloaded at close
     assert {r.policy_version for r in first} == {1} and {r.policy_version for r in second} == {2}
     assert {r.index: r.completion_ids for r in first} == base_samples
     assert {r.index: r.completion_ids for r in second} == {i: r.completion_ids for i, r in expected.items()}

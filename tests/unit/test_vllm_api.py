@@ -264,25 +264,33 @@ class _FakeTRLClient:
 
 
 def test_nccl_publisher_streams_every_parameter_then_resets_the_prefix_cache():
+    from tests.fixtures.vllm_dev_stub import VLLMDevStub
+
     _FakeTRLClient.made.clear()
+    servers = [VLLMDevStub(), VLLMDevStub()]  # the HTTP side: /reset_prefix_cache and the weight version
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     publisher = TRLNCCLPublisher(device="cpu", dtype=torch.bfloat16, client_factory=_FakeTRLClient)
-    publisher.prepare(model, 1)
-    for url in ("http://a:8000", "http://b:8000"):
-        publisher.push(url, 1)
-    publisher.prepare(model, 2)
-    publisher.push("http://a:8000", 2)
-    publisher.close()
+    try:
+        publisher.prepare(model, 1)
+        for server in servers:
+            publisher.push(server.url, 1)
+        publisher.prepare(model, 2)
+        publisher.push(servers[0].url, 2)
+        publisher.close()
+    finally:
+        for server in servers:
+            server.stop()
     a, b = _FakeTRLClient.made
     assert (a.group_port, b.group_port) == (51216, 51217)  # one NCCL rendezvous per replica
-    assert [c[0] for c in a.calls] == ["init_communicator", "update_named_params", "reset_prefix_cache",
-                                       "update_named_params", "reset_prefix_cache", "close_communicator"]
+    assert [c[0] for c in a.calls] == ["init_communicator", "update_named_params", "update_named_params",
+                                       "close_communicator"]
+    assert [p for _, p, _ in servers[0].calls] == ["/reset_prefix_cache", "/update_weight_version"] * 2
     _, metadata, sent = a.calls[1]
     assert metadata == [("0.weight", "bfloat16", [2, 3]), ("0.bias", "bfloat16", [2]),
                         ("1.weight", "bfloat16", [1, 2]), ("1.bias", "bfloat16", [1])]
     assert [(n, s) for n, s, _ in sent] == [(n, tuple(s)) for n, _, s in metadata]
     assert all(dtype == torch.bfloat16 for _, _, dtype in sent)
-    assert not publisher.restore("http://a:8000", 2)  # a restarted vLLM lost its NCCL group: fail loudly
+    assert not publisher.restore(servers[0].url, 2)  # a restarted vLLM lost its NCCL group: fail loudly
 
 
 def test_nccl_publisher_turns_trl_client_failures_into_rollout_errors():

@@ -1,6 +1,7 @@
 """Temporary folders that do not outlive the process that made them, however it ends.
 
     folder = OwnedTempDir("thundersync-serve-")    # tempfile.mkdtemp + a reaper
+    shared = OwnedTempDir("thundersync-lora-", parent="/shared/adapters", mode=0o755)   # inside a given folder
     ... folder.path ...
     folder.close()                                  # removes it now
 
@@ -28,11 +29,14 @@ _REAPER = 'trap "" INT TERM HUP; while read -r _; do :; done; exec rm -rf -- "$0
 
 
 class OwnedTempDir:
-    """A `tempfile.mkdtemp(prefix=...)` folder removed by `close()` or, at the latest, when this process ends."""
+    """A `tempfile.mkdtemp(prefix=..., dir=parent)` folder removed by `close()` or, at the latest, when this process
+    ends. `mode`: its permissions (mkdtemp makes it 0o700, which a server running as another user cannot read)."""
 
-    def __init__(self, prefix: str) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix=prefix))
+    def __init__(self, prefix: str, *, parent: str | Path | None = None, mode: int | None = None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=None if parent is None else str(parent)))
         try:
+            if mode is not None:
+                self.path.chmod(mode)
             self._reaper: subprocess.Popen | None = subprocess.Popen(
                 ["sh", "-c", _REAPER, str(self.path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)  # own session: a Ctrl-C of the job spares it

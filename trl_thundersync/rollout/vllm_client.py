@@ -27,10 +27,14 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
 - Closing: `close()` (on Ctrl-C too, from the trainer's `finally`) aborts the requests in flight and every wait.
 - Versions: every `Rollout` carries the version the server reported — the embedded server's
-  `x-thundersync-policy-version` header, or the `policy-v{k}` adapter name in LoRA mode. Real vLLM serving full
+  `x-thundersync-policy-version` header, or the `policy-<run id>-v{k}` adapter name in LoRA mode. Real vLLM serving full
   weights reports none; then the version the replica acknowledged at publication is used (no request is in flight
   during a publication, so nothing can mix versions). A mismatch with the engine's version raises
-  `StalePolicyError`: the sample is refused, never relabelled.
+  `StalePolicyError`: the sample is refused, never relabelled. Before the first request of each published version,
+  rank 0 reads back the label every replica confirmed storing (`server_acks`: vLLM >= 0.27's `/weight_info`, or
+  the adapter in `/v1/models`): a replica that restarted between batches is given the version again, or refused
+  with `ReplicaRestartedError`. `publish_first=True`: the caller publishes right after construction, so replicas
+  reporting another version (a server reused from an earlier run) are not refused at construction.
 - Publication: `publish()` refuses while requests are in flight, then runs the `WeightPublisher` (`vllm_publish`)
   on every replica and returns only when each of them acknowledged the new version.
 - Several learner processes (`role`, `publish_role`): each rank has its own engine and sends its own requests;
@@ -52,6 +56,7 @@ from ..errors import RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
 from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
+from .server_acks import ConfirmGate
 from .vllm_api import (
     Cancellation,
     Completion,
@@ -98,7 +103,7 @@ class VLLMServerEngine:
                  startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
                  policy_version: int = 0, on_close: Callable[[], None] | None = None,
                  nccl_options: Mapping[str, Any] | None = None, supervisor: ServerSupervisor | None = None,
-                 max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS) -> None:
+                 max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS, publish_first: bool = False) -> None:
         urls = check_engine_options(base_urls, sampling, max_concurrency=max_concurrency, retries=retries,
                                     max_restarts=max_restarts)
         self.sampling, self.retries, self.max_restarts = sampling, retries, max_restarts
@@ -124,6 +129,7 @@ class VLLMServerEngine:
         self._publisher: WeightPublisher | None = None  # None on a follower: it never publishes
         self._lora = publisher == "lora" or bool(getattr(publisher, "lora", False))  # requests name the adapter
         self._prefix = getattr(publisher, "prefix", "policy")  # the adapters' name prefix (`lora_name`)
+        self._gate = ConfirmGate()  # before a version's first request: every replica still confirms it
         try:
             reported = connect_all(self._replicas, startup_timeout, cancel=self._cancel, supervisor=supervisor)
             if role.main:
@@ -131,7 +137,7 @@ class VLLMServerEngine:
                 self._lora, self._prefix = self._publisher.lora, getattr(self._publisher, "prefix", "policy")
             stale = [f"{r.url} serves {v}" for r, v in zip(self._replicas, reported, strict=True)
                      if v not in (None, policy_version)]
-            if stale and not self._lora:  # with LoRA the header is the base weights' version
+            if stale and not self._lora and not publish_first:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
             if tokenizer is not None:
@@ -150,6 +156,7 @@ class VLLMServerEngine:
         sampling default for this request (the agent loop's per-turn budget).
         """
         self._check_usable()
+        self._confirm_served()
         if len(request.prompt_ids) == 0:
             raise RolloutError(f"request {request.index} has empty prompt_ids")
         key = request.index if key is None else key
@@ -165,6 +172,16 @@ class VLLMServerEngine:
             version = self._version
         max_tokens = max_new_tokens or self.sampling.max_new_tokens
         return self._pool.submit(self._generate, replica, request, key, max_tokens, version)
+
+    def _confirm_served(self) -> None:
+        """Before the first request of a published version: each replica must still confirm it (`server_acks`)."""
+        if self._publishing:
+            return  # submit() refuses the request: a publication is in progress
+        try:
+            self._gate.check(self.base_urls, self._publisher if self._publications else None, self._version)
+        except (RolloutError, OSError) as exc:
+            self._failure = self._failure or str(exc)
+            raise
 
     # -- RolloutEngine ------------------------------------------------------------------------------------------
     def start_batch(self, requests: Sequence[RolloutRequest], policy_version: int) -> None:
@@ -191,8 +208,8 @@ class VLLMServerEngine:
         try:
             start = time.perf_counter()
             try:
-                acknowledged = run_on_main(self.role, f"publishing policy version {policy_version}",
-                                           lambda: self._push_everywhere(model, policy_version))
+                acknowledged, self._prefix = run_on_main(self.role, f"publishing policy version {policy_version}",
+                                                         lambda: self._push_everywhere(model, policy_version))
             except RolloutError as exc:
                 self._failure = self._failure or str(exc)
                 raise
@@ -217,15 +234,16 @@ class VLLMServerEngine:
         finally:
             self._publishing = False
 
-    def _push_everywhere(self, model: Any, policy_version: int) -> int:
-        """The main process's part of `publish`: θ to every replica; returns the version they all acknowledged."""
+    def _push_everywhere(self, model: Any, policy_version: int) -> tuple[int, str]:
+        """The main process's part of `publish`: θ to every replica; returns the version they all acknowledged and
+        the adapters' name prefix (it carries rank 0's run id, which the followers' requests must name too)."""
         self._revive_exited()
         self._publisher.prepare(model, policy_version)
         failures = push_all(self._replicas, self._publisher, policy_version)
         if failures:
             self._failure = f"publication of version {policy_version} failed on " + "; ".join(failures)
             raise RolloutError(self._failure + ". Replicas now serve different versions: create a new engine.")
-        return policy_version
+        return policy_version, self._prefix
 
     def close(self) -> None:
         """Abort what is in flight, stop the owned servers, remove the publisher's files; idempotent."""

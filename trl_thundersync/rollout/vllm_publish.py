@@ -4,48 +4,66 @@ A `WeightPublisher` is used by the engine once per optimizer step (paper Algorit
 
 1. `prepare(model, version)` — once, on the trainer: write the weights file, save the adapter, note the model.
 2. `push(url, version)` — once per replica (concurrently when `concurrent`): load the version, reset the prefix
-   cache, and return only once the replica *acknowledged* serving it; raise `RolloutError` otherwise.
+   cache (full weights: store the version's label on the server, `server_acks`), and return only once the replica
+   *acknowledged* serving it; raise `RolloutError` otherwise.
 3. `retire(urls, previous_version)` — after every replica acknowledged: free what the previous version held.
-4. `restore(url, version) -> bool` — after a replica restarted (it came back with the weights it was started with):
+4. `confirm(url, version) -> str | None` — before each batch: why the replica no longer confirms `version` (it
+   restarted, or another trainer published to it), or None.
+5. `restore(url, version) -> bool` — after a replica restarted (it came back with the weights it was started with):
    put `version` back, or return False when this strategy cannot (the engine then fails loudly).
-5. `close()` — remove local artifacts.
+6. `close()` — unload what is still loaded (the last adapter) and remove local artifacts.
+
+Names: every publisher has a `prefix` `policy-<run id>` (`server_acks.new_run_id`); version k is served and
+labelled `policy-<run id>-v{k}`. A server that outlives a run, or is reused after `resume_from_checkpoint`, thus
+never sees a name twice (vLLM refuses a loaded adapter name with HTTP 400).
 
 Strategies:
 
 - `HTTPWeightFile` (embedded server, full weights, CPU): `policy_state_dict(model)` (LoRA merged) is written once to
   a safetensors file; each replica loads it through `POST /thundersync/update_weights {"path", "policy_version"}`,
   which drains in-flight requests, swaps atomically and answers with the version it now serves. The path must be
-  readable by the servers (same machine or shared filesystem).
-- `LoRAAdapterPublisher` (vLLM or embedded, LoRA): the adapter is saved as `policy-v{k}/` and hot-loaded through
-  vLLM's `POST /v1/load_lora_adapter {"lora_name": "policy-v{k}", "lora_path"}`; the acknowledgement is the name
-  listed by `GET /v1/models`. Requests then name `policy-v{k}`, and vLLM echoes it in every response, so each
-  sample carries the version that produced it. The previous adapter is unloaded after the switch.
+  readable by the servers (same machine, or `directory` on a filesystem they share).
+- `LoRAAdapterPublisher` (vLLM or embedded, LoRA): the adapter is saved as `policy-<run>-v{k}/` and hot-loaded
+  through vLLM's `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`; the acknowledgement is the name listed by
+  `GET /v1/models`. Requests then name the adapter, and vLLM echoes it in every response, so each sample carries
+  the version that produced it. The previous adapter is unloaded after the switch, the last one at `close()`.
+  vLLM opens `lora_path` on its own filesystem: for a server on another host, `directory` must be a folder both
+  machines mount at the same path (the config's `vllm_publish_dir`).
 - `TRLNCCLPublisher` (vLLM, full weights, GPU): TRL 1.16's own weight-transfer client
   (`trl.generation.vllm_client.VLLMClient`: `/init_weight_transfer_engine`, `/start_weight_update`,
-  `/update_weights` with an NCCL broadcast, `/finish_weight_update`, then `/reset_prefix_cache`). The synchronous
-  `/finish_weight_update` answer is the acknowledgement. It cannot restore a restarted replica.
+  `/update_weights` with an NCCL broadcast, `/finish_weight_update`), then `/reset_prefix_cache` (retried while
+  vLLM answers `{"success": false}`). The tensors are streamed in the model's dtype from its device (a LoRA policy
+  is merged one layer at a time: `weights.policy_tensors`). It cannot restore a restarted replica.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..errors import ConfigurationError, RolloutError, UnsupportedOptionError
+from .server_acks import RESTARTING, Acknowledgements, adapter_load_error, new_run_id, reset_prefix_cache
 from .tempdir import OwnedTempDir
 from .vllm_api import error_message, http_call, lora_name, parse_model_ids
-from .weights import policy_state_dict, unwrap_model
+from .weights import policy_state_dict, policy_tensors, unwrap_model
+
+__all__ = ["HTTPWeightFile", "LoRAAdapterPublisher", "TRLNCCLPublisher", "WeightPublisher", "reset_prefix_cache"]
+
+logger = logging.getLogger(__name__)
+_CLOSE_TIMEOUT_S = 10.0  # per server, for unloading the last adapter at close()
 
 
 @runtime_checkable
 class WeightPublisher(Protocol):
     lora: bool  # True: requests name the version's adapter, and the version is read back from the response's model
     concurrent: bool  # True: push() may run for all replicas at once
+    prefix: str  # "policy-<run id>": version k is served / labelled `lora_name(prefix, k)`
 
     def prepare(self, model: Any, version: int) -> None: ...
 
@@ -53,23 +71,17 @@ class WeightPublisher(Protocol):
 
     def retire(self, urls: Sequence[str], previous_version: int) -> None: ...
 
+    def confirm(self, url: str, version: int) -> str | None: ...
+
     def restore(self, url: str, version: int) -> bool: ...
 
     def close(self) -> None: ...
 
 
-def reset_prefix_cache(url: str, timeout: float) -> None:
-    """`POST /reset_prefix_cache`; vLLM ≥ 0.26 answers `{"success": bool}`, older versions an empty body."""
-    reply = http_call(url, "POST", "/reset_prefix_cache", timeout=timeout)
-    body = reply.json() if reply.status == 200 else None
-    if reply.status != 200 or (isinstance(body, dict) and body.get("success") is False):
-        raise RolloutError(f"{url} could not reset its prefix cache: HTTP {reply.status} {error_message(reply)} "
-                           "(vLLM serves this endpoint only with VLLM_SERVER_DEV_MODE=1)")
-
-
 class _ArtifactDir:
-    """A given folder, or a private temporary one (an `OwnedTempDir`, made at the first publication and removed
-    however this process ends), holding the artifact of the latest publication."""
+    """Where a publisher writes its artifacts: a private temporary folder (an `OwnedTempDir`, made at the first
+    publication and removed however this process ends), inside `directory` when one is given (a folder the
+    servers can read; the private folder is made readable by other users, since a server may run as one)."""
 
     def __init__(self, directory: str | Path | None, what: str) -> None:
         self._given = None if directory is None else Path(directory)
@@ -78,11 +90,11 @@ class _ArtifactDir:
 
     @property
     def root(self) -> Path:
-        if self._given is not None:
-            self._given.mkdir(parents=True, exist_ok=True)
-            return self._given
         if self._owned is None:
-            self._owned = OwnedTempDir(self._prefix)
+            if self._given is not None:
+                self._given.mkdir(parents=True, exist_ok=True)
+            self._owned = OwnedTempDir(self._prefix, parent=self._given,
+                                       mode=None if self._given is None else 0o755)
         return self._owned.path
 
     def close(self) -> None:
@@ -96,9 +108,12 @@ class HTTPWeightFile:
     lora = False
     concurrent = True
 
-    def __init__(self, directory: str | Path | None = None, *, timeout: float = 600.0) -> None:
+    def __init__(self, directory: str | Path | None = None, *, timeout: float = 600.0, prefix: str = "policy",
+                 run_id: str | None = None) -> None:
         self._dir = _ArtifactDir(directory, "weights")
         self.timeout = timeout
+        self.prefix = f"{prefix}-{run_id or new_run_id()}"
+        self._acks = Acknowledgements(timeout)
         self._path: Path | None = None  # file of the latest prepared version
         self._version: int | None = None
         self._previous: Path | None = None
@@ -106,7 +121,7 @@ class HTTPWeightFile:
     def prepare(self, model: Any, version: int) -> None:
         from safetensors.torch import save_file
 
-        path = self._dir.root / f"policy-v{version}.safetensors"
+        path = self._dir.root / f"{lora_name(self.prefix, version)}.safetensors"
         save_file(policy_state_dict(model), str(path))  # tensors are separate FP32 clones: no shared storage
         self._previous, self._path, self._version = self._path, path, version
 
@@ -123,11 +138,15 @@ class HTTPWeightFile:
             raise RolloutError(f"{url} acknowledged version {acknowledged} (header {reply.policy_version}) instead "
                                f"of {version}")
         reset_prefix_cache(url, self.timeout)
+        self._acks.record(url, lora_name(self.prefix, version))
 
     def retire(self, urls: Sequence[str], previous_version: int) -> None:
         if self._previous is not None and self._previous != self._path:
             self._previous.unlink(missing_ok=True)
         self._previous = None
+
+    def confirm(self, url: str, version: int) -> str | None:
+        return self._acks.problem(url, lora_name(self.prefix, version))
 
     def restore(self, url: str, version: int) -> bool:
         if self._version != version or self._path is None or not self._path.exists():
@@ -140,17 +159,19 @@ class HTTPWeightFile:
 
 
 class LoRAAdapterPublisher:
-    """LoRA adapters hot-loaded under versioned names through `POST /v1/load_lora_adapter` (vLLM or embedded)."""
+    """LoRA adapters hot-loaded under per-run versioned names through `POST /v1/load_lora_adapter`."""
 
     lora = True
     concurrent = True
 
-    def __init__(self, directory: str | Path | None = None, *, prefix: str = "policy", timeout: float = 600.0) -> None:
+    def __init__(self, directory: str | Path | None = None, *, prefix: str = "policy", timeout: float = 600.0,
+                 run_id: str | None = None) -> None:
         self._dir = _ArtifactDir(directory, "lora")
-        self.prefix, self.timeout = prefix, timeout
+        self.prefix, self.timeout = f"{prefix}-{run_id or new_run_id()}", timeout
         self._path: Path | None = None  # adapter folder (adapter_config.json + weights) of the latest version
         self._version: int | None = None
         self._previous: Path | None = None
+        self._loaded: dict[str, int] = {}  # url -> the version whose adapter it has loaded (unloaded at close)
 
     def prepare(self, model: Any, version: int) -> None:
         peft_model = unwrap_model(model)
@@ -170,14 +191,12 @@ class LoRAAdapterPublisher:
     def push(self, url: str, version: int) -> None:
         if self._path is None or self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
-        name = lora_name(self.prefix, version)
-        payload = {"lora_name": name, "lora_path": str(self._path.resolve()), "load_inplace": False}
+        name, path = lora_name(self.prefix, version), str(self._path.resolve())
+        payload = {"lora_name": name, "lora_path": path, "load_inplace": False}
         reply = http_call(url, "POST", "/v1/load_lora_adapter", payload, timeout=self.timeout)
-        if reply.status == 404:
-            raise RolloutError(f"{url} does not serve /v1/load_lora_adapter: start vLLM with --enable-lora "
-                               "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment")
         if reply.status != 200:
-            raise RolloutError(f"{url} refused adapter {name!r}: HTTP {reply.status} {error_message(reply)}")
+            raise adapter_load_error(url, name, path, reply)
+        self._loaded[url] = version
         reset_prefix_cache(url, self.timeout)
         if name not in self._served(url):
             raise RolloutError(f"{url} accepted adapter {name!r} but /v1/models does not list it")
@@ -185,18 +204,20 @@ class LoRAAdapterPublisher:
     def retire(self, urls: Sequence[str], previous_version: int) -> None:
         name = lora_name(self.prefix, previous_version)
         for url in urls:
-            try:
-                reply = http_call(url, "POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=self.timeout)
-            except OSError as exc:
-                reply, detail = None, str(exc)
-            else:
-                detail = error_message(reply)
-            if reply is None or reply.status not in (200, 404):  # 404: never loaded there (the initial policy)
-                warnings.warn(f"{url} kept adapter {name!r} loaded ({detail}); requests name the new version, so "
-                              "no sample uses it, but it holds server memory", RuntimeWarning, stacklevel=2)
+            self._unload(url, name, self.timeout)
         if self._previous is not None and self._previous != self._path:
             shutil.rmtree(self._previous, ignore_errors=True)
         self._previous = None
+
+    def confirm(self, url: str, version: int) -> str | None:
+        """The adapter's name listed by `/v1/models` is the acknowledgement (any vLLM version, no dev mode; no
+        server-wide weight label, which other runs sharing a LoRA server would overwrite)."""
+        name = lora_name(self.prefix, version)
+        if url not in self._loaded:
+            return None  # nothing was published there (yet): the engine samples the base model
+        if name not in self._served(url):
+            return f"no longer lists adapter {name!r} in /v1/models (it restarted since the adapter was loaded)"
+        return None
 
     def restore(self, url: str, version: int) -> bool:
         if self._version != version or self._path is None or not self._path.exists():
@@ -206,23 +227,35 @@ class LoRAAdapterPublisher:
         return True
 
     def close(self) -> None:
-        self._dir.close()
+        """Unload the last adapter from every server that has it (a long-lived server keeps no adapter of this run),
+        then remove the adapter folders."""
+        try:
+            for url, version in list(self._loaded.items()):
+                self._unload(url, lora_name(self.prefix, version), _CLOSE_TIMEOUT_S)
+            self._loaded.clear()
+        finally:
+            self._dir.close()
+
+    def _unload(self, url: str, name: str, timeout: float) -> None:
+        try:
+            reply = http_call(url, "POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=timeout)
+        except OSError as exc:
+            reply, detail = None, str(exc)
+        else:
+            detail = error_message(reply)
+        if reply is None or reply.status not in (200, 404):  # 404: never loaded there (the initial policy)
+            warnings.warn(f"{url} kept adapter {name!r} loaded ({detail}); requests name the new version, so "
+                          "no sample uses it, but it holds server memory", RuntimeWarning, stacklevel=3)
+        elif self._loaded.get(url) is not None and lora_name(self.prefix, self._loaded[url]) == name:
+            del self._loaded[url]
 
     def _served(self, url: str) -> list[str]:
         reply = http_call(url, "GET", "/v1/models", timeout=self.timeout)
+        if reply.status in RESTARTING:
+            raise ConnectionError(f"{url} /v1/models: HTTP {reply.status} (restarting)")
         if reply.status != 200:
             raise RolloutError(f"{url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
         return parse_model_ids(reply.json())
-
-
-def _named_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """What vLLM loads: parameters under plain HF names (TRL's choice), LoRA merged out of place for a PeftModel."""
-    inner = unwrap_model(model)
-    if getattr(inner, "peft_config", None):
-        yield from policy_state_dict(inner).items()
-    else:
-        for name, param in inner.named_parameters():
-            yield name, param.detach()
 
 
 class TRLNCCLPublisher:
@@ -232,34 +265,43 @@ class TRLNCCLPublisher:
     concurrent = False  # one NCCL group per replica; broadcasts run one after the other
 
     def __init__(self, *, device: Any = "cuda", dtype: torch.dtype | None = None, group_port: int = 51216,
-                 connection_timeout: float = 240.0, client_factory: Callable[..., Any] | None = None) -> None:
+                 connection_timeout: float = 240.0, client_factory: Callable[..., Any] | None = None,
+                 timeout: float = 600.0, prefix: str = "policy", run_id: str | None = None) -> None:
         if client_factory is None:
             client_factory = _trl_vllm_client_class()
         self.device, self.dtype, self.group_port = device, dtype, group_port
-        self.connection_timeout = connection_timeout
+        self.connection_timeout, self.timeout = connection_timeout, timeout
+        self.prefix = f"{prefix}-{run_id or new_run_id()}"
+        self._acks = Acknowledgements(timeout)
         self._factory = client_factory
         self._clients: dict[str, Any] = {}
-        self._tensors: list[tuple[str, torch.Tensor]] = []  # what the latest prepare() will stream
+        self._model: Any = None  # the policy the latest prepare() noted; its tensors are streamed at push()
+        self._metadata: list[tuple[str, str, list[int]]] = []  # (name, vLLM dtype name, shape), in stream order
         self._version: int | None = None
 
     def prepare(self, model: Any, version: int) -> None:
-        self._tensors, self._version = list(_named_tensors(model)), version  # references (merged clones for LoRA)
+        specs = [(name, self.dtype or dtype, shape) for name, dtype, shape in policy_tensors(model, specs=True)]
+        self._metadata = [(name, str(dtype).removeprefix("torch."), list(shape)) for name, dtype, shape in specs]
+        self._model, self._version = model, version
 
     def push(self, url: str, version: int) -> None:
         if self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
         client = self._client(url)
-        metadata = [(name, str(self.dtype or t.dtype).removeprefix("torch."), list(t.shape))
-                    for name, t in self._tensors]
-        stream = ((name, t.to(device=self.device, dtype=self.dtype or t.dtype)) for name, t in self._tensors)
+        stream = ((name, t.to(device=self.device, dtype=self.dtype or t.dtype))  # no copy when already there
+                  for name, t in policy_tensors(self._model))
         try:
-            client.update_named_params(metadata, stream)  # start → update (NCCL broadcast) → finish: synchronous
-            client.reset_prefix_cache()
+            client.update_named_params(self._metadata, stream)  # start → update (NCCL broadcast) → finish
         except Exception as exc:  # TRL's client raises bare Exception on HTTP errors
             raise RolloutError(f"NCCL weight update of {url} to version {version} failed: {exc}") from exc
+        reset_prefix_cache(url, self.timeout)  # TRL's own call ignores vLLM >= 0.26's {"success": false}
+        self._acks.record(url, lora_name(self.prefix, version))
 
     def retire(self, urls: Sequence[str], previous_version: int) -> None:
         return None
+
+    def confirm(self, url: str, version: int) -> str | None:
+        return self._acks.problem(url, lora_name(self.prefix, version))
 
     def restore(self, url: str, version: int) -> bool:
         return False  # the restarted server lost its NCCL group and θ_k; only the trainer holds θ_k
@@ -270,7 +312,7 @@ class TRLNCCLPublisher:
             if close is not None:
                 close()
         self._clients.clear()
-        self._tensors = []
+        self._model, self._metadata = None, []
 
     def _client(self, url: str) -> Any:
         if url not in self._clients:

@@ -10,6 +10,7 @@ The merge is computed out of place: `merge_adapter()` / `unmerge_adapter()` woul
 `W + ΔW - ΔW`, which is not bit-exact, and would silently drift the learner's θ at every publication.
 
     state = policy_state_dict(model)          # {name: detached CPU float32 clone}
+    for name, tensor in policy_tensors(model): ...   # the same weights, streamed in the model's dtype and device
     replica = AutoModelForCausalLM.from_config(base_config(model)); replica.load_state_dict(state)
 
 `FlatLayout` moves such a state dict between processes as one flat FP32 buffer (allocated once, in shared memory
@@ -75,10 +76,30 @@ def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
     model = unwrap_model(model)
     if not _is_peft_model(model):
         return {name: _fp32_clone(t) for name, t in model.state_dict().items()}
-    return _merged_lora_state_dict(model)
+    return {name: _fp32_clone(t) for name, t in _merged_lora_tensors(model, merged_dtype=torch.float32)}
 
 
-def _merged_lora_state_dict(peft_model: nn.Module) -> dict[str, torch.Tensor]:
+def policy_tensors(model: Any, *, specs: bool = False) -> Iterator[tuple[Any, ...]]:
+    """The same weights as `policy_state_dict`, streamed in the model's own dtype from its own device (what a GPU
+    broadcast to vLLM sends): `(name, tensor)`, one at a time. A plain model's tensors are its own parameters
+    (detached, no copy); a LoRA layer's `W + ΔW` is computed when its turn comes, in FP32, and cast to W's dtype,
+    so at most one merged layer exists at a time besides the model. `specs=True`: `(name, dtype, shape)` of what
+    would be streamed, without computing anything (the metadata announced before the broadcast).
+    """
+    model = unwrap_model(model)
+    if not _is_peft_model(model):
+        named = list(model.named_parameters())
+        if specs:
+            return iter([(name, p.dtype, tuple(p.shape)) for name, p in named])
+        return ((name, p.detach()) for name, p in named)
+    if specs:
+        return iter(_lora_specs(model))
+    return _merged_lora_tensors(model, merged_dtype=None)
+
+
+def _lora_plan(peft_model: nn.Module) -> tuple[dict[str, tuple[str, Any]], dict[str, Any]]:
+    """Before anything is computed: `{state key: (plain name, LoRA layer or None)}` for every tensor to stream, in
+    state-dict order, and the LoRA layers by key prefix. Refuses what cannot be merged (see policy_state_dict)."""
     from peft.tuners.lora import LoraLayer
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
@@ -89,40 +110,79 @@ def _merged_lora_state_dict(peft_model: nn.Module) -> dict[str, torch.Tensor]:
                 f"adapter {name!r} is {cfg.peft_type}; only LoRA adapters can be merged into rollout weights"
             )
     inner = peft_model.get_base_model()
-    state = inner.state_dict()
-    merged: dict[str, torch.Tensor] = {}  # plain weight name -> W + ΔW
+    layers: dict[str, Any] = {}  # plain key prefix of a LoRA layer ("model.layers.0.q_proj.") -> the layer
     dropped: set[str] = set()  # key prefixes of inactive module copies
     renamed: dict[str, str] = {}  # key prefix of the active ModulesToSaveWrapper copy -> the wrapper's own prefix
-    with torch.no_grad():
-        for mod_name, module in inner.named_modules():
-            prefix = f"{mod_name}." if mod_name else ""
-            if isinstance(module, LoraLayer):
-                merged.update(_merged_layer(module, prefix))
-            elif isinstance(module, ModulesToSaveWrapper):
-                active = None if module.disable_adapters else module.active_adapter
-                if isinstance(active, list):
-                    active = active[0] if active else None
-                if active is not None and active in module.modules_to_save:
-                    renamed[f"{prefix}modules_to_save.{active}."] = prefix
-                    dropped.add(f"{prefix}original_module.")
-                else:
-                    renamed[f"{prefix}original_module."] = prefix
-                dropped.add(f"{prefix}modules_to_save.")
-            elif isinstance(module, (AuxiliaryTrainingWrapper, BaseTunerLayer)):
-                raise UnsupportedOptionError(
-                    f"module {mod_name!r} is a {type(module).__name__}; only LoRA layers and modules_to_save are "
-                    "supported when building rollout weights"
-                )
-
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
+    for mod_name, module in inner.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        if isinstance(module, LoraLayer):
+            _check_mergeable(module, prefix)
+            layers[prefix] = module
+        elif isinstance(module, ModulesToSaveWrapper):
+            active = None if module.disable_adapters else module.active_adapter
+            if isinstance(active, list):
+                active = active[0] if active else None
+            if active is not None and active in module.modules_to_save:
+                renamed[f"{prefix}modules_to_save.{active}."] = prefix
+                dropped.add(f"{prefix}original_module.")
+            else:
+                renamed[f"{prefix}original_module."] = prefix
+            dropped.add(f"{prefix}modules_to_save.")
+        elif isinstance(module, (AuxiliaryTrainingWrapper, BaseTunerLayer)):
+            raise UnsupportedOptionError(
+                f"module {mod_name!r} is a {type(module).__name__}; only LoRA layers and modules_to_save are "
+                "supported when building rollout weights"
+            )
+    plan: dict[str, tuple[str, Any]] = {}
+    for key in inner.state_dict():
         plain = _plain_name(key, renamed, dropped)
         if plain is not None:
-            out[plain] = _fp32_clone(merged.get(plain, tensor))
-    missing = set(merged) - set(out)
+            owner = plain.rsplit(".", 1)[0] + "." if "." in plain else ""
+            plan[key] = (plain, layers.get(owner) if plain.endswith((".weight", ".bias")) else None)
+    plain_names = {plain for plain, _ in plan.values()}
+    missing = sorted(f"{p}weight" for p in layers if f"{p}weight" not in plain_names)
     if missing:
-        raise UnsupportedOptionError(f"merged LoRA weights {sorted(missing)[:3]} have no matching base-model tensor")
-    return out
+        raise UnsupportedOptionError(f"merged LoRA weights {missing[:3]} have no matching base-model tensor")
+    return plan, layers
+
+
+def _lora_specs(peft_model: nn.Module) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    state = peft_model.get_base_model().state_dict()
+    plan, _ = _lora_plan(peft_model)
+    return [(plain, state[key].dtype, tuple(state[key].shape)) for key, (plain, _) in plan.items()]
+
+
+def _merged_lora_tensors(peft_model: nn.Module, *, merged_dtype: torch.dtype | None
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(plain name, tensor)` in state-dict order: W + ΔW for LoRA layers (computed per layer when reached, in FP32,
+    then cast to `merged_dtype` or W's own dtype), the other tensors as they are (detached references)."""
+    state = peft_model.get_base_model().state_dict()
+    plan, _ = _lora_plan(peft_model)
+    pending: dict[str, torch.Tensor] = {}  # merged tensors of the current layer not yet yielded
+    current: Any = None
+    with torch.no_grad():
+        for key, (plain, layer) in plan.items():
+            tensor = state[key].detach()
+            if layer is not None:
+                if layer is not current:
+                    current, pending = layer, _merged_layer(layer, plain.rsplit(".", 1)[0] + ".")
+                merged = pending.pop(plain, None)
+                if merged is not None:
+                    tensor = merged.to(merged_dtype or tensor.dtype)
+            yield plain, tensor
+
+
+def _check_mergeable(layer: Any, prefix: str) -> None:
+    if layer.lora_variant:
+        raise UnsupportedOptionError(
+            f"LoRA layer {prefix[:-1]!r} uses a LoRA variant ("
+            + ", ".join(f"{a}: {type(v).__name__}" for a, v in sorted(layer.lora_variant.items()))
+            + "), e.g. DoRA; only vanilla LoRA can be merged without mutating the policy"
+        )
+    if layer.merged and layer.disable_adapters:
+        raise UnsupportedOptionError(
+            f"LoRA layer {prefix[:-1]!r} has merged adapters but adapters are disabled; unmerge them first"
+        )
 
 
 def _plain_name(key: str, renamed: dict[str, str], dropped: set[str]) -> str | None:
@@ -145,19 +205,8 @@ def _merged_layer(layer: Any, prefix: str) -> dict[str, torch.Tensor]:
 
     Mirrors the layer's forward: disabled adapters contribute nothing, an already-merged layer is used as it is.
     """
-    if layer.lora_variant:
-        raise UnsupportedOptionError(
-            f"LoRA layer {prefix[:-1]!r} uses a LoRA variant ("
-            + ", ".join(f"{a}: {type(v).__name__}" for a, v in sorted(layer.lora_variant.items()))
-            + "), e.g. DoRA; only vanilla LoRA can be merged without mutating the policy"
-        )
-    if layer.merged:
-        if layer.disable_adapters:
-            raise UnsupportedOptionError(
-                f"LoRA layer {prefix[:-1]!r} has merged adapters but adapters are disabled; unmerge them first"
-            )
-        return {}
-    if layer.disable_adapters:
+    _check_mergeable(layer, prefix)
+    if layer.merged or layer.disable_adapters:
         return {}
     base = layer.get_base_layer()
     adapters = [a for a in layer.active_adapters if a in layer.lora_A or a in getattr(layer, "lora_embedding_A", {})]

@@ -9,11 +9,19 @@ Routes (vLLM's shapes; every answer carries `x-thundersync-policy-version`, the 
     POST /reset_prefix_cache         {"success": true} (there is no prefix cache; answered for the client's protocol)
     POST /v1/load_lora_adapter       {"lora_name", "lora_path", "load_inplace"} -> "Success: LoRA adapter ..." (text)
     POST /v1/unload_lora_adapter     {"lora_name"} -> "Success: LoRA adapter ... removed successfully." (text)
+    POST /update_weight_version      {"new_version": str} -> {"success": true, "new_version"}   (vLLM >= 0.27)
+    GET  /weight_info                {"weight_version": str} ("default" until one is set, as in vLLM)
     POST /thundersync/update_weights {"path": safetensors file, "policy_version": k}
                                      -> {"policy_version": k, "previous_version", "drained", "seconds"}
 
 TRL's NCCL endpoints (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
 `/finish_weight_update`) need CUDA and vLLM; here they answer 404 with a pointer to `/thundersync/update_weights`.
+Any other unknown route answers FastAPI's 404 `{"detail": "Not Found"}`, as vLLM does.
+
+The adapter and version routes refuse what vLLM 0.27 refuses, with its statuses and texts
+(`vllm/entrypoints/openai/models/serving.py`): a loaded name again (400 "... has already been loaded ..."), a folder
+without an adapter (404 "Loading lora X failed: No adapter found for <path>", paths masked like vLLM's
+`sanitize_message`), an adapter that fails to load (500), an unknown name to unload (404 "... cannot be found.").
 
 `python -m trl_thundersync.serve` runs one in its own process; `ServerThread(EmbeddedServer(path))` runs one on a
 daemon thread of this process (tests, notebooks, a teacher next to a trainer).
@@ -24,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import wait
@@ -40,6 +49,19 @@ from .protocol import APIError, ServedModel, completion_response, models_respons
 logger = logging.getLogger("trl_thundersync.serve")
 _MAX_BODY = 64 * 2**20  # bytes of JSON a request may carry
 _NCCL_ROUTES = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update")
+_VLLM_PATHS = (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"),  # vLLM's sanitize_message
+               re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"))
+
+
+class RouteNotFound(Exception):
+    """No such route: answered like FastAPI, `404 {"detail": "Not Found"}`."""
+
+
+def _masked(message: str) -> str:
+    """vLLM >= 0.27 masks file paths in error messages as `<path>`."""
+    for pattern in _VLLM_PATHS:
+        message = pattern.sub("<path>", message)
+    return message.strip()
 
 
 class Versioned(NamedTuple):
@@ -83,6 +105,7 @@ class EmbeddedServer:
         self.loop = GenerationLoop(model, max_in_flight=max_in_flight, policy_version=policy_version)
         self._adapter_paths: dict[str, str] = {}  # name -> path, for /v1/models
         self._adapter_lock = threading.Lock()  # serializes adapter loads and unloads
+        self.weight_version = "default"  # label set by POST /update_weight_version (vLLM's EngineCore default)
         self._update_lock = threading.Lock()  # one weight update at a time
 
     @property
@@ -181,8 +204,13 @@ class EmbeddedServer:
             if name in self._adapter_paths and not body.get("load_inplace"):
                 raise APIError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
                                     "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
-            if not (Path(path) / "adapter_config.json").exists():
-                raise APIError(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+            try:
+                (Path(path) / "adapter_config.json").read_bytes()
+            except (FileNotFoundError, NotADirectoryError):  # vLLM: LoRAAdapterNotFoundError -> 404
+                raise APIError(404, _masked(f"Loading lora {name} failed: No adapter found for {path}"),
+                               "NotFoundError") from None
+            except OSError as exc:  # e.g. PermissionError: vLLM answers any other add_lora failure with a 500
+                raise APIError(500, _masked(str(exc)), "InternalServerError") from None
             self.loop.set_adapter(name, self._merged_adapter(path))
             self._adapter_paths[name] = path
         logger.info("loaded LoRA adapter %r from %s", name, path)
@@ -208,8 +236,20 @@ class EmbeddedServer:
             base = copy.deepcopy(self.loop.base)
         try:
             return PeftModel.from_pretrained(base, path).merge_and_unload()
-        except Exception as exc:  # PEFT raises many types for a bad folder; the client gets the message
-            raise APIError(400, f"cannot load the LoRA adapter at {path}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # PEFT raises many types for a bad folder; vLLM answers a failed add_lora with 500
+            raise APIError(500, _masked(f"cannot load the LoRA adapter at {path}: {type(exc).__name__}: {exc}"),
+                           "InternalServerError") from None
+
+    # -- weight version label (vLLM's dev-mode RLHF routes) -------------------------------------------------------
+    def update_weight_version(self, body: Any) -> dict:
+        value = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(value, str):
+            raise APIError(400, f"`new_version` must be a string, got {value!r}", param="new_version")
+        self.weight_version = value
+        return {"success": True, "new_version": value}
+
+    def weight_info(self, _: Any = None) -> dict:
+        return {"weight_version": self.weight_version}
 
     def models(self) -> dict:
         with self._adapter_lock:
@@ -226,7 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
     app: EmbeddedServer  # set on the subclass made by make_http_server
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        routes = {"/health": self._health, "/v1/models": lambda _: self.app.models()}
+        routes = {"/health": self._health, "/v1/models": lambda _: self.app.models(),
+                  "/weight_info": self.app.weight_info}
         self._dispatch(routes, with_body=False)
 
     def do_POST(self) -> None:  # noqa: N802
@@ -235,7 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": app.complete, "/tokenize": app.tokenize,
             "/reset_prefix_cache": lambda _: {"success": True},
             "/v1/load_lora_adapter": app.load_adapter, "/v1/unload_lora_adapter": app.unload_adapter,
-            "/thundersync/update_weights": app.update_weights,
+            "/thundersync/update_weights": app.update_weights, "/update_weight_version": app.update_weight_version,
         }
         self._dispatch(routes, with_body=True)
 
@@ -252,10 +293,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise APIError(404, f"{path} needs vLLM's NCCL weight transfer; the embedded server loads weights "
                                     "with POST /thundersync/update_weights", "NotFoundError")
             if path not in routes:
-                raise APIError(404, f"no route {self.command} {path}", "NotFoundError")
+                raise RouteNotFound(path)
             result = routes[path](body)
         except APIError as exc:
             self._send(exc.status, exc.body())
+        except RouteNotFound:
+            self._send(404, {"detail": "Not Found"})
         except Exception as exc:  # a handler bug must still answer; the server keeps running
             logger.exception("internal error on %s", path)
             self._send(500, APIError(500, f"{type(exc).__name__}: {exc}", "InternalServerError").body())

@@ -203,8 +203,9 @@ def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas
     """Start `replicas` embedded servers serving `model` and a `VLLMServerEngine` over them (closing it stops them;
     it restarts one whose process dies, at most `max_restarts` times, an engine keyword argument).
 
-    With `publisher="lora"` the servers hold the base weights and the policy's adapter is published (loaded as
-    `policy-v{policy_version}`) before this returns; otherwise they start with the merged policy weights.
+    With `publisher="lora"` (or a `LoRAAdapterPublisher`) the servers hold the base weights and the policy's adapter
+    is published (loaded as `policy-<run id>-v{policy_version}`) before this returns; otherwise they start with the
+    merged policy weights.
 
     With several learner processes (`role`, see `rollout.publish_role`) rank 0 starts the servers and
     owns them (restarts, stops them when its engine closes); every rank receives their URLs and builds its own
@@ -212,7 +213,7 @@ def start_embedded_engine(model: Any, tokenizer: Any, sampling: Any, *, replicas
     """
     from ..rollout.vllm_client import VLLMServerEngine
 
-    lora = publisher == "lora"
+    lora = publisher == "lora" or getattr(publisher, "lora", False) is True  # a name or a WeightPublisher
     servers = None
 
     def start() -> tuple[str, ...]:

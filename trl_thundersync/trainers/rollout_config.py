@@ -10,7 +10,9 @@ not have them (GKD's).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, get_args
 
 from trl import GRPOConfig
@@ -51,9 +53,20 @@ class RolloutFields:
         default="auto",
         metadata={
             "help": "How θ_{k+1} reaches the servers after each optimizer step: 'nccl' (TRL's weight-transfer "
-            "client, full weights, GPU), 'lora' (the adapter hot-loaded as `policy-v{k}`; needs a PEFT policy and "
-            "servers started with --enable-lora), 'http' (a safetensors file, embedded servers); 'auto': 'http' for "
-            "embedded servers, 'nccl' for vLLM."
+            "client, full weights, GPU), 'lora' (the adapter hot-loaded as `policy-<run id>-v{k}`; needs a PEFT "
+            "policy and servers started with --enable-lora), 'http' (a safetensors file, embedded servers); 'auto': "
+            "'http' for embedded servers, 'nccl' for vLLM."
+        },
+    )
+    vllm_publish_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder the rollout servers can read, where the published artifacts are written instead of the "
+            "trainer's temp folder: the LoRA adapters (vllm_weight_publisher='lora'; vLLM opens `lora_path` on its "
+            "own filesystem) and the full-weight files of 'http'. Needed when a server runs on another host: a "
+            "shared filesystem mounted at the same path on both machines, readable by the server's user. Each run "
+            "writes into its own subfolder, removed when the run ends. None: the trainer's temp folder (servers on "
+            "this machine). Not used by 'nccl'."
         },
     )
     rollout_num_servers: int = field(
@@ -128,6 +141,7 @@ class RolloutFields:
         if self.learner_num_threads is not None and self.learner_num_threads < 1:
             raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
         require_choice(self, "vllm_weight_publisher", WeightPublisher)
+        self._check_publish_dir()
         if self.rollout_num_servers < 1 or self.rollout_retries < 0 or self.rollout_server_restarts < 0:
             raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1, "
                                      f"rollout_retries={self.rollout_retries} ≥ 0 and "
@@ -156,6 +170,30 @@ class RolloutFields:
             raise ConfigurationError("vllm_server_base_urls is set: also set use_vllm=True, vllm_mode='server' for "
                                      "vLLM servers, or rollout_engine='embedded_server' for embedded ones")
 
+
+    def resolved_weight_publisher(self) -> str:
+        """The publisher 'auto' stands for: 'http' for embedded servers, 'nccl' for vLLM (use_vllm)."""
+        if self.vllm_weight_publisher != "auto":
+            return self.vllm_weight_publisher
+        return "nccl" if self.use_vllm else "http"
+
+    def _check_publish_dir(self) -> None:
+        """A publish folder that NCCL would ignore, or that is not a writable folder, is refused naming the field."""
+        folder = self.vllm_publish_dir
+        if folder is None:
+            return
+        if self.resolved_weight_publisher() == "nccl":
+            raise ConfigurationError(f"vllm_publish_dir={folder!r} is set, but the weights go to vLLM over NCCL "
+                                     "(vllm_weight_publisher='nccl', or 'auto' with use_vllm=True), which writes "
+                                     "no files; set vllm_weight_publisher='lora' to hot-load LoRA adapters from it")
+        if self.rollout_engine in ("local_process", "local_thread", "trl"):
+            raise ConfigurationError(f"vllm_publish_dir={folder!r} is set, but rollout_engine="
+                                     f"{self.rollout_engine!r} publishes to no server")
+        path = Path(folder)
+        if path.exists() and not path.is_dir():
+            raise ConfigurationError(f"vllm_publish_dir={folder!r} is not a folder")
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigurationError(f"vllm_publish_dir={folder!r} is not writable by this process")
 
     def _check_server_addresses(self) -> None:
         """A malformed address is refused here, naming its field, instead of being polled for vllm_server_timeout."""

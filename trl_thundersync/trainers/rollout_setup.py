@@ -78,7 +78,7 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
 
     urls = a.server_urls()
     replicas = len(urls) if urls else a.rollout_num_servers
-    common = dict(publisher=a.vllm_weight_publisher, max_concurrency=a.rollout_max_in_flight * replicas,
+    common = dict(publisher=_publisher(a), max_concurrency=a.rollout_max_in_flight * replicas,
                   request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
                   restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version,
                   role=distributed_role(target.process_index, target.num_processes))
@@ -92,7 +92,7 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
     nccl = {"device": target.device, "group_port": a.vllm_group_port,
             "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
     engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
-                              nccl_options=nccl, **common)
+                              nccl_options=nccl, publish_first=True, **common)  # a server may outlive a run
     try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first (rank 0 pushes)
         seconds = engine.publish(target.policy, target.policy_version)
     except BaseException:
@@ -100,6 +100,16 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
         raise
     on_metric("thundersync/publish_seconds", seconds)
     return engine
+
+
+def _publisher(a: RolloutFields) -> Any:
+    """`vllm_weight_publisher`, or with `vllm_publish_dir` the publisher writing there (config-checked: not NCCL)."""
+    if a.vllm_publish_dir is None:
+        return a.vllm_weight_publisher
+    from ..rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher
+
+    lora = a.resolved_weight_publisher() == "lora"
+    return (LoRAAdapterPublisher if lora else HTTPWeightFile)(a.vllm_publish_dir, timeout=a.rollout_request_timeout)
 
 
 def set_learner_threads(target: RolloutTarget, args: RolloutFields, engine_mode: str, rollout_threads: int,
