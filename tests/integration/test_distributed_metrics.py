@@ -1,0 +1,66 @@
+"""Two CPU processes (DDP over gloo): every metric ThunderSync logs, on every rank, is what stock TRL logs on the
+same run — TRL's are computed on values gathered from both processes, so they are also the one-process values — and
+so is the completions table (`trainers/grpo_metrics.py`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.integration.test_distributed import run_ddp_parity
+
+pytestmark = pytest.mark.slow
+
+# Logged by both, different by design: wall-clock timings of different work (TRL's step generates then learns).
+TIMINGS = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
+# Logged by TRL alone: its per-token entropy and clip ratios come from the loss forward of each micro-batch, which
+# ThunderSync's streamed backward does not report (the clip ratios are 0 at ratio 1: one iteration, on-policy).
+TRL_ONLY = frozenset({"entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+                      "clip_ratio/low_min", "clip_ratio/high_max"})
+# What the `metrics` case must log on both sides (a metric that disappears from one fails the test)
+EXPECTED = frozenset({
+    "loss", "grad_norm", "learning_rate", "epoch", "num_tokens", "reward", "reward_std", "frac_reward_zero_std",
+    "kl", "len_mod3_mean", *(f"rewards/{f}/{s}" for f in ("reward_len", "reward_parity", "reward_logging")
+                             for s in ("mean", "std")),
+    *(f"completions/{k}" for k in ("mean_length", "min_length", "max_length", "clipped_ratio",
+                                   "mean_terminated_length", "min_terminated_length", "max_terminated_length")),
+})
+
+
+def same(a, b) -> bool:
+    """Equal up to FP32 rounding of the loss value (the project's 1e-5), NaN equal to NaN."""
+    if not isinstance(a, float):
+        return a == b
+    if math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == pytest.approx(b, rel=1e-5, abs=1e-7)
+
+
+def test_every_rank_logs_trls_metrics_and_completions_table(tmp_path, tiny_model_path):
+    """β = 0.1 (kl: one global value per micro-batch), two micro-batches per step, a reward function that returns
+    None on some rows and one that logs through `log_metric` / `log_extra`; 2 optimizer steps."""
+    ref, got = run_ddp_parity(tmp_path, tiny_model_path, "metrics")
+    assert len(ref["logs"]) == len(got["logs"]) == 2
+    for rank, (theirs, ours) in enumerate(zip(ref["logs"], got["logs"], strict=True)):
+        assert len(theirs["history"]) == len(ours["history"]) == 3  # two steps and the train summary
+        for step, (a, b) in enumerate(zip(theirs["history"], ours["history"], strict=True)):
+            if step < 2:
+                assert EXPECTED <= a.keys() and EXPECTED <= b.keys(), (rank, step)
+                assert a.keys() - b.keys() == TRL_ONLY, (rank, step)
+                assert all(k.startswith("thundersync/") for k in b.keys() - a.keys()), (rank, step)
+            for key in (a.keys() & b.keys()) - TIMINGS:
+                assert same(b[key], a[key]), (rank, step, key, b[key], a[key])
+        table_a, table_b = theirs["table"], ours["table"]
+        assert len(table_b["prompt"]) == 8  # the whole global batch on every rank, as TRL gathers it
+        for column in ("prompt", "completion", "advantages"):
+            assert all(map(same, table_b[column], table_a[column])) and len(table_b[column]) == len(table_a[column])
+        assert table_b["rewards"].keys() == table_a["rewards"].keys()
+        for name, values in table_a["rewards"].items():
+            assert all(map(same, table_b["rewards"][name], values)), name
+        assert table_b["extra"] == table_a["extra"] and "len_mod3" in table_b["extra"]
+    # ThunderSync's own non-timing metrics: the same on both ranks (memory maxima over processes)
+    for a, b in zip(got["logs"][0]["history"][:2], got["logs"][1]["history"][:2], strict=True):
+        for key in ("thundersync/stats_peak_mb", "thundersync/stats_bound_mb", "thundersync/buffered_peak",
+                    "thundersync/policy_version"):
+            assert a[key] == b[key], key
