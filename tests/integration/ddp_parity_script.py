@@ -50,7 +50,7 @@ max_steps = overrides.pop("max_steps", 2)
 ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
 rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
 if case == "metrics":
-    from tests.fixtures.metrics_rewards import reward_logging
+    from tests.fixtures.logged_metrics import reward_logging
 
     rewards = (reward_len, reward_parity, reward_logging)
 tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -82,7 +82,7 @@ if case.startswith("server_"):  # one shared embedded server; the global batch s
     # who owned the server, who published, who sampled what (the engine is closed; its records stay)
     mine = {"urls": engine.base_urls, "owns_servers": engine.supervisor is not None,
             "has_publisher": engine._publisher is not None, "trajectories": engine.stats().trajectories,
-            "policy_version": engine.policy_version}
+            "policy_version": engine.policy_version, "logs": trainer.state.log_history}
     ranks = [mine]
     if torch.distributed.is_initialized():
         ranks = [None] * world

@@ -4,16 +4,13 @@ so is the completions table (`trainers/grpo_metrics.py`)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
+from tests.fixtures.logged_metrics import same, timed
 from tests.integration.test_distributed import run_ddp_parity
 
 pytestmark = pytest.mark.slow
 
-# Logged by both, different by design: wall-clock timings of different work (TRL's step generates then learns).
-TIMINGS = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
 # Logged by TRL alone: its per-token entropy and clip ratios come from the loss forward of each micro-batch, which
 # ThunderSync's streamed backward does not report (the clip ratios are 0 at ratio 1: one iteration, on-policy).
 TRL_ONLY = frozenset({"entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
@@ -28,15 +25,6 @@ EXPECTED = frozenset({
 })
 
 
-def same(a, b) -> bool:
-    """Equal up to FP32 rounding of the loss value (the project's 1e-5), NaN equal to NaN."""
-    if not isinstance(a, float):
-        return a == b
-    if math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == pytest.approx(b, rel=1e-5, abs=1e-7)
-
-
 def test_every_rank_logs_trls_metrics_and_completions_table(tmp_path, tiny_model_path):
     """β = 0.1 (kl: one global value per micro-batch), two micro-batches per step, a reward function that returns
     None on some rows and one that logs through `log_metric` / `log_extra`; 2 optimizer steps."""
@@ -49,7 +37,9 @@ def test_every_rank_logs_trls_metrics_and_completions_table(tmp_path, tiny_model
                 assert EXPECTED <= a.keys() and EXPECTED <= b.keys(), (rank, step)
                 assert a.keys() - b.keys() == TRL_ONLY, (rank, step)
                 assert all(k.startswith("thundersync/") for k in b.keys() - a.keys()), (rank, step)
-            for key in (a.keys() & b.keys()) - TIMINGS:
+            for key in a.keys() & b.keys():
+                if timed(key):  # wall-clock of different work (TRL's step generates, then learns)
+                    continue
                 assert same(b[key], a[key]), (rank, step, key, b[key], a[key])
         table_a, table_b = theirs["table"], ours["table"]
         assert len(table_b["prompt"]) == 8  # the whole global batch on every rank, as TRL gathers it
