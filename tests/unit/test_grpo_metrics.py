@@ -16,18 +16,26 @@ from trl.trainer.utils import nanstd
 
 from trl_thundersync.envs.harness.metrics import length_metrics, truncation_flags
 from trl_thundersync.trainers.grpo_metrics import (
+    MetricSettings,
+    MicroBatchCounts,
     ProcessBatchLog,
     batch_metrics,
     batch_tokens,
     completions_table,
     gather_logs_of,
-    micro_batch_kl,
+    micro_batch_counts,
     record_batch,
 )
 from trl_thundersync.types import AgentStats
 
 NAMES = ("len", "parity")
 NAN = math.nan
+SETTINGS = MetricSettings(NAMES, lengths=True, release="turn", kl=True, loss_type="dapo", epsilon_high=0.2,
+                          sequence_level=False)
+
+
+def counts(*micro_batches) -> tuple[MicroBatchCounts, ...]:
+    return tuple(MicroBatchCounts(*c) for c in micro_batches)
 
 
 def agent(calls: int, failures: int, latencies: tuple[float, ...], stop: str = "answered") -> AgentStats:
@@ -40,7 +48,8 @@ def agent(calls: int, failures: int, latencies: tuple[float, ...], stop: str = "
 RANK0 = ProcessBatchLog(
     rewards_per_func=((3.0, 1.0), (5.0, NAN), (2.0, -2.0), (7.0, 0.0)), rewards=(4.0, 5.0, 0.0, 7.0),
     advantages=(-0.7, 0.7, -0.7, 0.7), prompt_tokens=(5, 5, 6, 6), model_tokens=(3, 5, 2, 7),
-    truncated=(False, True, False, True), zero_std_rows=0, kl=((0.25, 5), (0.5, 9)),
+    truncated=(False, True, False, True), zero_std_rows=0,
+    micro_batches=counts((5, 2, 3, 1, 0.25), (9, 2, 5, 1, 0.5)),
     agent=(agent(1, 0, (0.1,)), agent(2, 1, (0.3, 0.5), "max_tool_calling_iterations")),
     prompts=("p0", "p0", "p1", "p1"), completions=("a", "b", "c", "d"), extra={"judge": ("ok", None, "bad", None)},
     reported={"judge_seconds": (3.0, 2)}, peak_stats_bytes=2**20, stats_bound_bytes=3 * 2**20, peak_held=2,
@@ -49,7 +58,8 @@ RANK0 = ProcessBatchLog(
 RANK1 = ProcessBatchLog(
     rewards_per_func=((1.0, 1.0), (NAN, NAN), (4.0, 0.0), (4.0, 0.0)), rewards=(2.0, NAN, 4.0, 4.0),
     advantages=(0.0, 0.0, 0.0, 0.0), prompt_tokens=(4, 4, 7, 7), model_tokens=(8, 1, 4, 4),
-    truncated=(True, False, False, False), zero_std_rows=2, kl=((1.0, 6), (0.0, 2)),
+    truncated=(True, False, False, False), zero_std_rows=2,
+    micro_batches=counts((6, 2, 0, 0, 1.0), (2, 2, 0, 0, 0.0)),
     agent=(agent(0, 0, ()),), prompts=("p2", "p2", "p3", "p3"), completions=("e", "f", "g", "h"), extra={},
     reported={"judge_seconds": (6.0, 1), "only_here": (1.0, 1)}, peak_stats_bytes=2 * 2**20,
     stats_bound_bytes=3 * 2**20, peak_held=3, turn_fallbacks=2,
@@ -64,7 +74,10 @@ def one_process() -> ProcessBatchLog:
         advantages=a.advantages + b.advantages, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
         model_tokens=a.model_tokens + b.model_tokens, truncated=a.truncated + b.truncated,
         zero_std_rows=a.zero_std_rows + b.zero_std_rows,
-        kl=tuple((x[0] + y[0], x[1] + y[1]) for x, y in zip(a.kl, b.kl, strict=True)), agent=a.agent + b.agent,
+        micro_batches=counts(*((x.tokens + y.tokens, x.rows + y.rows, x.positive_tokens + y.positive_tokens,
+                                x.positive_rows + y.positive_rows, x.kl_sum + y.kl_sum)
+                               for x, y in zip(a.micro_batches, b.micro_batches, strict=True))),
+        agent=a.agent + b.agent,
         prompts=a.prompts + b.prompts, completions=a.completions + b.completions,
         extra={"judge": a.extra["judge"] + (None,) * 4},
         reported={"judge_seconds": (9.0, 3), "only_here": (1.0, 1)}, peak_stats_bytes=2 * 2**20,
@@ -73,8 +86,8 @@ def one_process() -> ProcessBatchLog:
 
 
 def test_two_processes_log_the_one_process_metrics_and_trl_formulas():
-    two = batch_metrics([RANK0, RANK1], NAMES, lengths=True, release="turn")
-    one = batch_metrics([one_process()], NAMES, lengths=True, release="turn")
+    two = batch_metrics([RANK0, RANK1], SETTINGS)
+    one = batch_metrics([one_process()], SETTINGS)
     assert two.keys() == one.keys()
     for key in one:
         assert two[key] == pytest.approx(one[key], rel=1e-6, nan_ok=True), key
@@ -86,6 +99,7 @@ def test_two_processes_log_the_one_process_metrics_and_trl_formulas():
     assert two["reward"] == [torch.nanmean(rewards).item()] and two["reward_std"] == [nanstd(rewards).item()]
     assert two["frac_reward_zero_std"] == [2 / 8]
     assert two["kl"] == pytest.approx([1.25 / 11, 0.5 / 11])  # one global value per micro-batch
+    assert two["clip_ratio/region_mean"] == two["clip_ratio/high_max"] == [0.0, 0.0]  # ratio ≡ 1 in the pass
     lengths = torch.tensor(RANK0.model_tokens + RANK1.model_tokens, dtype=torch.float32)
     cut = torch.tensor(RANK0.truncated + RANK1.truncated)
     assert two["completions/mean_length"] == [lengths.mean().item()]
@@ -104,10 +118,27 @@ def test_two_processes_log_the_one_process_metrics_and_trl_formulas():
 
 
 def test_optional_metrics_follow_the_run():
-    no_kl = [replace(RANK0, kl=None, agent=()), replace(RANK1, kl=None, agent=())]
-    metrics = batch_metrics(no_kl, NAMES, lengths=False, release="reward")
+    plain = [replace(RANK0, agent=()), replace(RANK1, agent=())]
+    metrics = batch_metrics(plain, replace(SETTINGS, lengths=False, release="reward", kl=False, loss_type="sapo"))
     assert "kl" not in metrics and not any(k.startswith(("completions/", "tools/", "agent/")) for k in metrics)
+    assert not any(k.startswith(("clip_ratio/", "cispo")) for k in metrics)  # TRL logs none for sapo
     assert "thundersync/buffered_peak" not in metrics and "thundersync/turn_fallbacks" not in metrics
+
+
+def test_cispo_clip_ratio_is_the_positive_advantage_share_below_one():
+    """At ratio 1, TRL's `(coef_1 > ε_high) & (A > 0)` holds for every positive-advantage token when ε_high < 1."""
+    cispo = replace(SETTINGS, loss_type="cispo", epsilon_high=0.5)
+    assert batch_metrics([RANK0, RANK1], cispo)["cispo_clip_ratio"] == pytest.approx([3 / 11, 5 / 11])
+    rows = batch_metrics([RANK0, RANK1], replace(cispo, sequence_level=True))  # GSPO-style: TRL counts rows
+    assert rows["cispo_clip_ratio"] == pytest.approx([1 / 4, 1 / 4])
+    assert batch_metrics([RANK0, RANK1], replace(cispo, epsilon_high=5.0))["cispo_clip_ratio"] == [0.0, 0.0]
+
+
+def test_clip_extremes_are_nan_for_a_micro_batch_without_loss_tokens():
+    empty = [replace(log, micro_batches=counts((0, 2, 0, 0, 0.0))) for log in (RANK0, RANK1)]
+    metrics = batch_metrics(empty, SETTINGS)
+    assert math.isnan(metrics["clip_ratio/low_min"][0]) and metrics["clip_ratio/low_mean"] == [0.0]
+    assert metrics["kl"] == [0.0]
 
 
 def test_completions_table_rows_of_every_process_in_rank_order():
@@ -127,8 +158,9 @@ def test_length_metrics_match_trl_edge_cases():
     assert length_metrics([], []) == {}
 
 
-def test_micro_batch_kl_sums_each_micro_batch():
-    assert micro_batch_kl([0.5, 1.0, 2.0, 4.0], [1, 2, 3, 4], {0: 1, 1: 0, 2: 1, 3: 0}, 2) == ((5.0, 6), (2.5, 4))
+def test_micro_batch_counts_follow_trls_split():
+    got = micro_batch_counts([1, 2, 3, 4], [0.5, -1.0, 0.0, 2.0], [0.5, 1.0, 2.0, 4.0], {0: 1, 1: 0, 2: 1, 3: 0}, 2)
+    assert got == counts((6, 2, 4, 1, 5.0), (4, 2, 1, 1, 2.5))
 
 
 class ThreadWorld:
@@ -155,7 +187,8 @@ def fake_trainer(trl_generation: bool = False):
             "extra": defaultdict(list)}
     return SimpleNamespace(_metrics={"train": defaultdict(list)}, _logs=logs, reward_func_names=list(NAMES),
                            state=SimpleNamespace(num_input_tokens_seen=100), _release=lambda: "content",
-                           _uses_trl_generation=lambda: trl_generation)
+                           _uses_trl_generation=lambda: trl_generation, beta=0.1, loss_type="grpo",
+                           epsilon_high=0.2, importance_sampling_level="token")
 
 
 def test_every_rank_records_what_one_process_records():

@@ -3,22 +3,25 @@
 TRL computes its batch metrics on values gathered from every process — `GRPOTrainer._generate`: the completion
 lengths, the clipped ratio, `tools/*`, `num_tokens`; `_generate_and_score_completions`: `rewards/<f>/mean|std`,
 `reward`, `reward_std`, `frac_reward_zero_std`, the `log_metric` averages and the completions table (prompts,
-completions, rewards, advantages, `log_extra` columns); `_compute_loss`: `kl`, one global value per micro-batch. So
-every rank logs the same numbers, and they are the one-process run's on the same global batch. ThunderSync streams
-each process's own trajectories; at the barrier each process packs what it contributes into one `ProcessBatchLog`,
-one `gather_object` hands every process all of them (rank order: TRL's row order), and the metrics are computed
-from the whole batch by the same formulas TRL applies to its gathered tensors.
+completions, rewards, advantages, `log_extra` columns); `_compute_loss`: `kl` and the clip ratios, one global value
+per micro-batch. So every rank logs the same numbers, and they are the one-process run's on the same global batch.
+ThunderSync streams each process's own trajectories; at the barrier each process packs what it contributes into one
+`ProcessBatchLog`, one `gather_object` hands every process all of them (rank order: TRL's row order), and the
+metrics are computed from the whole batch by the same formulas TRL applies to its gathered tensors.
 
 By design per process (like TRL's own `step_time`): the timings (`thundersync/*_seconds`,
 `thundersync/learner_idle_fraction`) and the rollout engine's own counters (`rollout/*`). The memory high-water
 marks (`thundersync/stats_peak_mb`, `stats_bound_mb`, `buffered_peak`) are the maximum over processes — the number
-that decides whether a run fits — and `thundersync/turn_fallbacks` the sum.
+that decides whether a run fits — and `thundersync/turn_fallbacks` the sum. Not logged (TRL computes them in its
+loss forward, which the streamed pass does not report): `entropy` (logged with the entropy bonus only),
+`sampling/*` (the vLLM importance-sampling diagnostics) and `vespo/phi_seq_mean`.
 
 Run the tests: `pytest tests/unit/test_grpo_metrics.py tests/integration/test_distributed_metrics.py`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +30,35 @@ import torch
 
 from ..envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
 from ..streaming.batch_metrics import reward_metrics
+from ..streaming.normalization import micro_batch_of
 from ..types import AgentStats
 
 # One process's payload in, every process's payloads out, in rank order (`accelerate.utils.gather_object`).
 GatherLogs = Callable[["ProcessBatchLog"], list["ProcessBatchLog"]]
+
+
+@dataclass(frozen=True)
+class MicroBatchCounts:
+    """One TRL micro-batch of one process: the operands of TRL's `global_masked_mean` for `kl` and the clip ratios."""
+
+    tokens: int  # loss tokens (Σ_t m_it over its rows)
+    rows: int  # trajectories
+    positive_tokens: int  # loss tokens of its rows with A_i > 0
+    positive_rows: int  # its rows with A_i > 0
+    kl_sum: float  # Σ_t m_it KL_it over its rows (0 when β = 0)
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """What decides which metrics a batch logs (read from the trainer by `metric_settings`)."""
+
+    reward_names: tuple[str, ...]  # TRL's `reward_func_names`
+    lengths: bool  # log the completion lengths (False: TRL's own generation logged them)
+    release: str  # the release point in effect ('reward', 'content', 'turn')
+    kl: bool  # β ≠ 0: TRL logs `kl`
+    loss_type: str  # TRL's loss_type: which clip-ratio metrics TRL logs
+    epsilon_high: float  # TRL's ε_high (cispo: the clip of the importance weight)
+    sequence_level: bool  # importance_sampling_level == "sequence": TRL's masked means count rows, not tokens
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,7 @@ class ProcessBatchLog:
     model_tokens: tuple[int, ...]  # per row, completion tokens the model sampled (tool mask 1)
     truncated: tuple[bool, ...]  # per row, last token neither EOS nor pad
     zero_std_rows: int  # rows whose reward σ (group's or batch's) is close to 0: `frac_reward_zero_std`'s numerator
-    kl: tuple[tuple[float, int], ...] | None  # per TRL micro-batch (Σ_t m·KL, loss tokens); None when β = 0
+    micro_batches: tuple[MicroBatchCounts, ...]  # per TRL micro-batch of this process (`micro_batch_counts`)
     agent: tuple[AgentStats, ...]  # the agent loop's statistics of every agentic row (empty: not agentic)
     prompts: tuple[Any, ...]  # per row, the prompt as TRL logs it
     completions: tuple[Any, ...]  # per row, the decoded completion
@@ -56,30 +84,57 @@ class ProcessBatchLog:
     turn_fallbacks: int  # turn-released trajectories recomputed whole
 
 
-def micro_batch_kl(kl_sums: Sequence[float], scored_tokens: Sequence[int], micro_batch_of: Mapping[int, int],
-                   micro_batches: int) -> tuple[tuple[float, int], ...]:
-    """(Σ KL, loss tokens) of each TRL micro-batch of this process: the operands of TRL's `global_masked_mean`."""
-    sums, tokens = [0.0] * micro_batches, [0] * micro_batches
-    for row, (kl, n) in enumerate(zip(kl_sums, scored_tokens, strict=True)):
-        sums[micro_batch_of[row]] += kl
-        tokens[micro_batch_of[row]] += n
-    return tuple(zip(sums, tokens, strict=True))
+def micro_batch_counts(scored_tokens: Sequence[int], advantages: Sequence[float], kl_sums: Sequence[float],
+                       micro_batch_of: Mapping[int, int], micro_batches: int) -> tuple[MicroBatchCounts, ...]:
+    """This process's `MicroBatchCounts` per TRL micro-batch (`micro_batch_of`: row → micro-batch, TRL's split)."""
+    counts = [[0, 0, 0, 0, 0.0] for _ in range(micro_batches)]
+    for row, (n, a, kl) in enumerate(zip(scored_tokens, advantages, kl_sums, strict=True)):
+        c = counts[micro_batch_of[row]]
+        c[0], c[1], c[4] = c[0] + n, c[1] + 1, c[4] + kl
+        if a > 0:
+            c[2], c[3] = c[2] + n, c[3] + 1
+    return tuple(MicroBatchCounts(*c) for c in counts)
 
 
-def batch_metrics(logs: Sequence[ProcessBatchLog], reward_names: Sequence[str], *, lengths: bool,
-                  release: str) -> dict[str, list[float]]:
+CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # TRL logs clip_ratio/* for these
+
+
+def micro_batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> dict[str, list[float]]:
+    """TRL's `_compute_loss` metrics, one value per micro-batch, global over processes: `kl` (Σ KL / Σ tokens), and
+    the clip ratios of the streamed pass, where θ = θ_k makes every importance ratio exactly 1 — so no token is low-
+    or high-clipped (1 < 1 − ε_low and 1 > 1 + ε_high are false) and cispo's clipped tokens (ratio > ε_high, A > 0)
+    are the positive-advantage ones exactly when ε_high < 1. `clip_ratio/low_min|high_max` are NaN, as TRL's
+    nanmin/nanmax of per-row means, when no row of the micro-batch has a loss token."""
+    out: dict[str, list[float]] = {}
+    for b in range(len(logs[0].micro_batches)):
+        parts = [log.micro_batches[b] for log in logs]
+        tokens, rows = sum(c.tokens for c in parts), sum(c.rows for c in parts)
+        if settings.kl:
+            out.setdefault("kl", []).append(sum(c.kl_sum for c in parts) / max(tokens, 1))
+        if settings.loss_type in CLIPPED_LOSSES:
+            extreme = math.nan if tokens == 0 and not settings.sequence_level else 0.0
+            for name, value in (("low_mean", 0.0), ("high_mean", 0.0), ("region_mean", 0.0), ("low_min", extreme),
+                                ("high_max", extreme)):
+                out.setdefault(f"clip_ratio/{name}", []).append(value)
+        elif settings.loss_type == "cispo":
+            clipped, total = ((sum(c.positive_rows for c in parts), rows) if settings.sequence_level
+                              else (sum(c.positive_tokens for c in parts), tokens))
+            out.setdefault("cispo_clip_ratio", []).append(clipped / max(total, 1) if 1.0 > settings.epsilon_high
+                                                          else 0.0)
+    return out
+
+
+def batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> dict[str, list[float]]:
     """Every metric of the batch from every process's payload (`logs`, rank order); lists, because TRL logs `kl`
-    once per micro-batch. `lengths=False` leaves out the completion lengths (TRL's own generation logged them)."""
+    and the clip ratios once per micro-batch."""
+    reward_names, release = settings.reward_names, settings.release
     per_func = torch.tensor([row for log in logs for row in log.rewards_per_func], dtype=torch.float32)
     per_func = per_func.view(-1, len(reward_names))
     rewards = [r for log in logs for r in log.rewards]
     out = {name: [value] for name, value in reward_metrics(per_func, reward_names, rewards).items()}
     out["frac_reward_zero_std"] = [sum(log.zero_std_rows for log in logs) / len(rewards)]
-    if logs[0].kl is not None:
-        for b in range(len(logs[0].kl)):
-            total, tokens = sum(log.kl[b][0] for log in logs), sum(log.kl[b][1] for log in logs)
-            out.setdefault("kl", []).append(total / max(tokens, 1))
-    if lengths:
+    out.update(micro_batch_metrics(logs, settings))
+    if settings.lengths:
         model_tokens = [n for log in logs for n in log.model_tokens]
         truncated = [t for log in logs for t in log.truncated]
         out.update({name: [value] for name, value in length_metrics(model_tokens, truncated).items()})
@@ -137,12 +192,9 @@ def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float],
     functions' pending `log_extra` rows and `log_metric` values (TRL flushes them once per generation batch)."""
     ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
     eos = set(trainer.eos_token_ids) | {trainer._tokenizer.pad_token_id}
-    kl = None
-    if trainer.beta != 0.0:
-        from ..streaming.normalization import micro_batch_of
-
-        spg = trainer.args.steps_per_generation
-        kl = micro_batch_kl(totals.kl_sums, totals.scored_tokens, micro_batch_of(trainer._permutation, spg), spg)
+    spg = trainer.args.steps_per_generation
+    micro_batches = micro_batch_counts(totals.scored_tokens, advantages, totals.kl_sums,
+                                       micro_batch_of(trainer._permutation, spg), spg)
     extra = {column: tuple(by_row.get(s.rollout.index) for s in scored)
              for column, by_row in trainer._pending_extra_rows.items()}
     reported = {name: (float(sum(values)), len(values)) for name, values in trainer._pending_metrics.items() if values}
@@ -152,12 +204,19 @@ def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float],
         rewards_per_func=tuple(tuple(s.rewards_per_func) for s in scored), rewards=tuple(s.reward for s in scored),
         advantages=tuple(advantages), prompt_tokens=tuple(len(s.rollout.prompt_ids) for s in scored),
         model_tokens=tuple(model_token_counts(ids, masks)), truncated=tuple(truncation_flags(ids, eos)),
-        zero_std_rows=round(zero_std_fraction * len(scored)), kl=kl,
+        zero_std_rows=round(zero_std_fraction * len(scored)), micro_batches=micro_batches,
         agent=tuple(s.rollout.agent for s in scored if s.rollout.agent is not None), prompts=tuple(prompts),
         completions=tuple(s.rollout.completion for s in scored), extra=extra, reported=reported,
         peak_stats_bytes=totals.peak_stats_bytes, stats_bound_bytes=stats_bound, peak_held=totals.peak_held,
         turn_fallbacks=totals.turn_fallbacks,
     )
+
+
+def metric_settings(trainer: Any, lengths: bool) -> MetricSettings:
+    """The trainer's `MetricSettings`."""
+    return MetricSettings(tuple(trainer.reward_func_names), lengths, trainer._release(), trainer.beta != 0.0,
+                          trainer.loss_type, float(trainer.epsilon_high),
+                          trainer.importance_sampling_level == "sequence")
 
 
 def record_batch(trainer: Any, local: ProcessBatchLog, gather: GatherLogs) -> None:
@@ -169,7 +228,7 @@ def record_batch(trainer: Any, local: ProcessBatchLog, gather: GatherLogs) -> No
         trainer.state.num_input_tokens_seen += batch_tokens(logs)
     m = trainer._metrics["train"]
     m["num_tokens"] = [trainer.state.num_input_tokens_seen]
-    metrics = batch_metrics(logs, trainer.reward_func_names, lengths=own_generation, release=trainer._release())
+    metrics = batch_metrics(logs, metric_settings(trainer, lengths=own_generation))
     for name, values in metrics.items():
         m[name].extend(values)
     table = completions_table(logs, trainer.reward_func_names)
