@@ -128,9 +128,9 @@ def batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> 
     """Every metric of the batch from every process's payload (`logs`, rank order); lists, because TRL logs `kl`
     and the clip ratios once per micro-batch."""
     reward_names, release = settings.reward_names, settings.release
-    per_func = torch.tensor([row for log in logs for row in log.rewards_per_func], dtype=torch.float32)
-    per_func = per_func.view(-1, len(reward_names))
     rewards = [r for log in logs for r in log.rewards]
+    per_func = torch.tensor([row for log in logs for row in log.rewards_per_func], dtype=torch.float32)
+    per_func = per_func.reshape(len(rewards), len(reward_names))
     out = {name: [value] for name, value in reward_metrics(per_func, reward_names, rewards).items()}
     out["frac_reward_zero_std"] = [sum(log.zero_std_rows for log in logs) / len(rewards)]
     out.update(micro_batch_metrics(logs, settings))
