@@ -1,6 +1,7 @@
 """Run under `torchrun --nproc_per_node 2`: stock TRL and ThunderSync on identical batches, two CPU processes.
 
-Writes the per-step batch directions and final parameters of both trainers (rank 0) to the folder given as argv[1].
+Writes the per-step batch directions, final parameters and every rank's log history of both trainers (rank 0) to the
+folder given as argv[1].
 Launched by test_distributed.py.
 
 Cases `server_full` / `server_lora` (any number of processes): ThunderSync alone, sampling from one embedded
@@ -37,6 +38,8 @@ overrides = {
                                  entropy_target=100.0, gradient_accumulation_steps=2, per_device_train_batch_size=2),
     # the batch mean and std of the group-normalized rewards span both processes
     "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum", reward_weights=[0.5, 2.0]),
+    # test_distributed_metrics.py: every logged metric (β ≠ 0: kl per micro-batch; a reward function that logs)
+    "metrics": dict(beta=0.1, gradient_accumulation_steps=2, per_device_train_batch_size=2),
     # num_iterations (test_num_iterations.py): two generation batches of two passes each, clipping active
     "mu2_bnpo_ga2_beta": dict(num_iterations=2, max_steps=4, epsilon=0.03, loss_type="bnpo", beta=0.1,
                               gradient_accumulation_steps=2, per_device_train_batch_size=2),
@@ -46,6 +49,10 @@ max_steps = overrides.pop("max_steps", 2)
 # batch (TRL's call on each process), every trajectory's backward released at content readiness.
 ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
 rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
+if case == "metrics":
+    from tests.fixtures.logged_metrics import reward_logging
+
+    rewards = (reward_len, reward_parity, reward_logging)
 tokenizer = AutoTokenizer.from_pretrained(model_path)
 if case.startswith("server_"):  # one shared embedded server; the global batch split over the processes
     from peft import LoraConfig
@@ -75,7 +82,8 @@ if case.startswith("server_"):  # one shared embedded server; the global batch s
     # who owned the server, who published, who sampled what (the engine is closed; its records stay)
     mine = {"urls": engine.base_urls, "owns_servers": engine.supervisor is not None,
             "has_publisher": engine._publisher is not None, "trajectories": engine.stats().trajectories,
-            "policy_version": engine.policy_version, "node": int(os.environ.get("GROUP_RANK", 0))}
+            "policy_version": engine.policy_version, "node": int(os.environ.get("GROUP_RANK", 0)),
+            "logs": trainer.state.log_history}
     ranks = [mine]
     if torch.distributed.is_initialized():
         ranks = [None] * world
@@ -107,7 +115,12 @@ for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
     run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=rewards,
                       max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides,
                       **(ts_only if name == "ts" else {}))
-    results[name] = {"directions": run.directions, "params": run.params}
+    # every rank's log history and completions table (the last batch's rows): TRL logs on each rank
+    table = {k: {c: list(v) for c, v in t.items()} if isinstance(t, dict) else list(t)
+             for k, t in run.trainer._logs.items()}
+    logs = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(logs, {"history": run.trainer.state.log_history, "table": table})
+    results[name] = {"directions": run.directions, "params": run.params, "logs": logs}
 if torch.distributed.get_rank() == 0:
     torch.save(results, out / "results.pt")
 torch.distributed.barrier()

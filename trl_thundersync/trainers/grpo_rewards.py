@@ -1,5 +1,5 @@
 """The reward side of `ThunderSyncGRPOTrainer`: TRL's completion decoding, its reward functions behind
-`RewardScorer`, and the flush of what reward functions logged during a generation batch."""
+`RewardScorer` (what reward functions log during a generation batch is flushed by `grpo_metrics`)."""
 
 from __future__ import annotations
 
@@ -39,16 +39,3 @@ def reward_scorer(trainer: Any) -> RewardScorer:
                         processing_classes=trainer.reward_processing_classes,
                         async_loop=getattr(trainer, "async_loop", None), render_text=render)
 
-
-def flush_reward_logs(trainer: Any, scored) -> None:
-    """What reward functions logged this step, as TRL flushes it once per generation batch: `log_extra` columns
-    into the completions table in row order (None on rows no call logged), `log_metric` values averaged."""
-    for column in sorted(trainer._pending_extra_rows):
-        by_row = trainer._pending_extra_rows[column]
-        trainer._logs["extra"][column].extend(by_row.get(s.rollout.index) for s in scored)
-    trainer._pending_extra_rows.clear()
-    for name in sorted(trainer._pending_metrics):
-        values = trainer._pending_metrics[name]
-        if values:
-            trainer._metrics["train"][name].append(sum(values) / len(values))
-    trainer._pending_metrics.clear()

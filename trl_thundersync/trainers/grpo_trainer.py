@@ -19,7 +19,6 @@ import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
-from ..envs.harness.metrics import agent_metrics, completion_metrics, model_token_counts
 from ..errors import UnsupportedOptionError
 from ..rollout.agent_setup import make_agent_engine
 from ..rollout.batches import as_rollout_engine
@@ -27,7 +26,7 @@ from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ..rollout.trl_batch import TRLBatchEngine
 from ..streaming.advantages import Advantages, batch_advantages, statistics_rewards
 from ..streaming.barrier import grpo_barrier
-from ..streaming.batch_metrics import reward_metrics, stats_bound_bytes
+from ..streaming.batch_metrics import stats_bound_bytes
 from ..streaming.grading import grading_workers
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
 from ..streaming.normalization import micro_batch_of
@@ -36,12 +35,12 @@ from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_funct
 from ..streaming.rewards import RewardContext, ScoringInput
 from ..streaming.unscorable import unscorable_warning
 from ..types import Rollout, RolloutRequest, SamplingParams
-from . import grpo_iterations, grpo_trace
+from . import grpo_iterations, grpo_metrics, grpo_trace
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
 from .grpo_entropy import entropy_batch, entropy_normalizers, entropy_step
 from .grpo_progress import RolloutProgress
-from .grpo_rewards import decode_completion, flush_reward_logs, reward_scorer
+from .grpo_rewards import decode_completion, reward_scorer
 from .grpo_settings import loss_normalization, policy_value_rule
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
 from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
@@ -245,10 +244,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         self.last_off_policy_dropped = result.dropped
         self._learner_placement().hand_over(
             result.direction, f"optimizer step {self.state.global_step} (policy version {self.policy_version})")
-        self._log_batch(totals, timing, scored, self._last_advantages, prompts)
-        self._metrics["train"]["frac_reward_zero_std"].append(result.advantages.zero_std_fraction)
-        if self.beta != 0.0:
-            self._metrics["train"]["kl"].append(result.kl)
+        self._log_batch(totals, timing, scored, self._last_advantages, prompts, result.advantages.zero_std_fraction)
         if bonus is not None:  # TRL's entropy metrics and the adaptive coefficient's update
             entropy_step(self, bonus, result.policy_terms, totals.entropy_sums)
         if totals.router_aux is not None:
@@ -361,39 +357,19 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         return grpo_iterations.publishes_after(global_step, self.args.num_iterations)
 
     # -- metrics ------------------------------------------------------------------------------------------------------
-    def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts) -> None:
+    def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts,
+                   zero_std_fraction: float) -> None:
+        """The batch's metrics and completions table over every process, as TRL logs them (`grpo_metrics`); the
+        timings and the engine's counters are this process's."""
+        local = grpo_metrics.process_batch_log(self, totals, scored, advantages, prompts, zero_std_fraction,
+                                               self._stats_bound(totals, len(scored)))
+        grpo_metrics.record_batch(self, local, grpo_metrics.gather_logs_of(self.accelerator))
         m = self._metrics["train"]
-        rewards_per_func = torch.tensor([s.rewards_per_func for s in scored], dtype=torch.float32)
-        for name, value in reward_metrics(rewards_per_func, self.reward_func_names, totals.rewards).items():
-            m[name].append(value)
-        # TRL's lengths: model tokens only (tool mask 1) where there is a mask, also in num_tokens
-        ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
-        if not self._uses_trl_generation():  # TRL's own generation already counted its tokens
-            prompt_tokens = sum(len(s.rollout.prompt_ids) for s in scored)
-            self.state.num_input_tokens_seen += int(prompt_tokens + sum(model_token_counts(ids, masks)))
-        m["num_tokens"] = [self.state.num_input_tokens_seen]
-        eos = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
-        for name, value in completion_metrics(ids, masks, eos).items():
-            m[name].append(value)
         for name, value in step_timing_metrics(timing).items():
             m[name].append(value)
-        m["thundersync/stats_peak_mb"].append(totals.peak_stats_bytes / 2**20)
-        m["thundersync/stats_bound_mb"].append(self._stats_bound(totals, len(scored)) / 2**20)
-        if self._release() != "reward":
-            m["thundersync/buffered_peak"].append(float(totals.peak_held))
-        if self._release() == "turn":
-            m["thundersync/turn_fallbacks"].append(float(totals.turn_fallbacks))
         m["thundersync/policy_version"].append(float(self.policy_version))
         for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
             m[name].append(value)
-        for name, value in agent_metrics([s.rollout.agent for s in scored if s.rollout.agent is not None]).items():
-            m[name].append(value)
-        self._logs["prompt"].extend(prompts)
-        self._logs["completion"].extend(s.rollout.completion for s in scored)
-        for i, name in enumerate(self.reward_func_names):
-            self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
-        self._logs["advantages"].extend(advantages)
-        flush_reward_logs(self, scored)
 
     def _log_extra_rows(self, column: str, rows, values: list) -> None:
         """`log_extra` of one reward call (`RewardContext`): values keyed by trajectory until `_log_batch`."""

@@ -1,9 +1,13 @@
-"""Batch metrics of agentic rollouts (logged through TRL's `report_to` next to its own `tools/*` metrics)."""
+"""Batch metrics of rollouts: TRL's completion lengths and the agent loop's statistics (logged through TRL's
+`report_to` next to its own `tools/*` metrics). Pure: with several processes the trainer hands them every process's
+values (`trainers/grpo_metrics.py`)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+
+import torch
 
 from ...types import AgentStats
 
@@ -24,25 +28,32 @@ def model_token_counts(completion_ids: Sequence[Sequence[int]],
     return [len(ids) if mask is None else sum(mask) for ids, mask in zip(completion_ids, env_masks, strict=True)]
 
 
-def completion_metrics(completion_ids: Sequence[Sequence[int]], env_masks: Sequence[Sequence[int] | None],
-                       eos_and_pad: set[int] | frozenset[int]) -> dict[str, float]:
-    """TRL 1.16's completion-length metrics of one batch (`GRPOTrainer._generate`), from the trajectories' ids and
-    masks: mean/min/max model tokens, the share of truncated completions (last token neither EOS nor pad; an empty
-    completion, where TRL would fail, counts as not truncated) and mean/min/max model tokens of the others (0 when
-    every completion was truncated)."""
-    lengths = model_token_counts(completion_ids, env_masks)
+def truncation_flags(completion_ids: Sequence[Sequence[int]], eos_and_pad: set[int] | frozenset[int]) -> list[bool]:
+    """Per completion, TRL's `is_truncated`: the last token is neither EOS nor pad (an empty completion, where TRL
+    would fail, counts as not truncated)."""
+    return [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
+
+
+def length_metrics(lengths: Sequence[int], truncated: Sequence[bool]) -> dict[str, float]:
+    """TRL 1.16's completion-length metrics (`GRPOTrainer._generate`) of a whole batch — with several processes,
+    every process's `lengths` (model tokens, `model_token_counts`) and `truncated` flags concatenated, as TRL's
+    gather leaves them: mean/min/max length, the share truncated, mean/min/max length of the others (0 when every
+    completion was truncated). Computed in float32 as TRL does, so the values are TRL's to the bit."""
     if not lengths:
         return {}
-    truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
-    terminated = [n for n, cut in zip(lengths, truncated, strict=True) if not cut] or [0]
+    agg = torch.tensor(list(lengths), dtype=torch.float32)
+    cut = torch.tensor(list(truncated), dtype=torch.bool)
+    terminated = agg[~cut]
+    if terminated.numel() == 0:
+        terminated = torch.zeros(1)
     return {
-        "completions/mean_length": sum(lengths) / len(lengths),
-        "completions/min_length": float(min(lengths)),
-        "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": sum(truncated) / len(truncated),
-        "completions/mean_terminated_length": sum(terminated) / len(terminated),
-        "completions/min_terminated_length": float(min(terminated)),
-        "completions/max_terminated_length": float(max(terminated)),
+        "completions/mean_length": agg.mean().item(),
+        "completions/min_length": agg.min().item(),
+        "completions/max_length": agg.max().item(),
+        "completions/clipped_ratio": cut.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
     }
 
 
