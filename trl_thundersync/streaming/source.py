@@ -112,6 +112,7 @@ class TrajectoryBackward:
         logps_entropy_fn: LogProbEntropyFn | None = None,
         entropy_coef: float | None = None,
         off_policy_sampling: bool = False,
+        sequence_level_kl: bool = False,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -123,6 +124,9 @@ class TrajectoryBackward:
         self.mask_truncated = mask_truncated
         self.beta = beta
         self.bias_correction_kl = bias_correction_kl
+        # importance_sampling_level="sequence": the KL's bias-correction ratio is the sequence's (TRL's coef_1, one
+        # value per row), whose gradient spreads the row's KL over all its tokens
+        self.sequence_level_kl = sequence_level_kl
         self.device = torch.device(device)
         self.correction = correction  # TRL's vLLM importance-sampling weight on the policy term (None: off)
         if entropy_coef is not None and logps_entropy_fn is None:
@@ -209,8 +213,11 @@ class TrajectoryBackward:
             ref = self.ref_logps_fn(ids, attention, keep)
         kl = torch.exp(ref - logps) - (ref - logps) - 1
         kl_sum = float((kl.detach() * mask).sum())
-        if self.bias_correction_kl:
-            kl = kl * torch.exp(logps - logps.detach())
+        if self.bias_correction_kl:  # TRL's coef_1: exactly 1 at θ_k, its gradient is what counts
+            log_ratio = logps - logps.detach()
+            if self.sequence_level_kl:
+                log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+            kl = kl * torch.exp(log_ratio)
         outputs.append(("free", (kl * mask).sum() * weight * self.beta))
         return float(outputs[-1][1].detach()), kl_sum
 

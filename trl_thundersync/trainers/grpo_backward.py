@@ -42,6 +42,7 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
         correction=sampling_correction(trainer.args),
         logps_entropy_fn=logps_and_entropies if entropy_coef is not None else None, entropy_coef=entropy_coef,
         off_policy_sampling=off_policy_sampling(trainer),
+        sequence_level_kl=trainer.importance_sampling_level == "sequence",
     )
 
 

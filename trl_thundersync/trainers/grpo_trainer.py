@@ -214,6 +214,9 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
         if self.args.release == "turn" and not self._agentic():
             return "content"
+        if self.args.release == "turn" and self.beta != 0.0 and self.args.use_bias_correction_kl and \
+                self.importance_sampling_level == "sequence":
+            return "content"  # the sequence-level KL ratio spreads the whole row's KL over its tokens: not per turn
         return self.args.release
 
     def _stats_bound(self, totals, batch_size: int) -> int:
