@@ -30,6 +30,7 @@ CLASSES: dict[str, str] = {
     "CompletionResponse": "POST /v1/completions answer",
     "CompletionResponseChoice": "one choice of the answer",
     "CompletionLogProbs": "a choice's `logprobs`",
+    "Logprob": "one token of a choice's `prompt_logprobs` ({token id: Logprob}; vllm/logprobs.py)",
     "UsageInfo": "the answer's `usage`",
     "ModelList": "GET /v1/models answer",
     "ModelCard": "one served model of /v1/models",
@@ -43,7 +44,7 @@ CLASSES: dict[str, str] = {
     "WeightTransferUpdateRequest": "POST /update_weights body (TRL's NCCL client)",
 }
 CONFIGS = ("ModelConfig", "SchedulerConfig", "VllmConfig")  # /server_info?config_format=json: vllm_config.<section>
-SOURCE_ROOTS = ("vllm/entrypoints/", "vllm/distributed/weight_transfer/", "vllm/config/")
+SOURCE_ROOTS = ("vllm/entrypoints/", "vllm/distributed/weight_transfer/", "vllm/config/", "vllm/logprobs.py")
 EXPR = "<expr>"  # a default that is not a literal (a call, a name)
 
 
