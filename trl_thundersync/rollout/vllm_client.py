@@ -59,7 +59,7 @@ from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
 from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from .request_fields import check_server_release
-from .server_info import check_logprobs_mode, default_concurrency
+from .server_info import ServerLimits, check_logprobs_mode, default_concurrency
 from .vllm_api import (
     Cancellation,
     Completion,
@@ -273,6 +273,11 @@ class VLLMServerEngine:
     @property
     def base_urls(self) -> tuple[str, ...]:
         return tuple(r.url for r in self._replicas)
+
+    @property
+    def server_limits(self) -> tuple[ServerLimits, ...]:
+        """What each replica reported at connection: vLLM release, --logprobs-mode, max_num_seqs (`server_info`)."""
+        return tuple(r.limits for r in self._replicas)
 
     @property
     def max_model_len(self) -> int | None:
