@@ -143,6 +143,29 @@ class _Index:
         return chain
 
 
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef, index: _Index) -> dict[str, Any]:
+    """A handler's request class (a parameter annotated with a known class; None: it reads the raw request or
+    single fields) and its single body / query fields (`Body(embed=True)`, `Query()` parameters)."""
+    args = node.args.args
+    defaults = [None] * (len(args) - len(node.args.defaults)) + list(node.args.defaults)
+    request, body, query = None, [], []
+    for arg, default in zip(args, defaults, strict=True):
+        annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+        spelled = annotation + " " + (ast.unparse(default) if default is not None else "")
+        if annotation in index.by_name and request is None:
+            request = annotation
+        elif "Body(" in spelled:
+            body.append(arg.arg)
+        elif "Query(" in spelled:
+            query.append(arg.arg)
+    out: dict[str, Any] = {"request": request}
+    if body:
+        out["body"] = body
+    if query:
+        out["query"] = query
+    return out
+
+
 def _routes(modules: dict[str, ast.Module], index: _Index) -> dict[str, dict[str, Any]]:
     """`METHOD /path` -> its module and the request class its handler takes (None: it reads the raw request)."""
     routes: dict[str, dict[str, Any]] = {}
@@ -158,9 +181,7 @@ def _routes(modules: dict[str, ast.Module], index: _Index) -> dict[str, dict[str
                 path = call.args[0]
                 if not (isinstance(path, ast.Constant) and isinstance(path.value, str)):
                     continue
-                body = [ast.unparse(a.annotation) for a in node.args.args
-                        if a.annotation is not None and ast.unparse(a.annotation) in index.by_name]
-                routes[f"{method.upper()} {path.value}"] = {"module": module, "request": body[0] if body else None}
+                routes[f"{method.upper()} {path.value}"] = {"module": module, **_parameters(node, index)}
     return dict(sorted(routes.items()))
 
 

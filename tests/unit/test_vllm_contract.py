@@ -75,6 +75,9 @@ def test_every_route_we_call_exists(version):
     assert VERSIONS[version]["routes"]["POST /v1/completions"]["request"] == "CompletionRequest"
     confirmed = {"POST /update_weight_version", "GET /weight_info"}  # the server-confirmed version (vLLM >= 0.27)
     assert (confirmed <= routes) == (version >= "0.27")
+    if version >= "0.27":  # POST /update_weight_version takes one embedded body field
+        assert VERSIONS[version]["routes"]["POST /update_weight_version"]["body"] == ["new_version"]
+    assert VERSIONS[version]["routes"]["GET /server_info"]["query"] == ["config_format"]  # server_info.read_limits
 
 
 def test_the_runtime_field_table_is_the_contract_union_with_first_releases():
