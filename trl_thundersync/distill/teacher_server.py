@@ -37,7 +37,7 @@ class ServerTeacher:
         self.model = model or self._first_model()
         self.vocab_map = vocab_map  # student ids are sent (and looked up) as the teacher's ids
         if tokenizer is not None and vocab_map is None:  # ids go as they are: the teacher must split text the same
-            from ..rollout.vllm_replicas import check_server_tokenizer
+            from ..rollout.server_info import check_server_tokenizer
 
             try:
                 check_server_tokenizer(self.url, self.model, tokenizer, role="teacher server", timeout=timeout,

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
-from .request_fields import sampling_departures
+from .request_fields import check_server_release, sampling_departures
 from .vllm_api import Cancellation, http_call
 
 logger = logging.getLogger(__name__)
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # `vllm serve`'s --max-num-seqs on GPUs under 70 GiB (arg_utils, 0.22 … 0.31)
 PROCESSED = "processed_logprobs"
+_TOKENIZER_PROBE = "ThunderSync tokenizer probe: 2 + 3 = 5, def add(a, b):"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ def default_concurrency(limits: Sequence[ServerLimits]) -> int:
     return sum(lim.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS for lim in limits)
 
 
+def startup_checks(replicas: Sequence[Any], tokenizer: Any, sampling: Any, extra: Mapping[str, Any], *,
+                   importance_sampling: bool) -> None:
+    """`VLLMServerEngine`'s checks of connected replicas (`vllm_replicas.Replica`: url, base_model, limits): the
+    tokenizer (when given), the vLLM release against the extra request fields, the log-prob mode."""
+    for replica in replicas:
+        if tokenizer is not None:
+            check_server_tokenizer(replica.url, replica.base_model, tokenizer, role="rollout server")
+        check_server_release(replica.url, replica.limits.release, extra)
+        check_logprobs_mode(replica.url, replica.limits, sampling, extra, importance_sampling=importance_sampling)
+
+
 def check_logprobs_mode(url: str, limits: ServerLimits, sampling: Any, extra: Mapping[str, Any], *,
                         importance_sampling: bool) -> None:
     """Refuse a server whose log-probs would bias the importance-sampling correction (see the module docstring)."""
@@ -101,3 +113,15 @@ def check_logprobs_mode(url: str, limits: ServerLimits, sampling: Any, extra: Ma
         raise ConfigurationError(
             f"rollout server {url} runs with --logprobs-mode {mode}: its log-probs ignore "
             f"{', '.join(departures)}, so every importance-sampling ratio would be biased; {fix}")
+
+
+def check_server_tokenizer(url: str, model: str, tokenizer: Any, *, role: str, timeout: float = 30.0,
+                           error: type[ConfigurationError] = ConfigurationError) -> None:
+    """Probe vLLM's `POST /tokenize` at `url` with a fixed text; `error` when `model` splits it into other ids than
+    `tokenizer` does. A server without the route (404) is not checked."""
+    local = list(tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
+    body = {"model": model, "prompt": _TOKENIZER_PROBE, "add_special_tokens": False}
+    reply = http_call(url, "POST", "/tokenize", body, timeout=timeout)
+    if reply.status == 200 and list((reply.json() or {}).get("tokens", local)) != local:
+        raise error(f"{role} {url} serves {model!r}, whose tokenizer splits text differently from the "
+                                 "trainer's: serve the model's own checkpoint (or its tokenizer)")

@@ -8,12 +8,10 @@ Implements the `RolloutEngine` contract (`engine.py`) and, like `LocalProcessEng
 max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP request per turn).
 
 - Requests: one `POST /v1/completions` per turn, token ids in, token ids and processed log-probs out (`vllm_api`),
-  seeded with `request.seed`, plus `request_fields` (TRL's `generation_kwargs` / structured outputs, checked by
-  `request_fields.py`). At most `max_concurrency` requests are on the wire (None: each server's `max_num_seqs`,
-  `server_info.default_concurrency`); each future resolves the moment its answer arrives. A sample that ended with
-  `finish_reason` "abort" or "error" is refused (`AbortedSampleError`).
-- Startup checks: every server's tokenizer (`/tokenize` probe), its vLLM release against the request fields, and,
-  with `importance_sampling`, its `--logprobs-mode` (`server_info.check_logprobs_mode`).
+  seeded with `request.seed`, plus `request_fields` (TRL's generation fields, `request_fields.py`). At most
+  `max_concurrency` requests are on the wire (None: the servers' `max_num_seqs`, `server_info`); each future resolves
+  the moment its answer arrives. A sample cut short (finish_reason "abort"/"error") is refused. At start, every
+  server's tokenizer, release and (`importance_sampling`) `--logprobs-mode` are checked (`server_info`).
 - Back-pressure: requests beyond `max_concurrency` wait in this client, not on the servers; and nothing of batch
   k+1 is sent before the learner closed batch k and every replica acknowledged θ_{k+1}, so the rollouts buffered
   ahead of the learner never exceed one logical batch.
@@ -25,9 +23,8 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   back if the restart lost it, and the request is sent again (`retries` times at most); the same seed gives the same
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
-  A timeout (`request_timeout`) fails the request without retrying (it may still be running there). HTTP 500 (the
-  server is up, the request failed in it) is sent again after 2, 4, 8 ... s, as TRL's client retries it, within the
-  same `retries` budget.
+  A timeout (`request_timeout`) fails the request without retrying (it may still be running there). HTTP 500 is
+  sent again after 2, 4, 8 ... s (TRL's client retries it so), within the same `retries`.
 - Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
   died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
   version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
@@ -58,8 +55,7 @@ from ..errors import RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
 from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
-from .request_fields import check_server_release
-from .server_info import ServerLimits, check_logprobs_mode, default_concurrency
+from .server_info import ServerLimits, default_concurrency, startup_checks
 from .vllm_api import (
     Cancellation,
     Completion,
@@ -81,7 +77,6 @@ from .vllm_replicas import (
     bring_back,
     check_completion,
     check_engine_options,
-    check_tokenizer,
     connect_all,
     make_publisher,
     percentile,
@@ -105,14 +100,13 @@ class VLLMServerEngine:
 
     def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
                  publisher: WeightPublisher | str = "auto", max_concurrency: int | None = None,
-                 request_timeout: float = 600.0,
-                 startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
-                 policy_version: int = 0, on_close: Callable[[], None] | None = None,
+                 request_timeout: float = 600.0, startup_timeout: float = 120.0, retries: int = 3,
+                 restart_timeout: float = 300.0, policy_version: int = 0, on_close: Callable[[], None] | None = None,
                  nccl_options: Mapping[str, Any] | None = None, supervisor: ServerSupervisor | None = None,
                  max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS,
                  request_fields: Mapping[str, Any] | None = None, importance_sampling: bool = False) -> None:
-        urls = check_engine_options(base_urls, sampling, max_concurrency=max_concurrency or 1, retries=retries,
-                                    max_restarts=max_restarts)
+        urls = check_engine_options(base_urls, sampling, retries=retries, max_restarts=max_restarts,
+                                    max_concurrency=1 if max_concurrency is None else max_concurrency)
         self._extra = dict(request_fields or {})  # fields added to every generation request (`request_fields`)
         self.sampling, self.retries, self.max_restarts = sampling, retries, max_restarts
         self._on_close = on_close
@@ -147,13 +141,9 @@ class VLLMServerEngine:
             if stale and not self._lora:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
-            if tokenizer is not None:
-                check_tokenizer(self._replicas, tokenizer)
-            for replica in self._replicas:
-                check_server_release(replica.url, replica.limits.release, self._extra)
-                check_logprobs_mode(replica.url, replica.limits, sampling, self._extra,
-                                    importance_sampling=importance_sampling)
-            self.max_concurrency = max_concurrency or default_concurrency([r.limits for r in self._replicas])
+            startup_checks(self._replicas, tokenizer, sampling, self._extra, importance_sampling=importance_sampling)
+            self.max_concurrency = (default_concurrency([r.limits for r in self._replicas]) if max_concurrency is None
+                                    else max_concurrency)  # requests on the wire at most, over all replicas
             self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="thundersync-vllm")
         except BaseException:
             self.close()

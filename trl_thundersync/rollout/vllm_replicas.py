@@ -38,7 +38,6 @@ from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.25  # how often /health is polled while waiting for a replica
-_TOKENIZER_PROBE = "ThunderSync tokenizer probe: 2 + 3 = 5, def add(a, b):"
 _START_HINT = ("start it with `python -m trl_thundersync.serve --model PATH --port N`, or `vllm serve` (see "
                "trl_thundersync/serve/__init__.py)")
 
@@ -310,24 +309,6 @@ def restore_version(url: str, health: HTTPReply, *, version: int, published: boo
                            "which weights it serves")
     if not publisher.restore(url, version):
         raise RolloutError(f"{type(publisher).__name__} cannot re-publish version {version} to a restarted server")
-
-
-def check_tokenizer(replicas: Sequence[Replica], tokenizer: Any) -> None:
-    """The servers must tokenize like the trainer, or the ids it sends mean other text to their model."""
-    for replica in replicas:
-        check_server_tokenizer(replica.url, replica.base_model, tokenizer, role="rollout server")
-
-
-def check_server_tokenizer(url: str, model: str, tokenizer: Any, *, role: str, timeout: float = 30.0,
-                           error: type[ConfigurationError] = ConfigurationError) -> None:
-    """Probe vLLM's `POST /tokenize` at `url` with a fixed text; `error` when `model` splits it into other ids than
-    `tokenizer` does. A server without the route (404) is not checked."""
-    local = list(tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
-    body = {"model": model, "prompt": _TOKENIZER_PROBE, "add_special_tokens": False}
-    reply = http_call(url, "POST", "/tokenize", body, timeout=timeout)
-    if reply.status == 200 and list((reply.json() or {}).get("tokens", local)) != local:
-        raise error(f"{role} {url} serves {model!r}, whose tokenizer splits text differently from the "
-                                 "trainer's: serve the model's own checkpoint (or its tokenizer)")
 
 
 def server_metrics(stats: ServerEngineStats) -> dict[str, float]:
