@@ -265,14 +265,17 @@ def test_an_aborted_sample_is_refused(vllm, reason):
 
 
 def test_http_500_is_sent_again_with_backoff_and_bounded(vllm, monkeypatch):
-    monkeypatch.setattr(vllm_client, "_BACKOFF_S", 0.01)
+    monkeypatch.setattr(vllm_client, "_BACKOFF_S", 0.02)
     stub = vllm(script=[500, 500])
     eng = engine([stub.url], retries=3)
+    pauses, wait = [], eng._cancel.wait
+    eng._cancel.wait = lambda seconds: (pauses.append(seconds), wait(seconds))[1]
     try:
         rollouts = one_sample(eng)
     finally:
         eng.close()
     assert len(stub.bodies) == 3 and rollouts[0].completion_ids == (5, 6)
+    assert pauses == [0.0, 0.04]  # urllib3's schedule for TRL's backoff_factor (0, 2f, 4f, ...), f = 0.02 here
     assert stub.bodies[0] == stub.bodies[2]  # the same request, seed included: the same sample
 
     stub = vllm(script=[500] * 10)

@@ -24,7 +24,7 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
   A timeout (`request_timeout`) fails the request without retrying (it may still be running there). HTTP 500 is
-  sent again after 2, 4, 8 ... s (TRL's client retries it so), within the same `retries`.
+  sent again at once, then after 4, 8 ... s (TRL's client's urllib3 schedule), within the same `retries`.
 - Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
   died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
   version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
@@ -91,7 +91,7 @@ logger = logging.getLogger(__name__)
 
 _RESTARTING = (502, 503, 504)  # a proxy or a server that is still loading: wait for it like for a restart
 _SERVER_ERROR = 500  # failed inside a running server: sent again after a backoff, as TRL's client does
-_BACKOFF_S = 2.0  # first wait before resending after HTTP 500, doubled each time (urllib3's backoff_factor=2)
+_BACKOFF_S = 2.0  # TRL's Retry(backoff_factor=2): urllib3 resends at once, then after 4, 8, ... s
 _LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
 
 
@@ -349,9 +349,10 @@ class VLLMServerEngine:
             with self._lock:
                 replica.retries += 1
             if attempt < self.retries and status == _SERVER_ERROR:
+                pause = _BACKOFF_S * 2 ** attempt if attempt else 0.0
                 logger.warning("trajectory %d: %s answered %s; sending it again in %g s (attempt %d of %d)", index,
-                               replica.url, failure, _BACKOFF_S * 2 ** attempt, attempt + 2, self.retries + 1)
-                if self._cancel.wait(_BACKOFF_S * 2 ** attempt):
+                               replica.url, failure, pause, attempt + 2, self.retries + 1)
+                if self._cancel.wait(pause):
                     raise RolloutError(f"trajectory {index}: the engine was closed while it waited to resend")
             elif attempt < self.retries:
                 self._recover(replica, epoch, failure)
