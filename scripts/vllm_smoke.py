@@ -23,6 +23,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -77,9 +78,15 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def vllm_serve_env(*, lora: bool) -> dict[str, str]:
+    """The environment `vllm serve` needs: dev mode (/server_info, /reset_prefix_cache, the weight-transfer and
+    version routes) and, for LoRA, runtime adapter loading (/v1/load_lora_adapter answers 404 without it)."""
+    return {"VLLM_SERVER_DEV_MODE": "1", **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {})}
+
+
 def vllm_serve_command(model: str, port: int, *, lora: bool) -> list[str]:
-    """`vllm serve` as a rollout server for this package: processed log-probs (the importance-sampling correction),
-    NCCL weight transfer (TRL 1.16's client), dev-mode routes through the environment, LoRA when asked."""
+    """`vllm serve` as a rollout server for this package (TRL 1.16's `trl vllm-serve` flags): processed log-probs
+    (the importance-sampling correction), NCCL weight transfer (TRL's client), LoRA adapters when asked."""
     command = ["vllm", "serve", model, "--host", "0.0.0.0", "--port", str(port),
                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
                "--weight-transfer-config", '{"backend": "nccl"}']
@@ -134,9 +141,9 @@ def start_server(args: argparse.Namespace, policy: Any, tokenizer: Any, stack: l
                                         options=ServerOptions(startup_timeout=args.startup_timeout))
         stack.append(servers.close)
         return servers.urls[0]
-    command = vllm_serve_command(args.model, args.port, lora=args.lora)
-    print("starting: VLLM_SERVER_DEV_MODE=1 " + " ".join(command), flush=True)
-    process = subprocess.Popen(command, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+    command, env = vllm_serve_command(args.model, args.port, lora=args.lora), vllm_serve_env(lora=args.lora)
+    print("starting: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(command), flush=True)
+    process = subprocess.Popen(command, env={**os.environ, **env})
     stack.append(lambda: (process.terminate(), process.wait(timeout=60)))
     url = f"http://127.0.0.1:{args.port}"
     await_health(url, args.startup_timeout, exited=lambda: None if process.poll() is None else

@@ -41,6 +41,8 @@ def test_the_vllm_serve_command_is_a_rollout_server_for_this_package():
     assert "--logprobs-mode processed_logprobs" in joined and "--max-logprobs -1" in joined
     assert '--weight-transfer-config {"backend": "nccl"}' in joined and "--port 8001" in joined
     assert "--enable-lora" in joined and "--enable-lora" not in smoke.vllm_serve_command("m", 1, lora=False)
+    assert smoke.vllm_serve_env(lora=True) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert smoke.vllm_serve_env(lora=False) == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def test_the_confirmed_version_is_read_from_weight_info():
