@@ -196,6 +196,16 @@ def describe_wheel(wheel: Path) -> dict[str, Any]:
     return {"classes": classes, "routes": _routes(modules, index), "configs": configs}
 
 
+def _dump(value: Any, depth: int = 0) -> str:
+    """JSON with one line per class, route and config list (small, and a regenerated file diffs by entry)."""
+    leaf = depth >= 4 or not isinstance(value, dict)
+    if leaf:
+        return json.dumps(value)
+    pad = " " * (depth + 1)
+    items = [f"{pad}{json.dumps(k)}: {_dump(v, depth + 1)}" for k, v in value.items()]
+    return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("wheels", nargs="+", type=Path, help="vllm-<version>-*.whl files (pip download --no-deps)")
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_version(wheel)}: {len(versions[_version(wheel)]['routes'])} routes; classes not found: {missing}")
     contract = {"generated_by": "scripts/vllm_contract.py", "classes": CLASSES, "versions": versions}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(contract, indent=1, sort_keys=False) + "\n")
+    args.out.write_text(_dump(contract) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
     return 0
 
