@@ -40,6 +40,11 @@ class RolloutError(ThunderSyncError):
     """The rollout engine failed, returned a malformed trajectory, or lost a trajectory of the open batch."""
 
 
+class AbortedSampleError(RolloutError):
+    """A server answered a sample with `finish_reason` "abort" or "error": it was cut short (an abort, a `/pause`, a
+    failure in the engine) and is not the policy's sample, so it is refused, never trained on."""
+
+
 class UnknownEnvironmentError(RolloutError, ValueError):
     """A dataset row's `environment` names no factory of the `environment_factory` dict. A `ValueError` too, with
     trl.GRPOTrainer's message, so code written for TRL catches it the same way."""

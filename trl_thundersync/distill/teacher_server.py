@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import RolloutError, TeacherScoringError
+from ..errors import RolloutError, TeacherScoringError, VocabularyMismatchError
 from ..rollout.vllm_api import error_message, http_call, parse_model_ids, prompt_logprobs_payload
 from .records import TeacherScores
 from .vocab_map import VocabularyMap
@@ -31,11 +31,19 @@ class ServerTeacher:
     full_vocabulary = False
 
     def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
-                 vocab_map: VocabularyMap | None = None) -> None:
+                 vocab_map: VocabularyMap | None = None, tokenizer: Any = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout  # seconds per request
         self.model = model or self._first_model()
         self.vocab_map = vocab_map  # student ids are sent (and looked up) as the teacher's ids
+        if tokenizer is not None and vocab_map is None:  # ids go as they are: the teacher must split text the same
+            from ..rollout.server_info import check_server_tokenizer
+
+            try:
+                check_server_tokenizer(self.url, self.model, tokenizer, role="teacher server", timeout=timeout,
+                                       error=VocabularyMismatchError)
+            except OSError as exc:
+                raise TeacherScoringError(f"teacher server {self.url}/tokenize: {type(exc).__name__}: {exc}") from exc
 
     def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
         if not action_ids:

@@ -198,9 +198,11 @@ def error_message(reply: HTTPReply) -> str:
 
 # -- /v1/completions -----------------------------------------------------------------------------------------------
 def completion_payload(model: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, max_tokens: int,
-                       seed: int) -> dict[str, Any]:
-    """The body of one generation request: token ids in, token ids and processed log-probs of sampled tokens out."""
-    return {
+                       seed: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The body of one generation request: token ids in, token ids and processed log-probs of sampled tokens out;
+    `extra` adds fields (TRL's `generation_kwargs`, checked by `request_fields.request_fields`; none overrides
+    these)."""
+    return {**(extra or {}),
         "model": model,
         "prompt": [int(t) for t in prompt_ids],
         "max_tokens": int(max_tokens),
@@ -237,7 +239,7 @@ class Completion:
     prompt_ids: tuple[int, ...] | None  # as the server saw them (None if it did not echo them)
     token_ids: tuple[int, ...]  # generated tokens, the stop token included
     logprobs: tuple[float, ...]  # log-prob of each generated token under the processed sampling distribution
-    finish_reason: str | None  # "stop" or "length"
+    finish_reason: str | None  # "stop" or "length" ("abort" / "error": cut short, refused by the engine)
 
 
 def parse_completion(body: Any) -> Completion:

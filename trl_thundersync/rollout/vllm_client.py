@@ -8,8 +8,10 @@ Implements the `RolloutEngine` contract (`engine.py`) and, like `LocalProcessEng
 max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP request per turn).
 
 - Requests: one `POST /v1/completions` per turn, token ids in, token ids and processed log-probs out (`vllm_api`),
-  seeded with `request.seed`. At most `max_concurrency` requests are on the wire; each future resolves the moment
-  its answer arrives.
+  seeded with `request.seed`, plus `request_fields` (TRL's generation fields, `request_fields.py`). At most
+  `max_concurrency` requests are on the wire (None: the servers' `max_num_seqs`, `server_info`); each future resolves
+  the moment its answer arrives. A sample cut short (finish_reason "abort"/"error") is refused. At start, every
+  server's tokenizer, release and (`importance_sampling`) `--logprobs-mode` are checked (`server_info`).
 - Back-pressure: requests beyond `max_concurrency` wait in this client, not on the servers; and nothing of batch
   k+1 is sent before the learner closed batch k and every replica acknowledged θ_{k+1}, so the rollouts buffered
   ahead of the learner never exceed one logical batch.
@@ -21,7 +23,8 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   back if the restart lost it, and the request is sent again (`retries` times at most); the same seed gives the same
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
-  A timeout (`request_timeout`) fails the request without retrying (it may still be running there).
+  A timeout (`request_timeout`) fails the request without retrying (it may still be running there). HTTP 500 is
+  sent again at once, then after 4, 8 ... s (TRL's client's urllib3 schedule), within the same `retries`.
 - Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
   died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
   version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
@@ -57,6 +60,7 @@ from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
 from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from .server_acks import ConfirmGate
+from .server_info import ServerLimits, default_concurrency, startup_checks
 from .vllm_api import (
     Cancellation,
     Completion,
@@ -78,7 +82,6 @@ from .vllm_replicas import (
     bring_back,
     check_completion,
     check_engine_options,
-    check_tokenizer,
     connect_all,
     make_publisher,
     percentile,
@@ -92,6 +95,8 @@ __all__ = ["ReplicaStats", "ServerEngineStats", "VLLMServerEngine"]
 logger = logging.getLogger(__name__)
 
 _RESTARTING = (502, 503, 504)  # a proxy or a server that is still loading: wait for it like for a restart
+_SERVER_ERROR = 500  # failed inside a running server: sent again after a backoff, as TRL's client does
+_BACKOFF_S = 2.0  # TRL's Retry(backoff_factor=2): urllib3 resends at once, then after 4, 8, ... s
 _LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
 
 
@@ -99,13 +104,15 @@ class VLLMServerEngine:
     """`RolloutEngine` and `TurnGenerator` over HTTP rollout servers (lifecycles in `engine.py`)."""
 
     def __init__(self, base_urls: Sequence[str], tokenizer: Any, sampling: SamplingParams, *,
-                 publisher: WeightPublisher | str = "auto", max_concurrency: int = 64, request_timeout: float = 600.0,
-                 startup_timeout: float = 120.0, retries: int = 3, restart_timeout: float = 300.0,
-                 policy_version: int = 0, on_close: Callable[[], None] | None = None,
+                 publisher: WeightPublisher | str = "auto", max_concurrency: int | None = None,
+                 request_timeout: float = 600.0, startup_timeout: float = 120.0, retries: int = 3,
+                 restart_timeout: float = 300.0, policy_version: int = 0, on_close: Callable[[], None] | None = None,
                  nccl_options: Mapping[str, Any] | None = None, supervisor: ServerSupervisor | None = None,
-                 max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS, publish_first: bool = False) -> None:
-        urls = check_engine_options(base_urls, sampling, max_concurrency=max_concurrency, retries=retries,
-                                    max_restarts=max_restarts)
+                 max_restarts: int = 3, role: PublishRole = SINGLE_PROCESS, publish_first: bool = False,
+                 request_fields: Mapping[str, Any] | None = None, importance_sampling: bool = False) -> None:
+        urls = check_engine_options(base_urls, sampling, retries=retries, max_restarts=max_restarts,
+                                    max_concurrency=1 if max_concurrency is None else max_concurrency)
+        self._extra = dict(request_fields or {})  # fields added to every generation request (`request_fields`)
         self.sampling, self.retries, self.max_restarts = sampling, retries, max_restarts
         self._on_close = on_close
         self.supervisor = supervisor  # the processes behind the replicas, if this process started them
@@ -124,7 +131,7 @@ class VLLMServerEngine:
         self._batch_started = 0.0
         self._publishing = self._closed = False
         self._failure: str | None = None
-        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="thundersync-vllm")
+        self._pool: ThreadPoolExecutor | None = None  # sized once the servers reported their limits
         self.role = role  # rank 0 publishes; followers only learn the new version (`publish_role`)
         self._publisher: WeightPublisher | None = None  # None on a follower: it never publishes
         self._lora = publisher == "lora" or bool(getattr(publisher, "lora", False))  # requests name the adapter
@@ -140,8 +147,10 @@ class VLLMServerEngine:
             if stale and not self._lora and not publish_first:  # with LoRA the header is the base weights' version
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
-            if tokenizer is not None:
-                check_tokenizer(self._replicas, tokenizer)
+            startup_checks(self._replicas, tokenizer, sampling, self._extra, importance_sampling=importance_sampling)
+            self.max_concurrency = (default_concurrency([r.limits for r in self._replicas]) if max_concurrency is None
+                                    else max_concurrency)  # requests on the wire at most, over all replicas
+            self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="thundersync-vllm")
         except BaseException:
             self.close()
             raise
@@ -251,7 +260,8 @@ class VLLMServerEngine:
             return
         self._closed = True
         self._cancel.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         try:
             if self._publisher is not None:
                 self._publisher.close()
@@ -271,6 +281,11 @@ class VLLMServerEngine:
     @property
     def base_urls(self) -> tuple[str, ...]:
         return tuple(r.url for r in self._replicas)
+
+    @property
+    def server_limits(self) -> tuple[ServerLimits, ...]:
+        """What each replica reported at connection: vLLM release, --logprobs-mode, max_num_seqs (`server_info`)."""
+        return tuple(r.limits for r in self._replicas)
 
     @property
     def max_model_len(self) -> int | None:
@@ -303,7 +318,7 @@ class VLLMServerEngine:
             model = (lora_name(self._prefix, version) if self._lora and self._publications
                      else replica.base_model)
             payload = completion_payload(model, request.prompt_ids, self.sampling, max_tokens=max_tokens,
-                                         seed=request.seed)
+                                         seed=request.seed, extra=self._extra)
             reply = self._post(replica, payload, request.index)
             try:
                 completion = parse_completion(reply.json())
@@ -331,7 +346,7 @@ class VLLMServerEngine:
         for attempt in range(self.retries + 1):
             if replica.dead is not None:
                 raise RolloutError(replica.dead)
-            epoch = replica.epoch
+            epoch, status = replica.epoch, None
             try:
                 reply = http_call(replica.url, "POST", "/v1/completions", payload, timeout=self.request_timeout,
                                   cancel=self._cancel)
@@ -346,13 +361,18 @@ class VLLMServerEngine:
                 lost_adapter = self._lora and reply.status == 404  # a restarted vLLM forgot the adapter
                 if reply.status == 200:
                     return reply
-                if reply.status not in _RESTARTING and not lost_adapter:
-                    raise RolloutError(f"trajectory {index}: {replica.url} refused the request: HTTP {reply.status} "
-                                       f"{error_message(reply)}")
-                failure = f"HTTP {reply.status} {error_message(reply)}"
+                status, failure = reply.status, f"HTTP {reply.status} {error_message(reply)}"
+                if reply.status not in (*_RESTARTING, _SERVER_ERROR) and not lost_adapter:
+                    raise RolloutError(f"trajectory {index}: {replica.url} refused the request: {failure}")
             with self._lock:
                 replica.retries += 1
-            if attempt < self.retries:
+            if attempt < self.retries and status == _SERVER_ERROR:
+                pause = _BACKOFF_S * 2 ** attempt if attempt else 0.0
+                logger.warning("trajectory %d: %s answered %s; sending it again in %g s (attempt %d of %d)", index,
+                               replica.url, failure, pause, attempt + 2, self.retries + 1)
+                if self._cancel.wait(pause):
+                    raise RolloutError(f"trajectory {index}: the engine was closed while it waited to resend")
+            elif attempt < self.retries:
                 self._recover(replica, epoch, failure)
         raise RolloutError(f"trajectory {index}: {replica.url} failed {self.retries + 1} times; last error: {failure}")
 

@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ConfigurationError, RolloutError, StalePolicyError
+from ..errors import AbortedSampleError, ConfigurationError, RolloutError, StalePolicyError
+from .server_info import ServerLimits, read_limits
 from .vllm_api import (
     Cancellation,
     EngineClosed,
@@ -37,7 +38,6 @@ from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.25  # how often /health is polled while waiting for a replica
-_TOKENIZER_PROBE = "ThunderSync tokenizer probe: 2 + 3 = 5, def add(a, b):"
 _START_HINT = ("start it with `python -m trl_thundersync.serve --model PATH --port N`, or `vllm serve` (see "
                "trl_thundersync/serve/__init__.py)")
 
@@ -104,6 +104,7 @@ class Replica:
         self.index, self.url = index, url.rstrip("/")
         self.base_model = ""  # served name of the base model (first entry of /v1/models)
         self.max_model_len: int | None = None  # its context window, as /v1/models reports it (None: not reported)
+        self.limits = ServerLimits(None, None, None)  # release, log-prob mode, max_num_seqs (`server_info`)
         self.version: int | None = None  # acknowledged version
         self.in_flight = self.assigned = 0  # assigned: trajectories routed here since the sticky table was cleared
         self.requests = self.tokens = self.retries = self.restarts = 0
@@ -219,6 +220,7 @@ def connect_all(replicas: Sequence[Replica], timeout: float, *, cancel: Cancella
             raise RolloutError(f"{replica.url} /v1/models failed: HTTP {reply.status} {error_message(reply)}")
         replica.base_model = parse_model_ids(reply.json())[0]
         replica.max_model_len = parse_max_model_len(reply.json())
+        replica.limits = read_limits(replica.url, cancel=cancel)
         return health.policy_version
 
     with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
@@ -272,7 +274,11 @@ def check_completion(url: str, request: Any, completion: Any, max_tokens: int, *
                      version: int) -> None:
     """One answer of `url` to `request` (a `RolloutRequest`; `completion` a `vllm_api.Completion`), checked: sampled
     at the batch's `version` (else `StalePolicyError`: refused, never relabelled), from the tokens it was sent, with
-    1..`max_tokens` new tokens."""
+    1..`max_tokens` new tokens, and finished ("stop" or "length"; "abort"/"error": `AbortedSampleError`)."""
+    if completion.finish_reason in ("abort", "error"):
+        raise AbortedSampleError(f"trajectory {request.index}: {url} answered with finish_reason="
+                                 f"{completion.finish_reason!r} after {len(completion.token_ids)} tokens: the sample "
+                                 "was cut short (aborted, paused or failed on the server) and is refused")
     if served != version:
         raise StalePolicyError(f"trajectory {request.index}: {url} sampled it with policy version {served}, the "
                                f"batch is at version {version}; the sample is refused")
@@ -303,20 +309,6 @@ def restore_version(url: str, health: HTTPReply, *, version: int, published: boo
                            "which weights it serves")
     if not publisher.restore(url, version):
         raise RolloutError(f"{type(publisher).__name__} cannot re-publish version {version} to a restarted server")
-
-
-def check_tokenizer(replicas: Sequence[Replica], tokenizer: Any) -> None:
-    """The servers must tokenize like the trainer, or the ids it sends mean other text to their model.
-
-    Uses vLLM's `POST /tokenize`; a server without it (404) is not checked.
-    """
-    local = list(tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
-    for replica in replicas:
-        body = {"model": replica.base_model, "prompt": _TOKENIZER_PROBE, "add_special_tokens": False}
-        reply = http_call(replica.url, "POST", "/tokenize", body, timeout=30.0)
-        if reply.status == 200 and list((reply.json() or {}).get("tokens", local)) != local:
-            raise ConfigurationError(f"{replica.url} serves {replica.base_model!r}, whose tokenizer splits text "
-                                     "differently from the trainer's: serve the policy's own checkpoint")
 
 
 def server_metrics(stats: ServerEngineStats) -> dict[str, float]:

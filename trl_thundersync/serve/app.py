@@ -4,6 +4,9 @@ Routes (vLLM's shapes; every answer carries `x-thundersync-policy-version`, the 
 
     GET  /health                     200, empty body (503 once the generation loop is gone)
     GET  /v1/models                  {"object": "list", "data": [base card, adapter cards...]}
+    GET  /server_info                {"vllm_config": {"model_config": {"logprobs_mode", ...}, "scheduler_config":
+                                     {"max_num_seqs"}, "weight_transfer_config": null}} (vLLM's dev-mode route, the
+                                     fields the client reads; `config_format` is ignored)
     POST /v1/completions             see protocol.py (also `prompt_logprobs`, so the server can be a teacher)
     POST /tokenize                   {"prompt": str, "add_special_tokens"} -> {"count", "max_model_len", "tokens"}
     POST /reset_prefix_cache         {"success": true} (there is no prefix cache; answered for the client's protocol)
@@ -44,7 +47,14 @@ import torch
 
 from ..rollout.vllm_api import POLICY_VERSION_HEADER
 from .generation import AdapterMissing, GenerationLoop
-from .protocol import APIError, ServedModel, completion_response, models_response, parse_completion_request
+from .protocol import (
+    APIError,
+    ServedModel,
+    completion_response,
+    models_response,
+    parse_completion_request,
+    server_info_response,
+)
 
 logger = logging.getLogger("trl_thundersync.serve")
 _MAX_BODY = 64 * 2**20  # bytes of JSON a request may carry
@@ -267,7 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         routes = {"/health": self._health, "/v1/models": lambda _: self.app.models(),
-                  "/weight_info": self.app.weight_info}
+                  "/weight_info": self.app.weight_info,
+                  "/server_info": lambda _: server_info_response(self.app.served, self.app.loop.max_in_flight)}
         self._dispatch(routes, with_body=False)
 
     def do_POST(self) -> None:  # noqa: N802

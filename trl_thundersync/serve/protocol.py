@@ -4,10 +4,12 @@
 model folder has a tokenizer) and the sampling fields the embedded generation loop implements: `max_tokens`, `n`,
 `temperature` (0 = greedy), `top_p`, `top_k` (0 or -1 = off), `min_p`, `repetition_penalty`, `seed`, `logprobs`,
 `stop_token_ids`, `ignore_eos`, `skip_special_tokens`, `return_token_ids`, `return_tokens_as_token_ids`,
-`prompt_logprobs`. A field
-that would change the samples but is not implemented (streaming, penalties on presence/frequency, stop strings,
-logit bias, structured outputs, ...) is refused with HTTP 400 naming it, never ignored. Unknown fields are ignored,
-as vLLM does. As in vLLM, sample j of a request with `n > 1` uses seed `seed + j`.
+`prompt_logprobs`. Every other field of vLLM's `CompletionRequest` (0.22 … 0.31, `tests/data/vllm_contract.json`)
+is either `IGNORED` (it leaves the samples as they are: `user`, `priority`, `cache_salt`, ...) or `REFUSED`: set to
+anything but its "off" value (streaming, presence/frequency penalties, stop strings, logit bias, structured outputs,
+prompt truncation, ...) it is answered HTTP 400 naming it, never ignored; `tests/unit/test_vllm_contract.py` checks
+that the three lists cover the contract. Fields vLLM does not know are ignored, as vLLM's `OpenAIBaseModel`
+(`extra="allow"`) ignores them. As in vLLM, sample j of a request with `n > 1` uses seed `seed + j`.
 
 `prompt_logprobs: k` (vLLM's field; 0 = the prompt tokens only, -1 = the whole vocabulary) answers, per choice,
 `prompt_logprobs`: one entry per prompt token, the first `null`, then `{token_id: {"logprob", "rank",
@@ -31,11 +33,24 @@ from ..types import SamplingParams
 from .generation import GenerationOutput, GenerationRequest
 
 _LOGPROB_FLOOR = -9999.0  # vLLM clamps reported log-probs to this value (JSON has no -inf)
-# Fields that change sampling but are not implemented here: (name, the value that means "off").
-_REFUSED = (("stream", False), ("echo", False), ("use_beam_search", False), ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0), ("stop", None), ("min_tokens", 0), ("logit_bias", None),
-            ("allowed_token_ids", None), ("bad_words", None),
-            ("structured_outputs", None), ("response_format", None), ("suffix", None), ("logprob_token_ids", None))
+# vLLM `CompletionRequest` fields the generation loop implements.
+IMPLEMENTED = frozenset({"model", "prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p",
+                         "repetition_penalty", "seed", "logprobs", "stop_token_ids", "ignore_eos",
+                         "skip_special_tokens", "return_token_ids", "return_tokens_as_token_ids", "prompt_logprobs",
+                         "add_special_tokens"})
+# Fields that leave the samples and the answer's fields we fill as they are (routing, caching, text-only, beam-only,
+# streaming-only options); accepted and ignored.
+IGNORED = frozenset({"user", "priority", "cache_salt", "request_id", "kv_transfer_params", "ec_transfer_params",
+                     "spaces_between_special_tokens", "session_id", "routed_experts_prompt_start", "stream_options",
+                     "stream_interval", "length_penalty", "truncation_side", "watermarking"})
+# Fields that change the samples or the answer but are not implemented here: name -> the value that means "off".
+REFUSED: dict[str, Any] = {
+    "stream": False, "echo": False, "use_beam_search": False, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "stop": None, "min_tokens": 0, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
+    "structured_outputs": None, "response_format": None, "suffix": None, "logprob_token_ids": None,
+    "include_stop_str_in_output": False, "truncate_prompt_tokens": None, "thinking_token_budget": None,
+    "repetition_detection": None, "vllm_xargs": None, "prompt_embeds": None, "return_token_offsets": False,
+}
 
 
 class APIError(Exception):
@@ -118,7 +133,7 @@ def parse_completion_request(body: Any, served: ServedModel, adapters: Collectio
     """Validate a `/v1/completions` body; raises `APIError` (400, or 404 for an unknown model)."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    for name, off in _REFUSED:
+    for name, off in REFUSED.items():
         if body.get(name) not in (None, off) and body.get(name) != [] and body.get(name) != {}:
             raise APIError(400, f"`{name}` is not supported by the embedded server", param=name)
     model = body.get("model") or served.name
@@ -277,3 +292,15 @@ def models_response(served: ServedModel, root: str, adapters: dict[str, str]) ->
     cards = [{"id": name, "object": "model", "created": created, "owned_by": "thundersync", "root": path,
               "parent": served.name, "max_model_len": None, "permission": []} for name, path in adapters.items()]
     return {"object": "list", "data": [base, *cards]}
+
+
+def server_info_response(served: ServedModel, max_num_seqs: int) -> dict[str, Any]:
+    """The part of vLLM's `GET /server_info?config_format=json` the client reads (`rollout/server_info.py`): the
+    log-prob mode (the loop reports processed log-probs: after temperature, top-k/p, min-p and the penalty), how
+    many sequences it decodes at once, and no NCCL weight transfer (TRL's client checks `weight_transfer_config`)."""
+    return {"vllm_config": {
+        "model_config": {"model": served.name, "max_model_len": served.max_model_len,
+                         "max_logprobs": served.max_logprobs, "logprobs_mode": "processed_logprobs"},
+        "scheduler_config": {"max_num_seqs": max_num_seqs},
+        "weight_transfer_config": None,
+    }}

@@ -9,6 +9,7 @@ from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
 from ..errors import ConfigurationError, UnsupportedOptionError
+from ..rollout.request_fields import request_fields
 from .grpo_config import ThunderSyncGRPOConfig
 from .placement import check_engine
 
@@ -29,17 +30,24 @@ def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
 
 
 def refuse_dropped_generation_fields(trainer: Any) -> None:
-    """TRL forwards these into its own generation; ThunderSync's engines do not have them yet (refused by name)."""
+    """`generation_kwargs` and `vllm_structured_outputs_regex`: with vLLM servers (use_vllm=True) they go into every
+    request as TRL's server client sends them, checked here so a key vLLM would ignore or the engine must set is
+    refused by name at construction (`rollout.request_fields`); the embedded engines implement none of them."""
+    args = trainer.args
     if trainer._uses_trl_generation():
         return
+    engine = args.resolved_rollout_engine(False)
+    if engine == "vllm_server":
+        request_fields(args.generation_kwargs, args.vllm_structured_outputs_regex)
+        return
     for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
-        value = getattr(trainer.args, name)
+        value = getattr(args, name)
         if value:
             raise UnsupportedOptionError(
-                f"{name}={value!r}: ThunderSync's rollout engine (rollout_engine="
-                f"{trainer.args.resolved_rollout_engine(False)!r}) does not forward it to generation, so the samples "
-                "would not be what TRL would draw; leave it unset (temperature, top_p, top_k, min_p and "
-                "repetition_penalty are forwarded), or generate with TRL's own generation (rollout_engine='trl')")
+                f"{name}={value!r}: the embedded rollout engine (rollout_engine={engine!r}) samples with "
+                "temperature, top_p, top_k, min_p and repetition_penalty only, so the samples would not be what TRL "
+                "would draw; leave it unset, generate on vLLM servers (use_vllm=True, which forward it), or with "
+                "TRL's own generation (rollout_engine='trl')")
 
 
 def check_distributed(trainer: Any) -> None:

@@ -93,8 +93,11 @@ class RolloutFields:
                   "the server's exit code and log tail. Servers at given URLs are never restarted by the trainer: "
                   "it waits up to rollout_restart_timeout for them to come back."},
     )
-    rollout_max_in_flight: int = field(
-        default=16, metadata={"help": "Trajectories the embedded engine (or each server) decodes concurrently."}
+    rollout_max_in_flight: int | None = field(
+        default=None,
+        metadata={"help": "Trajectories the embedded engine (or each embedded server) decodes concurrently, or "
+                  "requests kept in flight on each vLLM server. None: 16 for the embedded ones; for vLLM servers "
+                  "each server's --max-num-seqs (GET /server_info, dev mode), else 256 (vLLM's default)."},
     )
     rollout_num_threads: int = field(
         default=1, metadata={"help": "torch threads of the embedded rollout worker process (or of each server)."}
@@ -135,7 +138,7 @@ class RolloutFields:
                 "rollout servers in other processes while the learner runs; use vllm_mode='server' (or "
                 "use_vllm=False for the embedded engine)")
         require_choice(self, "rollout_engine", RolloutEngine, engines)
-        if self.rollout_max_in_flight < 1 or self.rollout_num_threads < 1:
+        if (self.rollout_max_in_flight is not None and self.rollout_max_in_flight < 1) or self.rollout_num_threads < 1:
             raise ConfigurationError(f"rollout_max_in_flight={self.rollout_max_in_flight} and rollout_num_threads="
                                      f"{self.rollout_num_threads} must be ≥ 1")
         if self.learner_num_threads is not None and self.learner_num_threads < 1:

@@ -23,10 +23,12 @@ import torch
 from ..errors import UnsupportedOptionError
 from ..rollout.agent_setup import capped_agent_limits  # noqa: F401  (re-exported: the trainers' import path)
 from ..rollout.engine import TurnGenerator
+from ..rollout.request_fields import request_fields
 from ..types import SamplingParams
 from .rollout_config import SERVER_ENGINES, RolloutFields
 
 MetricSink = Callable[[str, float], None]  # (metric name, value) appended to the trainer's train metrics
+EMBEDDED_MAX_IN_FLIGHT = 16  # rollout_max_in_flight=None for the embedded engine and embedded servers
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ def build_turn_generator(target: RolloutTarget, args: RolloutFields, sampling: S
 
     mode = "thread" if kind == "local_thread" else "process"
     set_learner_threads(target, args, mode, args.rollout_num_threads, on_metric)
-    return LocalProcessEngine(target.policy, sampling, max_in_flight=args.rollout_max_in_flight, mode=mode,
-                              num_threads=args.rollout_num_threads, policy_version=target.policy_version)
+    in_flight = args.rollout_max_in_flight or EMBEDDED_MAX_IN_FLIGHT
+    return LocalProcessEngine(target.policy, sampling, max_in_flight=in_flight,
+                              mode=mode, num_threads=args.rollout_num_threads, policy_version=target.policy_version)
 
 
 def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingParams,
@@ -78,21 +81,27 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
 
     urls = a.server_urls()
     replicas = len(urls) if urls else a.rollout_num_servers
-    common = dict(publisher=_publisher(a), max_concurrency=a.rollout_max_in_flight * replicas,
+    per_server = a.rollout_max_in_flight or (EMBEDDED_MAX_IN_FLIGHT if urls is None else None)  # None: the servers'
+    common = dict(publisher=_publisher(a), max_concurrency=per_server and per_server * replicas,
                   request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
                   restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version,
                   role=distributed_role(target.process_index, target.num_processes))
     if urls is None:  # embedded servers started from the policy as it is now
         set_learner_threads(target, a, "process", a.rollout_num_threads * replicas, on_metric)
-        options = ServerOptions(max_in_flight=a.rollout_max_in_flight, num_threads=a.rollout_num_threads,
+        options = ServerOptions(max_in_flight=per_server, num_threads=a.rollout_num_threads,
                                 startup_timeout=a.vllm_server_timeout)
         return start_embedded_engine(target.policy, target.tokenizer, sampling, replicas=replicas, options=options,
                                      startup_timeout=a.vllm_server_timeout, max_restarts=a.rollout_server_restarts,
                                      **common)  # LoRA: adapter published
     nccl = {"device": target.device, "group_port": a.vllm_group_port,
             "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
+    vllm = a.resolved_rollout_engine(False) == "vllm_server"  # TRL's generation fields reach real vLLM only
+    fields = request_fields(getattr(a, "generation_kwargs", None),
+                            getattr(a, "vllm_structured_outputs_regex", None)) if vllm else None
+    correction = vllm and bool(getattr(a, "vllm_importance_sampling_correction", False))
     engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
-                              nccl_options=nccl, publish_first=True, **common)  # a server may outlive a run
+                              nccl_options=nccl, publish_first=True,  # publish_first: a server may outlive a run
+                              request_fields=fields, importance_sampling=correction, **common)
     try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first (rank 0 pushes)
         seconds = engine.publish(target.policy, target.policy_version)
     except BaseException:
