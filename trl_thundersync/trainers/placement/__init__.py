@@ -56,7 +56,11 @@ class LearnerPlacement(Protocol):
 def check_engine(accelerator: Any) -> None:
     """Refuse, at construction, a training engine no placement supports (named, with the reason)."""
     kind = accelerator.distributed_type
-    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+    if kind == DistributedType.FSDP:
+        from .fsdp2 import check_fsdp
+
+        return check_fsdp(accelerator)
+    if kind == DistributedType.DEEPSPEED:
         raise UnsupportedOptionError(
             f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
             "gradients do not allow yet; use DDP or a single process"
@@ -66,6 +70,10 @@ def check_engine(accelerator: Any) -> None:
 def learner_placement(trainer: Any) -> LearnerPlacement:
     """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
     check_engine(trainer.accelerator)
+    if trainer.accelerator.distributed_type == DistributedType.FSDP:
+        from .fsdp2 import FSDP2Placement
+
+        return FSDP2Placement(trainer)
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)
