@@ -93,11 +93,10 @@ def refused_beta(out: Path, model_path: str, tokenizer, world: int) -> str:
     args = cpu_config(ThunderSyncGRPOConfig, out / "beta", per_device_train_batch_size=8 // world, max_steps=1,
                       beta=0.1, **FSDP2)
     enable_fsdp_on_cpu()
-    trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[reward_len], args=args,
-                                     processing_class=tokenizer, train_dataset=prompt_dataset(),
-                                     rollout_func=scripted_rollout_func(tokenizer))
-    try:
-        trainer.train()
+    try:  # refused at construction, before any batch
+        ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[reward_len], args=args,
+                               processing_class=tokenizer, train_dataset=prompt_dataset(),
+                               rollout_func=scripted_rollout_func(tokenizer))
     except UnsupportedOptionError as exc:
         return str(exc)
     return "not refused"
