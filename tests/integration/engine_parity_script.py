@@ -4,9 +4,10 @@ argv: output folder, model path, case. Cases (each runs several trainers in one 
 - `reference`: one process, no engine: the runs below on the whole global batch of 8 rows;
 - `fsdp2`: every process under FSDP2 (full shard) on its share of the 8 rows.
 Runs: `full` (full weights, TRL's `rollout_func` with scripted completions of unequal lengths, clipping active),
-`lora` (LoRA adapters, one embedded rollout server started by rank 0 from the placement's replica, the adapter
-published once per version). Rank 0 writes `results.pt`: per run, the batch direction before every optimizer step and
-the final trainable parameters, in full. `fsdp2` also checks, in the same launch, that `beta != 0` is refused by name.
+`lora` (LoRA adapters, beta=0.1 against the adapter-disabled policy, one embedded rollout server started by rank 0
+from the placement's replica, the adapter published once per version). Rank 0 writes `results.pt`: per run, the
+batch direction before every optimizer step and the initial and final trainable parameters, in full. `fsdp2` also
+checks, in the same launch, that `beta != 0` with a separate reference model is refused by name.
 
 accelerate 1.15 turns FSDP on only for GPU-class process groups (`AcceleratorState`: MULTI_GPU, MULTI_NPU, ...; a
 MULTI_CPU run ignores the FSDP plugin and runs as DDP). `enable_fsdp_on_cpu` marks the CPU process group as
@@ -67,7 +68,7 @@ def run(name: str, out: Path, model_path: str, tokenizer, world: int, engine: di
     capture = CaptureFullGrads()
     common = dict(per_device_train_batch_size=8 // world, num_generations=2, max_steps=3, optim="sgd", **engine)
     if lora:
-        args = cpu_config(ThunderSyncGRPOConfig, out / name, learning_rate=0.5, max_grad_norm=1e6,
+        args = cpu_config(ThunderSyncGRPOConfig, out / name, learning_rate=0.5, max_grad_norm=1e6, beta=0.1,
                           rollout_engine="embedded_server", rollout_num_servers=1, vllm_weight_publisher="lora",
                           rollout_max_in_flight=4, **common)
         extra = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],

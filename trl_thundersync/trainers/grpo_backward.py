@@ -35,7 +35,8 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
 
     return TrajectoryBackward(
         params=trainer._trainable, logps_fn=logps,
-        ref_logps_fn=(lambda ids, mask, keep: reference_logps(trainer, ids, mask, keep)) if trainer.beta else None,
+        ref_logps_fn=(lambda ids, mask, keep: reference_logps(trainer, ids, mask, keep, module)) if trainer.beta
+        else None,
         normalization=normalization, eos_and_pad=[*trainer.eos_token_ids, trainer._tokenizer.pad_token_id],
         mask_truncated=trainer.mask_truncated_completions, beta=trainer.beta,
         bias_correction_kl=trainer.args.use_bias_correction_kl, device=trainer.accelerator.device,
@@ -54,13 +55,14 @@ def off_policy_sampling(trainer: Any) -> bool:
     return bool(trainer.args.use_vllm) or trainer._uses_trl_generation()
 
 
-def reference_logps(trainer: Any, ids, mask, keep):
-    """TRL's reference log-probs: the reference model, or (PEFT) the policy with its adapter disabled / 'ref'."""
+def reference_logps(trainer: Any, ids, mask, keep, module: Any):
+    """TRL's reference log-probs: the reference model, or (PEFT) the policy with its adapter disabled / 'ref' — the
+    placement's module (`module`), not the engine-wrapped model, whose forward may be a collective (FSDP2's
+    all-gather, DDP's buffer broadcast) that the other processes do not enter at this source's time."""
     if trainer.ref_model is not None:
         return trainer._get_per_token_logps_and_entropies(trainer.ref_model, ids, mask, keep)[0]
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
+    with use_adapter(module, adapter_name="ref" if "ref" in module.peft_config else None):
+        return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0]
 
 
 def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,

@@ -55,18 +55,19 @@ def check_fsdp(accelerator: Any) -> None:
             "barrier (untested); run FSDP2 without cpu_offload, or ZeRO-Offload via DeepSpeed where supported")
 
 
-def check_fsdp_args(args: Any) -> None:
-    """Refuse the trainer settings whose learner work would run through the sharded module (a collective entered
-    at each rank's own time, so ranks would hang or mismatch)."""
+def check_fsdp_args(args: Any, separate_reference: bool) -> None:
+    """Refuse the trainer settings whose learner work would run through a sharded module (a collective entered at
+    each rank's own time, so ranks would hang or mismatch). `separate_reference`: the trainer has a reference model
+    of its own (beta != 0 without PEFT); with PEFT the reference is the replica with its adapter disabled."""
     if getattr(args, "num_iterations", 1) > 1:
         raise UnsupportedOptionError(
             f"{ENGINE} with num_iterations={args.num_iterations}: passes 2..μ replay TRL's own loss through the "
             "sharded module, which is not covered yet; use num_iterations=1 or DDP")
-    if getattr(args, "beta", 0.0) != 0.0:
+    if getattr(args, "beta", 0.0) != 0.0 and separate_reference:
         raise UnsupportedOptionError(
-            f"{ENGINE} with beta={args.beta}: the reference log-probs are computed by the sharded reference model "
-            "(or, with PEFT, the sharded policy) at each source's own time, a collective the other ranks do not "
-            "enter; use beta=0.0 or DDP")
+            f"{ENGINE} with beta={args.beta} and a separate reference model: TRL shards the reference model too, "
+            "so its log-probs would be a collective at each source's own time, which the other ranks do not enter; "
+            "use beta=0.0, a PEFT policy (its reference is the adapter-disabled replica), or DDP")
 
 
 def _from_torch_distributed(hook: Any) -> bool:
@@ -228,7 +229,7 @@ class FSDP2Placement:
     name = ENGINE
 
     def __init__(self, trainer: Any) -> None:
-        check_fsdp_args(trainer.args)
+        check_fsdp_args(trainer.args, getattr(trainer, "ref_model", None) is not None)
         self.accelerator = trainer.accelerator
         self._pairs: list[tuple[Any, torch.Tensor]] = []
         self._replica: torch.nn.Module | None = None
