@@ -70,12 +70,13 @@ def check_fsdp_args(args: Any, separate_reference: bool) -> None:
             "use beta=0.0, a PEFT policy (its reference is the adapter-disabled replica), or DDP")
 
 
-def _from_torch_distributed(hook: Any) -> bool:
-    """Whether a module hook was registered by torch.distributed (FSDP's forward/state-dict hooks), looking through
-    bound methods, partials and wrappers (FSDP wraps its forward hooks in `functools.wraps` and dynamo's disable)."""
+def _from_fsdp(hook: Any) -> bool:
+    """Whether a module hook was registered by FSDP (its forward and state-dict hooks), looking through bound
+    methods, partials and wrappers (FSDP wraps its forward hooks in `functools.wraps` and dynamo's disable). Other
+    hooks stay: activation checkpointing's wrapper renames its state-dict keys back through one."""
     seen = 0
     while hook is not None and seen < 16:
-        if (getattr(hook, "__module__", None) or "").startswith("torch.distributed"):
+        if (getattr(hook, "__module__", None) or "").startswith("torch.distributed.fsdp"):
             return True
         hook = getattr(hook, "__wrapped__", None) or getattr(hook, "__func__", None) or getattr(hook, "func", None)
         seen += 1
@@ -93,8 +94,8 @@ def _plain_class(module: torch.nn.Module) -> type:
 
 
 def replica_of(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """The same module tree with plain, uninitialized full-size parameters and without torch.distributed's hooks
-    or state: a forward and backward through it are local. Buffers are shared with `module` (FSDP2 does not shard
+    """The same module tree with plain, uninitialized full-size parameters and without FSDP's hooks or state: a
+    forward and backward through it are local. Buffers are shared with `module` (FSDP2 does not shard
     them); parameters shared within `module` (tied embeddings) stay shared. Fill with `refresh_replica`."""
     memo: dict[int, Any] = {}
 
@@ -111,7 +112,7 @@ def replica_of(module: torch.nn.Module, device: torch.device) -> torch.nn.Module
             if key.endswith("_hooks") or key.endswith("hooks_with_kwargs") or key.endswith("hooks_always_called"):
                 if isinstance(value, dict):
                     value = type(value)((k, h) for k, h in value.items()
-                                        if not (callable(h) and _from_torch_distributed(h)))
+                                        if not (callable(h) and _from_fsdp(h)))
             state[key] = _rebound(value, mod, new)
         state["_parameters"] = {name: _placeholder(p, device, memo) for name, p in mod._parameters.items()}
         state["_buffers"] = dict(mod._buffers)
