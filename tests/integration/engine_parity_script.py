@@ -3,11 +3,12 @@
 argv: output folder, model path, case. Cases (each runs several trainers in one launch, to keep CI time small):
 - `reference`: one process, no engine: the runs below on the whole global batch of 8 rows;
 - `fsdp2`: every process under FSDP2 (full shard) on its share of the 8 rows.
-Runs: `full` (full weights, TRL's `rollout_func` with scripted completions of unequal lengths, clipping active),
+Runs: `full` (full weights, TRL's `rollout_func` with scripted completions of unequal lengths, clipping active,
+beta=0.1 against a separate reference model),
 `lora` (LoRA adapters, beta=0.1 against the adapter-disabled policy, one embedded rollout server started by rank 0
 from the placement's replica, the adapter published once per version). Rank 0 writes `results.pt`: per run, the
 batch direction before every optimizer step and the initial and final trainable parameters, in full. `fsdp2` also
-checks, in the same launch, that `beta != 0` with a separate reference model is refused by name.
+checks, in the same launch, that `num_iterations > 1` is refused by name.
 
 accelerate 1.15 turns FSDP on only for GPU-class process groups (`AcceleratorState`: MULTI_GPU, MULTI_NPU, ...; a
 MULTI_CPU run ignores the FSDP plugin and runs as DDP). `enable_fsdp_on_cpu` marks the CPU process group as
@@ -73,8 +74,10 @@ def run(name: str, out: Path, model_path: str, tokenizer, world: int, engine: di
                           rollout_max_in_flight=4, **common)
         extra = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                             lora_dropout=0.0), train_dataset=prompt_dataset(16))
-    else:  # clipping active: accelerate's clip_grad_norm_ on the DTensor gradients must see the global norm
-        args = cpu_config(ThunderSyncGRPOConfig, out / name, learning_rate=0.05, max_grad_norm=0.5, **common)
+    else:  # clipping active: accelerate's clip_grad_norm_ on the DTensor gradients must see the global norm;
+        # beta: a separate reference model, which TRL shards too (the placement's reference replica)
+        args = cpu_config(ThunderSyncGRPOConfig, out / name, learning_rate=0.05, max_grad_norm=0.5, beta=0.1,
+                          **common)
         extra = dict(rollout_func=scripted_rollout_func(tokenizer), train_dataset=prompt_dataset())
     if engine:
         enable_fsdp_on_cpu()  # after the config: its device setup builds the process state
@@ -88,11 +91,11 @@ def run(name: str, out: Path, model_path: str, tokenizer, world: int, engine: di
             "memory": placement.memory() if hasattr(placement, "memory") else None}
 
 
-def refused_beta(out: Path, model_path: str, tokenizer, world: int) -> str:
+def refused_num_iterations(out: Path, model_path: str, tokenizer, world: int) -> str:
     from trl_thundersync.errors import UnsupportedOptionError
 
-    args = cpu_config(ThunderSyncGRPOConfig, out / "beta", per_device_train_batch_size=8 // world, max_steps=1,
-                      beta=0.1, **FSDP2)
+    args = cpu_config(ThunderSyncGRPOConfig, out / "mu2", per_device_train_batch_size=8 // world, max_steps=1,
+                      num_iterations=2, **FSDP2)
     enable_fsdp_on_cpu()
     try:  # refused at construction, before any batch
         ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[reward_len], args=args,
@@ -110,7 +113,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     results = {name: run(name, out, model_path, tokenizer, world, engine) for name in ("full", "lora")}
     if case == "fsdp2":
-        results["beta_refusal"] = refused_beta(out, model_path, tokenizer, world)
+        results["num_iterations_refusal"] = refused_num_iterations(out, model_path, tokenizer, world)
     if int(os.environ["RANK"]) == 0:
         torch.save(results, out / "results.pt")
     if torch.distributed.is_initialized():

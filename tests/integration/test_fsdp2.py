@@ -1,9 +1,9 @@
 """Two CPU processes under FSDP2 (full shard, gloo): ThunderSync's 3 steps equal one plain process on the same
-global batch, full weights (TRL rollout_func, clipping active) and LoRA (beta != 0, one shared embedded rollout
-server).
+global batch: full weights (TRL rollout_func, clipping active, beta != 0 with a separate reference model) and LoRA
+(beta != 0 against the adapter-disabled policy, one shared embedded rollout server).
 
-Two launches in all (`engine_parity_script.py`): the one-process reference, then both FSDP2 runs and the beta
-refusal in one 2-process launch.
+Two launches in all (`engine_parity_script.py`): the one-process reference, then both FSDP2 runs and the
+num_iterations refusal in one 2-process launch.
 """
 
 from __future__ import annotations
@@ -52,4 +52,4 @@ def test_two_fsdp2_processes_match_one_plain_process(tmp_path, tiny_model_path):
         memory = got["memory"]
         assert memory.world_size == 2 and memory.trainable_params == ref["params"].numel()
     assert two["full"]["memory"].replica_bytes == 4 * two["full"]["params"].numel()  # full weights, FP32
-    assert "beta=0.1 and a separate reference model" in two["beta_refusal"] and "FSDP2" in two["beta_refusal"]
+    assert "FSDP2" in two["num_iterations_refusal"] and "num_iterations=2" in two["num_iterations_refusal"]

@@ -49,7 +49,7 @@ def check_distributed(trainer: Any) -> None:
     if trainer.accelerator.distributed_type == DistributedType.FSDP:  # what FSDP2 cannot stream, at construction
         from .placement.fsdp2 import check_fsdp_args
 
-        check_fsdp_args(trainer.args, trainer.ref_model is not None)
+        check_fsdp_args(trainer.args)
     local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
     if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
         raise ConfigurationError(

@@ -17,7 +17,9 @@ Lifecycle, on every process in the same order (each call may be a collective):
 4. `end_micro_step(sync_gradients)` after every micro-step of TRL's accumulation window (engines that step inside
    their backward take the direction at the window's last micro-step);
 5. `publish_module(model)` whenever θ is published: a module with the full current weights (the engine's publish
-   then runs on the main process only, `rollout/publish_role.py`).
+   then runs on the main process only, `rollout/publish_role.py`);
+6. `reference_module(ref_model)` at the batch start when the trainer has a separate reference model (beta != 0):
+   the module whose forward gives the reference log-probs per source, locally.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class LearnerPlacement(Protocol):
     def end_micro_step(self, sync_gradients: bool) -> None: ...
 
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module: ...
 
 
 def check_engine(accelerator: Any) -> None:

@@ -16,7 +16,9 @@ unsharded tensors. So the per-source passes do not run through the sharded modul
 4. `publish_module`: the replica, refreshed from the shards when they changed (the main process publishes it).
 
 Memory per rank: the replica holds every parameter in full (P), the shards P/W, their gradients P_trainable/W, and
-the streamed accumulators full P_trainable-vectors (what the learner reports). Holding only the local shard in the
+the streamed accumulators full P_trainable-vectors (what the learner reports); with beta != 0 and a separate
+reference model, a replica of the reference too (`reference_module`; with PEFT the reference is the policy replica
+with its adapter disabled, nothing more). Holding only the local shard in the
 accumulators would need every per-source gradient to be reduce-scattered as it is produced — a collective per
 source — which is the lock-step design this placement avoids (`benchmarks/sharded_design.py` measures both).
 """
@@ -55,19 +57,13 @@ def check_fsdp(accelerator: Any) -> None:
             "barrier (untested); run FSDP2 without cpu_offload, or ZeRO-Offload via DeepSpeed where supported")
 
 
-def check_fsdp_args(args: Any, separate_reference: bool) -> None:
-    """Refuse the trainer settings whose learner work would run through a sharded module (a collective entered at
-    each rank's own time, so ranks would hang or mismatch). `separate_reference`: the trainer has a reference model
-    of its own (beta != 0 without PEFT); with PEFT the reference is the replica with its adapter disabled."""
+def check_fsdp_args(args: Any) -> None:
+    """Refuse the trainer settings whose learner work would run through the sharded module (a collective entered at
+    each rank's own time, so ranks would hang or mismatch)."""
     if getattr(args, "num_iterations", 1) > 1:
         raise UnsupportedOptionError(
             f"{ENGINE} with num_iterations={args.num_iterations}: passes 2..μ replay TRL's own loss through the "
             "sharded module, which is not covered yet; use num_iterations=1 or DDP")
-    if getattr(args, "beta", 0.0) != 0.0 and separate_reference:
-        raise UnsupportedOptionError(
-            f"{ENGINE} with beta={args.beta} and a separate reference model: TRL shards the reference model too, "
-            "so its log-probs would be a collective at each source's own time, which the other ranks do not enter; "
-            "use beta=0.0, a PEFT policy (its reference is the adapter-disabled replica), or DDP")
 
 
 def _from_fsdp(hook: Any) -> bool:
@@ -230,8 +226,10 @@ class FSDP2Placement:
     name = ENGINE
 
     def __init__(self, trainer: Any) -> None:
-        check_fsdp_args(trainer.args, getattr(trainer, "ref_model", None) is not None)
+        check_fsdp_args(trainer.args)
         self.accelerator = trainer.accelerator
+        self._sync_reference = bool(getattr(trainer.args, "sync_ref_model", False))  # TRL moves it every N steps
+        self._reference: tuple[torch.nn.Module, torch.nn.Module, list] | None = None  # (sharded, replica, pairs)
         self._pairs: list[tuple[Any, torch.Tensor]] = []
         self._replica: torch.nn.Module | None = None
         self._fresh = False  # the replica holds the shards' current values (False after every hand-over)
@@ -271,3 +269,20 @@ class FSDP2Placement:
 
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self._ensure_replica(model)
+
+    def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
+        """A replica of the reference model (TRL shards it too), gathered once — at every batch start with
+        `sync_ref_model`, whose callback moves it — so the per-source reference forwards are local as well."""
+        sharded = self.accelerator.unwrap_model(ref_model)
+        if self._reference is None or self._reference[0] is not sharded:
+            replica = replica_of(sharded, self.accelerator.device).eval()
+            self._reference = (sharded, replica, paired_parameters(sharded, replica))
+            refresh_replica(self._reference[2])
+            logger.info(f"{ENGINE}: per-rank reference replica {self._bytes(self._reference[2]) / 2**20:.1f} MiB")
+        elif self._sync_reference:
+            refresh_replica(self._reference[2])
+        return self._reference[1]
+
+    @staticmethod
+    def _bytes(pairs: list[tuple[Any, torch.Tensor]]) -> int:
+        return sum(full.numel() * full.element_size() for _, full in pairs)
