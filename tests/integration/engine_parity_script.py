@@ -4,7 +4,7 @@ argv: output folder, model path, case. Cases (each runs several trainers in one 
 - `reference`: one process, no engine: the runs below on the whole global batch of 8 rows;
 - `fsdp2`: every process under FSDP2 (full shard) on its share of the 8 rows.
 Runs: `full` (full weights, TRL's `rollout_func` with scripted completions of unequal lengths, clipping active,
-beta=0.1 against a separate reference model),
+beta=0.1 against a separate reference model, gradient_accumulation_steps=2),
 `lora` (LoRA adapters, beta=0.1 against the adapter-disabled policy, one embedded rollout server started by rank 0
 from the placement's replica, the adapter published once per version). Rank 0 writes `results.pt`: per run, the
 batch direction before every optimizer step and the initial and final trainable parameters, in full. `fsdp2` also
@@ -75,9 +75,10 @@ def run(name: str, out: Path, model_path: str, tokenizer, world: int, engine: di
         extra = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                             lora_dropout=0.0), train_dataset=prompt_dataset(16))
     else:  # clipping active: accelerate's clip_grad_norm_ on the DTensor gradients must see the global norm;
-        # beta: a separate reference model, which TRL shards too (the placement's reference replica)
+        # beta: a separate reference model, which TRL shards too (the placement's reference replica); two micro-steps
+        # per optimizer step (the direction is handed over at the first, the step taken at the second)
         args = cpu_config(ThunderSyncGRPOConfig, out / name, learning_rate=0.05, max_grad_norm=0.5, beta=0.1,
-                          **common)
+                          **dict(common, per_device_train_batch_size=4 // world, gradient_accumulation_steps=2))
         extra = dict(rollout_func=scripted_rollout_func(tokenizer), train_dataset=prompt_dataset())
     if engine:
         enable_fsdp_on_cpu()  # after the config: its device setup builds the process state
