@@ -18,9 +18,10 @@ unsharded tensors. So the per-source passes do not run through the sharded modul
 Memory per rank: the replica holds every parameter in full (P), the shards P/W, their gradients P_trainable/W, and
 the streamed accumulators full P_trainable-vectors (what the learner reports); with beta != 0 and a separate
 reference model, a replica of the reference too (`reference_module`; with PEFT the reference is the policy replica
-with its adapter disabled, nothing more). Holding only the local shard in the
-accumulators would need every per-source gradient to be reduce-scattered as it is produced — a collective per
-source — which is the lock-step design this placement avoids (`benchmarks/sharded_design.py` measures both).
+with its adapter disabled, nothing more). Holding only the local shard in the accumulators would need every
+per-source gradient to be reduce-scattered as it is produced — a collective per source, entered by every rank
+together — which is the lock-step design this placement avoids: it ties each rank's sources to the slowest rank's
+readiness and spends no-op passes (`benchmarks/sharded_design.py` measures both).
 """
 
 from __future__ import annotations
