@@ -35,7 +35,7 @@ def trajectory_backward(trainer: Any, module: Any, normalization: LossNormalizat
 
     return TrajectoryBackward(
         params=trainer._trainable, logps_fn=logps,
-        ref_logps_fn=(lambda ids, mask, keep: reference_logps(trainer, ids, mask, keep)) if trainer.beta else None,
+        ref_logps_fn=reference_logps_fn(trainer, module) if trainer.beta else None,
         normalization=normalization, eos_and_pad=[*trainer.eos_token_ids, trainer._tokenizer.pad_token_id],
         mask_truncated=trainer.mask_truncated_completions, beta=trainer.beta,
         bias_correction_kl=trainer.args.use_bias_correction_kl, device=trainer.accelerator.device,
@@ -55,13 +55,20 @@ def off_policy_sampling(trainer: Any) -> bool:
     return bool(trainer.args.use_vllm) or trainer._uses_trl_generation()
 
 
-def reference_logps(trainer: Any, ids, mask, keep):
-    """TRL's reference log-probs: the reference model, or (PEFT) the policy with its adapter disabled / 'ref'."""
+def reference_logps_fn(trainer: Any, module: Any):
+    """TRL's reference log-probs: the reference model, or (PEFT) the policy with its adapter disabled / 'ref'. Both
+    as the placement hands them out (`module`, `reference_module`), never an engine-wrapped model, whose forward may
+    be a collective (FSDP2's all-gather, DDP's buffer broadcast) that the other processes do not enter at this
+    source's time. Resolved here, at the batch start (on every process together)."""
     if trainer.ref_model is not None:
-        return trainer._get_per_token_logps_and_entropies(trainer.ref_model, ids, mask, keep)[0]
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
+        reference = trainer._learner_placement().reference_module(trainer.ref_model)
+        return lambda ids, mask, keep: trainer._get_per_token_logps_and_entropies(reference, ids, mask, keep)[0]
+
+    def peft_reference(ids, mask, keep):
+        with use_adapter(module, adapter_name="ref" if "ref" in module.peft_config else None):
+            return trainer._get_per_token_logps_and_entropies(module, ids, mask, keep)[0]
+
+    return peft_reference
 
 
 def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
@@ -69,7 +76,8 @@ def turn_backward(trainer: Any, module: Any, normalization: LossNormalization,
     ref_model, ref_context = None, None
     if trainer.beta != 0.0:
         if trainer.ref_model is not None:
-            ref_model = trainer.accelerator.unwrap_model(trainer.ref_model)
+            ref_model = trainer._learner_placement().reference_module(trainer.accelerator.unwrap_model(
+                trainer.ref_model))
         else:  # PEFT: the reference is the policy with its adapter disabled (or the 'ref' adapter)
             ref_model = module
             name = "ref" if "ref" in module.peft_config else None

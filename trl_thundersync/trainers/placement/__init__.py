@@ -17,7 +17,9 @@ Lifecycle, on every process in the same order (each call may be a collective):
 4. `end_micro_step(sync_gradients)` after every micro-step of TRL's accumulation window (engines that step inside
    their backward take the direction at the window's last micro-step);
 5. `publish_module(model)` whenever θ is published: a module with the full current weights (the engine's publish
-   then runs on the main process only, `rollout/publish_role.py`).
+   then runs on the main process only, `rollout/publish_role.py`);
+6. `reference_module(ref_model)` at the batch start when the trainer has a separate reference model (beta != 0):
+   the module whose forward gives the reference log-probs per source, locally.
 """
 
 from __future__ import annotations
@@ -52,11 +54,17 @@ class LearnerPlacement(Protocol):
 
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
+    def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module: ...
+
 
 def check_engine(accelerator: Any) -> None:
     """Refuse, at construction, a training engine no placement supports (named, with the reason)."""
     kind = accelerator.distributed_type
-    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+    if kind == DistributedType.FSDP:
+        from .fsdp2 import check_fsdp
+
+        return check_fsdp(accelerator)
+    if kind == DistributedType.DEEPSPEED:
         raise UnsupportedOptionError(
             f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
             "gradients do not allow yet; use DDP or a single process"
@@ -66,6 +74,10 @@ def check_engine(accelerator: Any) -> None:
 def learner_placement(trainer: Any) -> LearnerPlacement:
     """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
     check_engine(trainer.accelerator)
+    if trainer.accelerator.distributed_type == DistributedType.FSDP:
+        from .fsdp2 import FSDP2Placement
+
+        return FSDP2Placement(trainer)
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)

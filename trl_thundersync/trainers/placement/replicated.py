@@ -50,3 +50,7 @@ class ReplicatedPlacement:
 
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.accelerator.unwrap_model(model)
+
+    def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
+        """The reference model itself: every process holds it whole (TRL prepares it without DDP)."""
+        return ref_model
