@@ -44,7 +44,7 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
 
 def check_distributed(trainer: Any) -> None:
     """Refuse sharded setups and, with several processes, groups split across processes."""
-    check_engine(trainer.accelerator)
+    check_engine(trainer.accelerator, trainer.args)
     local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
     if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
         raise ConfigurationError(

@@ -53,10 +53,15 @@ class LearnerPlacement(Protocol):
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
 
-def check_engine(accelerator: Any) -> None:
-    """Refuse, at construction, a training engine no placement supports (named, with the reason)."""
+def check_engine(accelerator: Any, args: Any = None) -> None:
+    """Refuse, at construction, a training engine no placement supports (named, with the reason); `args`, the
+    trainer's config, lets a placement refuse the fields it does not cover."""
     kind = accelerator.distributed_type
-    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+    if kind == DistributedType.DEEPSPEED:
+        from .deepspeed import check_deepspeed
+
+        return check_deepspeed(accelerator, args)
+    if kind == DistributedType.FSDP:
         raise UnsupportedOptionError(
             f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
             "gradients do not allow yet; use DDP or a single process"
@@ -65,7 +70,11 @@ def check_engine(accelerator: Any) -> None:
 
 def learner_placement(trainer: Any) -> LearnerPlacement:
     """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
-    check_engine(trainer.accelerator)
+    check_engine(trainer.accelerator, trainer.args)
+    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from .deepspeed import DeepSpeedPlacement
+
+        return DeepSpeedPlacement(trainer.accelerator, trainer.args)
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)

@@ -1,0 +1,58 @@
+"""ThunderSync GRPO under DeepSpeed ZeRO on two CPU processes equals one plain process on the same global batch.
+
+Each case is one 2-process launch (`deepspeed_parity_script.py`, DeepSpeed's CPU accelerator over gloo) and one
+single-process reference run: 3 optimizer steps with clipping active, unequal token counts per rank, unscorable
+rewards on some rows. Compared: every step's pre-clip gradient norm (a wrong reduction scale would show there even
+where clipping or Adam hide it in the parameters) and the whole 3-step parameter update.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures.parity import relative_error
+from tests.integration.test_distributed import free_port
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/setup.sh (CI)")
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("deepspeed_parity_script.py")
+
+
+def _run(out: Path, model_path: str, case: str, processes: int) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", DS_ACCELERATOR="cpu",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    if processes == 1:
+        cmd = [sys.executable, str(SCRIPT), str(out), model_path, case]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
+               "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(out), model_path, case]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _results(out: Path, done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out / "results.pt")
+
+
+@pytest.mark.parametrize(("case", "stage"), [("zero1", 1), ("zero2", 2)])
+def test_zero_two_processes_match_one_process(case, stage, tmp_path, tiny_model_path):
+    """zero1: AdamW, one micro-step per window; zero2: SGD, gradient_accumulation_steps=2 (the direction reaches the
+    engine at the window's second micro-step) and beta=0.1 (TRL's reference model prepared by DeepSpeed)."""
+    one = _results(tmp_path / "one", _run(tmp_path / "one", tiny_model_path, f"one_{case}", 1))
+    two = _results(tmp_path / "two", _run(tmp_path / "two", tiny_model_path, case, 2))
+    assert one["placement"] == "single process" and two["placement"] == f"DeepSpeed ZeRO-{stage}"
+    assert one["steps"] == two["steps"] == 3 and len(one["grad_norms"]) == len(two["grad_norms"]) == 3
+    assert torch.equal(one["initial"], two["initial"])
+    assert min(one["grad_norms"]) > 0.5  # max_grad_norm=0.5: clipping is active in every step
+    for a, b in zip(two["grad_norms"], one["grad_norms"], strict=True):
+        assert abs(a - b) <= 1e-5 * b
+    update_one, update_two = one["params"] - one["initial"], two["params"] - two["initial"]
+    assert relative_error(update_two, update_one) <= 1e-5
