@@ -15,6 +15,7 @@ absent), and handed to the trainer with `accelerator_config={"use_configured_sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -64,9 +65,9 @@ def main(out: Path, model_path: str, case: str) -> None:
         overrides.update(use_cpu=False, deepspeed=deepspeed_config(stage),
                          accelerator_config={"use_configured_state": True})
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_model(model_path).parameters() if p.requires_grad])
     args = cpu_config(ThunderSyncGRPOConfig, out / "run", num_generations=2, max_steps=3, **overrides)
-    model = load_model(model_path)
-    initial = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters() if p.requires_grad])
+    model = load_model(model_path)  # ZeRO-3: partitioned at load (zero.Init), the DeepSpeed config of `args` is live
     trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[reward_len, reward_parity],
                                      args=args, train_dataset=prompt_dataset(16), processing_class=tokenizer,
                                      rollout_func=scripted_rollout_func(tokenizer))
@@ -77,7 +78,14 @@ def main(out: Path, model_path: str, case: str) -> None:
             (out / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
         raise
     module = trainer.accelerator.unwrap_model(trainer.model)
-    params = torch.cat([p.detach().reshape(-1) for p in module.parameters() if p.requires_grad])
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    gathered = contextlib.nullcontext()
+    if not one and stage == 3:  # the final parameters, whole (every rank gathers)
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(trainable)
+    with gathered:
+        params = torch.cat([p.detach().reshape(-1).clone() for p in trainable])
     norms = [row["grad_norm"] for row in trainer.state.log_history if "grad_norm" in row]
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save({"initial": initial, "params": params, "grad_norms": norms, "steps": trainer.state.global_step,

@@ -42,10 +42,11 @@ def _results(out: Path, done: subprocess.CompletedProcess) -> dict:
     return torch.load(out / "results.pt")
 
 
-@pytest.mark.parametrize(("case", "stage"), [("zero1", 1), ("zero2", 2)])
+@pytest.mark.parametrize(("case", "stage"), [("zero1", 1), ("zero2", 2), ("zero3", 3)])
 def test_zero_two_processes_match_one_process(case, stage, tmp_path, tiny_model_path):
     """zero1: AdamW, one micro-step per window; zero2: SGD, gradient_accumulation_steps=2 (the direction reaches the
-    engine at the window's second micro-step) and beta=0.1 (TRL's reference model prepared by DeepSpeed)."""
+    engine at the window's second micro-step) and beta=0.1 (TRL's reference model prepared by DeepSpeed); zero3:
+    SGD, the policy partitioned at load, per-source passes on each rank's unsharded replica."""
     one = _results(tmp_path / "one", _run(tmp_path / "one", tiny_model_path, f"one_{case}", 1))
     two = _results(tmp_path / "two", _run(tmp_path / "two", tiny_model_path, case, 2))
     assert one["placement"] == "single process" and two["placement"] == f"DeepSpeed ZeRO-{stage}"

@@ -72,9 +72,9 @@ def learner_placement(trainer: Any) -> LearnerPlacement:
     """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
     check_engine(trainer.accelerator, trainer.args)
     if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
-        from .deepspeed import DeepSpeedPlacement
+        from .deepspeed import deepspeed_placement
 
-        return DeepSpeedPlacement(trainer.accelerator, trainer.args)
+        return deepspeed_placement(trainer.accelerator, trainer.args)
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)

@@ -18,8 +18,8 @@ runs the parameters' AccumulateGrad nodes, so ZeRO's gradient hooks (`register_p
 deepspeed/utils/torch.py) do not fire and the engine sees nothing until the surrogate.
 
 ZeRO-3 partitions the parameters: every forward is a collective the ranks must enter together, while sources become
-ready at each rank's own time. It is refused (`check_deepspeed`), as are the options this placement was not tested
-with; see the refusal messages.
+ready at each rank's own time; `deepspeed_zero3.py` streams through an unsharded replica instead. The options this
+placement was not tested with are refused (`check_deepspeed`, messages naming stage and field).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ...errors import NonFiniteGradientError, UnsupportedOptionError
 from . import StreamingTarget
 from .replicated import trainable_parameters
 
-SUPPORTED_STAGES = (0, 1, 2)  # ZeRO stages with replicated parameters (0: DeepSpeed's plain data parallel)
+SUPPORTED_STAGES = (0, 1, 2, 3)  # 0: DeepSpeed's plain data parallel; 3: through a replica (`deepspeed_zero3.py`)
 
 
 def _offload_device(zero: dict, key: str) -> str:
@@ -42,16 +42,15 @@ def _offload_device(zero: dict, key: str) -> str:
 
 def check_deepspeed(accelerator: Any, args: Any = None) -> None:
     """Refuse, at construction, the DeepSpeed setups this placement does not cover (stage / field, and why)."""
-    plugin = accelerator.state.deepspeed_plugin
-    config = plugin.deepspeed_config
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
     zero = config.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0) or 0)
+    stage = _stage(accelerator)
     if stage not in SUPPORTED_STAGES:
-        raise UnsupportedOptionError(
-            f"DeepSpeed ZeRO-{stage}: partitioned parameters make every per-source forward and backward a collective "
-            "that all ranks must enter together, while each rank's sources become ready at their own times; "
-            "ThunderSync supports ZeRO stages 0/1/2 (zero_optimization.stage), use ZeRO-2 or DDP"
-        )
+        raise UnsupportedOptionError(f"DeepSpeed ZeRO-{stage}: zero_optimization.stage must be 0, 1, 2 or 3")
+    if stage == 3:
+        from .deepspeed_zero3 import check_zero3
+
+        check_zero3(args)
     for key in ("offload_optimizer", "offload_param"):
         if _offload_device(zero, key) != "none":
             raise UnsupportedOptionError(
@@ -103,14 +102,28 @@ def surrogate(params: list[torch.Tensor], direction: torch.Tensor) -> torch.Tens
     return total
 
 
+def deepspeed_placement(accelerator: Any, args: Any = None) -> DeepSpeedPlacement:
+    """The placement for the engine's ZeRO stage: replicated parameters here, ZeRO-3 through a replica."""
+    check_deepspeed(accelerator, args)
+    if _stage(accelerator) == 3:
+        from .deepspeed_zero3 import ZeRO3Placement
+
+        return ZeRO3Placement(accelerator, args)
+    return DeepSpeedPlacement(accelerator, args)
+
+
+def _stage(accelerator: Any) -> int:
+    zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization") or {}
+    return int(zero.get("stage", 0) or 0)
+
+
 class DeepSpeedPlacement:
-    """DeepSpeed ZeRO-0/1/2 (`placement/__init__.py` for the lifecycle, the module docstring for the hand-over)."""
+    """DeepSpeed ZeRO-0/1/2 (`placement/__init__.py` for the lifecycle, the module docstring for the hand-over);
+    the base of `ZeRO3Placement`."""
 
     def __init__(self, accelerator: Any, args: Any = None) -> None:
-        check_deepspeed(accelerator, args)
         self.accelerator = accelerator
-        zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization") or {}
-        self.stage = int(zero.get("stage", 0) or 0)
+        self.stage = _stage(accelerator)
         self.name = f"DeepSpeed ZeRO-{self.stage}"
         self._params: list[torch.Tensor] = []
         self._pending: torch.Tensor | None = None  # this process's share, from the barrier to the window's end
