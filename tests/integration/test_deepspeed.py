@@ -25,20 +25,23 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("deepspeed_parity_script.py")
 
 
-def _run(out: Path, model_path: str, case: str, processes: int) -> subprocess.CompletedProcess:
+def _two_processes(out: Path, model_path: str, case: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", DS_ACCELERATOR="cpu",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    if processes == 1:
-        cmd = [sys.executable, str(SCRIPT), str(out), model_path, case]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(out), model_path, case]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-
-
-def _results(out: Path, done: subprocess.CompletedProcess) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(SCRIPT), str(out), model_path, case]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out / "results.pt")
+
+
+def _one_process(out: Path, model_path: str, case: str) -> dict:
+    """The reference, in this process (plain single-process ThunderSync: no launcher, no DeepSpeed)."""
+    from tests.integration.deepspeed_parity_script import main
+
+    out.mkdir(parents=True, exist_ok=True)
+    main(out, model_path, f"one_{case}")
     return torch.load(out / "results.pt")
 
 
@@ -47,8 +50,8 @@ def test_zero_two_processes_match_one_process(case, stage, tmp_path, tiny_model_
     """zero1: AdamW, one micro-step per window; zero2: SGD, gradient_accumulation_steps=2 (the direction reaches the
     engine at the window's second micro-step) and beta=0.1 (TRL's reference model prepared by DeepSpeed); zero3:
     SGD, the policy partitioned at load, per-source passes on each rank's unsharded replica."""
-    one = _results(tmp_path / "one", _run(tmp_path / "one", tiny_model_path, f"one_{case}", 1))
-    two = _results(tmp_path / "two", _run(tmp_path / "two", tiny_model_path, case, 2))
+    one = _one_process(tmp_path / "one", tiny_model_path, case)
+    two = _two_processes(tmp_path / "two", tiny_model_path, case)
     assert one["placement"] == "single process" and two["placement"] == f"DeepSpeed ZeRO-{stage}"
     assert one["steps"] == two["steps"] == 3 and len(one["grad_norms"]) == len(two["grad_norms"]) == 3
     assert torch.equal(one["initial"], two["initial"])

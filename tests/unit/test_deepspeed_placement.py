@@ -111,7 +111,8 @@ def test_a_non_finite_share_on_any_process_is_refused_on_every_process():
 
 
 @pytest.mark.parametrize(("zero", "args", "needle"), [
-    (dict(stage=4), None, "ZeRO-4: zero_optimization.stage must be 0, 1, 2 or 3"),
+    (dict(stage=4), None, "ZeRO-4: zero_optimization.stage must be 1, 2 or 3"),
+    (dict(stage=0), None, "ZeRO-0: zero_optimization.stage=0 is DeepSpeed's plain data parallelism"),
     (dict(stage=3), SimpleNamespace(beta=0.1, num_iterations=1), "ZeRO-3: beta=0.1"),
     (dict(stage=2, offload_optimizer={"device": "cpu"}), None, "zero_optimization.offload_optimizer.device='cpu'"),
     (dict(stage=1, offload_param={"device": "nvme"}), None, "zero_optimization.offload_param.device='nvme'"),
@@ -124,7 +125,7 @@ def test_setups_the_placement_does_not_cover_are_refused_by_stage_and_field(zero
 
 
 def test_covered_setups_pass_the_check():
-    for stage in (0, 1, 2, 3):
+    for stage in (1, 2, 3):
         check_engine(_Accelerator(stage=stage, offload_optimizer={"device": "none"}), SimpleNamespace(num_iterations=1))
     accelerator = _Accelerator(stage=2)
     accelerator.state.deepspeed_plugin.deepspeed_config["managed_gradient_accumulation"] = False

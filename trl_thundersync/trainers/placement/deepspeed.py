@@ -32,7 +32,7 @@ from ...errors import NonFiniteGradientError, UnsupportedOptionError
 from . import StreamingTarget
 from .replicated import trainable_parameters
 
-SUPPORTED_STAGES = (0, 1, 2, 3)  # 0: DeepSpeed's plain data parallel; 3: through a replica (`deepspeed_zero3.py`)
+SUPPORTED_STAGES = (1, 2, 3)  # 3: through a replica (`deepspeed_zero3.py`)
 
 
 def _offload_device(zero: dict, key: str) -> str:
@@ -45,8 +45,12 @@ def check_deepspeed(accelerator: Any, args: Any = None) -> None:
     config = accelerator.state.deepspeed_plugin.deepspeed_config
     zero = config.get("zero_optimization") or {}
     stage = _stage(accelerator)
+    if stage == 0:
+        raise UnsupportedOptionError(
+            "DeepSpeed ZeRO-0: zero_optimization.stage=0 is DeepSpeed's plain data parallelism, which ThunderSync's "
+            "DeepSpeed placement does not test; use DDP (the same replication, covered) or ZeRO-1/2/3")
     if stage not in SUPPORTED_STAGES:
-        raise UnsupportedOptionError(f"DeepSpeed ZeRO-{stage}: zero_optimization.stage must be 0, 1, 2 or 3")
+        raise UnsupportedOptionError(f"DeepSpeed ZeRO-{stage}: zero_optimization.stage must be 1, 2 or 3")
     if stage == 3:
         from .deepspeed_zero3 import check_zero3
 
@@ -118,7 +122,7 @@ def _stage(accelerator: Any) -> int:
 
 
 class DeepSpeedPlacement:
-    """DeepSpeed ZeRO-0/1/2 (`placement/__init__.py` for the lifecycle, the module docstring for the hand-over);
+    """DeepSpeed ZeRO-1/2 (`placement/__init__.py` for the lifecycle, the module docstring for the hand-over);
     the base of `ZeRO3Placement`."""
 
     def __init__(self, accelerator: Any, args: Any = None) -> None:
