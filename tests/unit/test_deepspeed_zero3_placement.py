@@ -53,6 +53,7 @@ def test_the_replica_is_a_separate_whole_copy_refreshed_only_after_a_step(tiny_m
 
     policy = load_model(tiny_model_path)
     policy.model.embed_tokens.weight.requires_grad_(False)  # a frozen parameter stays frozen in the replica
+    policy.activation_checkpointing_enable()  # and the policy's activation checkpointing is the replica's
     add_fused_lm_head(policy, temperature=0.7, outputs=("log_probs", "entropy"))  # as TRL's GRPOTrainer does
     placement = _placement(monkeypatch)
     engine = placement.accelerator.deepspeed_engine_wrapped.engine
@@ -60,6 +61,7 @@ def test_the_replica_is_a_separate_whole_copy_refreshed_only_after_a_step(tiny_m
     replica = target.module
     trainable = [p for p in policy.parameters() if p.requires_grad]
     assert replica is not policy and type(replica) is type(policy)
+    assert replica.is_activation_checkpointing
     assert len(target.params) == len(trainable) and torch.equal(_flat(target.params), _flat(trainable))
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(target.params, trainable, strict=True))
     assert replica.lm_head.weight is replica.model.embed_tokens.weight  # tied as in the policy

@@ -53,9 +53,9 @@ def build_replica(module: torch.nn.Module, device: torch.device, args: Any) -> t
         replica = type(module)(config)
     if hasattr(replica, "tie_weights"):  # no_init_weights also skips the tying; the check in `_refresh` verifies
         replica.tie_weights()
-    if getattr(module, "is_gradient_checkpointing", False):  # the same activation memory as the policy's passes
-        replica.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None))
+    if getattr(module, "is_activation_checkpointing", False):  # the same activation memory as the policy's passes
+        replica.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=getattr(args, "activation_checkpointing_kwargs", None))
     if "forward" in vars(module):  # TRL patched the instance (`trl.trainer.utils.add_fused_lm_head`)
         from trl.trainer.utils import add_fused_lm_head
 
