@@ -40,7 +40,10 @@ CASES = {
     "zero1": (1, dict(optim="adamw_torch", learning_rate=1e-2, max_grad_norm=0.5, per_device_train_batch_size=4)),
     "zero2": (2, dict(optim="sgd", learning_rate=0.05, max_grad_norm=0.5, per_device_train_batch_size=2,
                       gradient_accumulation_steps=2, beta=0.1)),
-    "zero3": (3, dict(optim="sgd", learning_rate=0.05, max_grad_norm=0.5, per_device_train_batch_size=4)),
+    # sampling from one embedded rollout server that rank 0 starts from the published replica (θ_k each step): the
+    # samples depend on the weights published, so a stale or partitioned publication changes everything after step 1
+    "zero3": (3, dict(optim="sgd", learning_rate=0.05, max_grad_norm=0.5, per_device_train_batch_size=4,
+                      rollout_engine="embedded_server", rollout_num_servers=1, rollout_max_in_flight=4)),
 }
 
 
@@ -70,7 +73,8 @@ def main(out: Path, model_path: str, case: str) -> None:
     model = load_model(model_path)  # ZeRO-3: partitioned at load (zero.Init), the DeepSpeed config of `args` is live
     trainer = ThunderSyncGRPOTrainer(model=model, reward_funcs=[reward_len, reward_parity],
                                      args=args, train_dataset=prompt_dataset(16), processing_class=tokenizer,
-                                     rollout_func=scripted_rollout_func(tokenizer))
+                                     rollout_func=None if "rollout_engine" in overrides
+                                     else scripted_rollout_func(tokenizer))
     try:
         trainer.train()
     except Exception as exc:  # the refusal text, for the test to check (every rank raises the same)

@@ -1,9 +1,9 @@
 """ThunderSync GRPO under DeepSpeed ZeRO on two CPU processes equals one plain process on the same global batch.
 
 Each case is one 2-process launch (`deepspeed_parity_script.py`, DeepSpeed's CPU accelerator over gloo) and one
-single-process reference run: 3 optimizer steps with clipping active, unequal token counts per rank, unscorable
-rewards on some rows. Compared: every step's pre-clip gradient norm (a wrong reduction scale would show there even
-where clipping or Adam hide it in the parameters) and the whole 3-step parameter update.
+single-process reference run (in this process): 3 optimizer steps with clipping active, unequal token counts per
+rank, unscorable rewards on some rows. Compared: every step's pre-clip gradient norm (a wrong reduction scale shows
+there even where clipping or Adam hide it in the parameters) and the whole 3-step parameter update.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def _one_process(out: Path, model_path: str, case: str) -> dict:
 def test_zero_two_processes_match_one_process(case, stage, tmp_path, tiny_model_path):
     """zero1: AdamW, one micro-step per window; zero2: SGD, gradient_accumulation_steps=2 (the direction reaches the
     engine at the window's second micro-step) and beta=0.1 (TRL's reference model prepared by DeepSpeed); zero3:
-    SGD, the policy partitioned at load, per-source passes on each rank's unsharded replica."""
+    SGD, the policy partitioned at load, per-source passes on each rank's unsharded replica, samples from one
+    embedded rollout server that rank 0 starts and publishes the replica to (θ_k before every step)."""
     one = _one_process(tmp_path / "one", tiny_model_path, case)
     two = _two_processes(tmp_path / "two", tiny_model_path, case)
     assert one["placement"] == "single process" and two["placement"] == f"DeepSpeed ZeRO-{stage}"
