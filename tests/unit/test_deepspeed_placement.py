@@ -10,7 +10,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from trl_thundersync.errors import NonFiniteGradientError, UnsupportedOptionError
-from trl_thundersync.trainers.placement import check_engine
+from trl_thundersync.trainers.placement import check_engine, unplaced_policy
 from trl_thundersync.trainers.placement.deepspeed import DeepSpeedPlacement, check_deepspeed, surrogate
 
 pytestmark = pytest.mark.fast
@@ -139,3 +139,12 @@ def test_the_gkd_trainer_is_refused_under_deepspeed_by_name():
     args = ThunderSyncGKDConfig.__new__(ThunderSyncGKDConfig)  # only its type matters to the check
     with pytest.raises(UnsupportedOptionError, match="ZeRO-2: ThunderSyncGKDTrainer"):
         check_deepspeed(_Accelerator(stage=2), args)
+
+
+def test_a_policy_partitioned_before_train_is_refused_as_a_rollout_source():
+    model = _model()
+    accelerator = _Accelerator(stage=3)
+    assert unplaced_policy(accelerator, model) is model  # whole parameters: the policy itself
+    model[1].weight.ds_id = 7  # what ZeRO-3's zero.Init leaves on a partitioned parameter
+    with pytest.raises(UnsupportedOptionError, match="ZeRO-3: the policy's parameters are partitioned before train"):
+        unplaced_policy(accelerator, model)

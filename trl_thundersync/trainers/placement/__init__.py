@@ -78,3 +78,17 @@ def learner_placement(trainer: Any) -> LearnerPlacement:
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)
+
+
+def unplaced_policy(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """The policy before `train` built the placement (e.g. `trainer.rollout_engine` read before `train()`), refused
+    where its parameters are already partitioned: under ZeRO-3 transformers loads them partitioned (zero.Init), and a
+    rollout server started from them would get empty tensors."""
+    module = accelerator.unwrap_model(model)
+    if any(hasattr(p, "ds_id") for p in module.parameters()):
+        raise UnsupportedOptionError(
+            "DeepSpeed ZeRO-3: the policy's parameters are partitioned before train() (zero.Init); its full weights "
+            "are gathered only once train() builds the learner placement, so let train() build the rollout engine "
+            "(do not read trainer.rollout_engine before it)"
+        )
+    return module
