@@ -40,8 +40,8 @@ CASES = {
     "zero1": (1, dict(optim="adamw_torch", learning_rate=1e-2, max_grad_norm=0.5, per_device_train_batch_size=4)),
     "zero2": (2, dict(optim="sgd", learning_rate=0.05, max_grad_norm=0.5, per_device_train_batch_size=2,
                       gradient_accumulation_steps=2, beta=0.1)),
-    # sampling from one embedded rollout server that rank 0 starts from the published replica (θ_k each step): the
-    # samples depend on the weights published, so a stale or partitioned publication changes everything after step 1
+    # sampling from one embedded rollout server that rank 0 starts from the replica and publishes it to before every
+    # step: the samples depend on the weights published (θ_k), so they are checked too
     "zero3": (3, dict(optim="sgd", learning_rate=0.05, max_grad_norm=0.5, per_device_train_batch_size=4,
                       rollout_engine="embedded_server", rollout_num_servers=1, rollout_max_in_flight=4)),
 }
