@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh Debian/Ubuntu machine: the bubblewrap sandbox, a virtualenv, the package with its test
-# extra. torch is pinned first so a CPU machine never resolves a multi-GB CUDA build. Safe to re-run.
+# and deepspeed extras. torch is pinned first so a CPU machine never resolves a multi-GB CUDA build; DeepSpeed builds
+# no ops at install (DS_BUILD_OPS=0: the few it needs are JIT-compiled on first use). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bwrap >/dev/null 2>&1; then
@@ -12,5 +13,5 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test]"
+DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test,deepspeed]"
 echo "setup: ready (.venv, bubblewrap $(bwrap --version 2>/dev/null | cut -d' ' -f2))"

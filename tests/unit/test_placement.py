@@ -8,8 +8,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from trl_thundersync.errors import NonFiniteGradientError, UnsupportedOptionError
-from trl_thundersync.trainers.placement import check_engine
+from trl_thundersync.errors import NonFiniteGradientError
 from trl_thundersync.trainers.placement.replicated import ReplicatedPlacement
 
 pytestmark = pytest.mark.fast
@@ -69,9 +68,3 @@ def test_a_non_finite_reduced_direction_is_refused_before_any_gradient_is_writte
     with pytest.raises(NonFiniteGradientError, match="optimizer step 4"):
         placement.hand_over(torch.zeros(n), "optimizer step 4 (policy version 4)")
     assert all(p.grad is None for p in target.params)
-
-
-@pytest.mark.parametrize("kind", [DistributedType.DEEPSPEED])  # FSDP: test_fsdp2_placement.py
-def test_engines_without_a_placement_are_refused_by_name(kind):
-    with pytest.raises(UnsupportedOptionError, match=kind.value):
-        check_engine(SimpleNamespace(distributed_type=kind))

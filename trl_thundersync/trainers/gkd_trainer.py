@@ -56,6 +56,7 @@ from .gkd_rollout import (
     sampling_params,
 )
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
+from .placement import check_engine
 from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 
@@ -96,6 +97,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             self._init_without_trl_teacher(model, trainer_kwargs)
             self._teacher = self._mapped_local_teacher(teacher_model) if teacher_model is not None else \
                 self._server_teacher()
+        check_engine(self.accelerator, self.args)  # the training engines the learner placement covers
         if self._agentic:
             from trl.chat_template_utils import add_response_schema
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate.utils import DistributedType
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
@@ -53,11 +52,7 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
 
 def check_distributed(trainer: Any) -> None:
     """Refuse sharded setups and, with several processes, groups split across processes."""
-    check_engine(trainer.accelerator)
-    if trainer.accelerator.distributed_type == DistributedType.FSDP:  # what FSDP2 cannot stream, at construction
-        from .placement.fsdp2 import check_fsdp_args
-
-        check_fsdp_args(trainer.args)
+    check_engine(trainer.accelerator, trainer.args)
     local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
     if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
         raise ConfigurationError(

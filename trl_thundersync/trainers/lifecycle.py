@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 from ..rollout.engine import RolloutEngine
 from ..trace.recorder import open_run_trace
-from .placement import learner_placement
+from .placement import learner_placement, unplaced_policy
 from .rank_failure import RankFailureGuard
 
 
@@ -98,7 +98,7 @@ class StreamingLifecycle:
         """The policy with its full current weights, to publish or to start rollout servers from (on every process:
         with sharded parameters this gathers them)."""
         if self._placement is None:
-            return self.accelerator.unwrap_model(self.model)
+            return unplaced_policy(self.accelerator, self.model)
         return self._placement.publish_module(self.model)
 
     def _publish(self, version: int) -> None:

@@ -57,27 +57,47 @@ class LearnerPlacement(Protocol):
     def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module: ...
 
 
-def check_engine(accelerator: Any) -> None:
-    """Refuse, at construction, a training engine no placement supports (named, with the reason)."""
+def check_engine(accelerator: Any, args: Any = None) -> None:
+    """Refuse, at construction, a training engine no placement supports (named, with the reason); `args`, the
+    trainer's config, lets a placement refuse the fields it does not cover."""
     kind = accelerator.distributed_type
     if kind == DistributedType.FSDP:
-        from .fsdp2 import check_fsdp
+        from .fsdp2 import check_fsdp, check_fsdp_args
 
-        return check_fsdp(accelerator)
-    if kind == DistributedType.DEEPSPEED:
-        raise UnsupportedOptionError(
-            f"{kind.value}: ThunderSync writes the reduced batch direction into param.grad itself, which sharded "
-            "gradients do not allow yet; use DDP or a single process"
-        )
+        check_fsdp(accelerator)
+        if args is not None:
+            check_fsdp_args(args)
+    elif kind == DistributedType.DEEPSPEED:
+        from .deepspeed import check_deepspeed
+
+        check_deepspeed(accelerator, args)
 
 
 def learner_placement(trainer: Any) -> LearnerPlacement:
     """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
-    check_engine(trainer.accelerator)
+    check_engine(trainer.accelerator, trainer.args)
     if trainer.accelerator.distributed_type == DistributedType.FSDP:
         from .fsdp2 import FSDP2Placement
 
         return FSDP2Placement(trainer)
+    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from .deepspeed import deepspeed_placement
+
+        return deepspeed_placement(trainer.accelerator, trainer.args)
     from .replicated import ReplicatedPlacement
 
     return ReplicatedPlacement(trainer.accelerator)
+
+
+def unplaced_policy(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """The policy before `train` built the placement (e.g. `trainer.rollout_engine` read before `train()`), refused
+    where its parameters are already partitioned: under ZeRO-3 transformers loads them partitioned (zero.Init), and a
+    rollout server started from them would get empty tensors."""
+    module = accelerator.unwrap_model(model)
+    if isinstance(module, torch.nn.Module) and any(hasattr(p, "ds_id") for p in module.parameters()):
+        raise UnsupportedOptionError(
+            "DeepSpeed ZeRO-3: the policy's parameters are partitioned before train() (zero.Init); its full weights "
+            "are gathered only once train() builds the learner placement, so let train() build the rollout engine "
+            "(do not read trainer.rollout_engine before it)"
+        )
+    return module
