@@ -68,3 +68,16 @@ def test_a_non_finite_reduced_direction_is_refused_before_any_gradient_is_writte
     with pytest.raises(NonFiniteGradientError, match="optimizer step 4"):
         placement.hand_over(torch.zeros(n), "optimizer step 4 (policy version 4)")
     assert all(p.grad is None for p in target.params)
+
+
+@pytest.mark.parametrize(("variable", "kind"), [("ACCELERATE_USE_FSDP", DistributedType.MULTI_GPU),
+                                                ("ACCELERATE_USE_DEEPSPEED", DistributedType.NO)])
+def test_an_engine_the_launcher_asked_for_but_accelerate_did_not_set_up_is_refused(variable, kind):
+    from trl_thundersync.errors import UnsupportedOptionError
+    from trl_thundersync.trainers.placement import refuse_silent_fallback
+
+    with pytest.raises(UnsupportedOptionError, match=f"{variable}=true asks for"):
+        refuse_silent_fallback(kind, 1, {variable: "true"})
+    refuse_silent_fallback(kind, 1, {variable: "false"})  # not asked for: nothing to refuse
+    wanted = DistributedType.FSDP if variable == "ACCELERATE_USE_FSDP" else DistributedType.DEEPSPEED
+    refuse_silent_fallback(wanted, 2, {variable: "true"})  # set up as asked

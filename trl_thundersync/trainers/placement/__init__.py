@@ -24,6 +24,7 @@ Lifecycle, on every process in the same order (each call may be a collective):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,7 @@ def check_engine(accelerator: Any, args: Any = None) -> None:
     """Refuse, at construction, a training engine no placement supports (named, with the reason); `args`, the
     trainer's config, lets a placement refuse the fields it does not cover."""
     kind = accelerator.distributed_type
+    refuse_silent_fallback(kind, getattr(accelerator, "num_processes", 1), os.environ)
     if kind == DistributedType.FSDP:
         from .fsdp2 import check_fsdp, check_fsdp_args
 
@@ -71,6 +73,23 @@ def check_engine(accelerator: Any, args: Any = None) -> None:
         from .deepspeed import check_deepspeed
 
         check_deepspeed(accelerator, args)
+
+
+# what `accelerate launch --config_file` (or TrainingArguments' `fsdp` / `deepspeed`) asks for, in the environment
+_REQUESTED_ENGINES = {"ACCELERATE_USE_FSDP": DistributedType.FSDP,
+                      "ACCELERATE_USE_DEEPSPEED": DistributedType.DEEPSPEED}
+
+
+def refuse_silent_fallback(kind: DistributedType, num_processes: int, environ: Any) -> None:
+    """Refuse a run whose launcher asked for FSDP or DeepSpeed while accelerate set up another engine: accelerate 1.15
+    enables both only on GPU process groups, so on the CPU an FSDP config silently trains as DDP and a DeepSpeed one as
+    independent single processes (`num_processes=1` on every rank) — not the run that was configured."""
+    for variable, wanted in _REQUESTED_ENGINES.items():
+        if str(environ.get(variable, "false")).lower() in ("1", "true") and kind != wanted:
+            raise UnsupportedOptionError(
+                f"{variable}=true asks for {wanted.value}, but accelerate set up {kind.value} with {num_processes} "
+                "process(es) (accelerate enables it only on GPU process groups); the run would not use the engine it "
+                "was configured for. Launch it on GPUs, or use configs/ddp.yaml on the CPU")
 
 
 def learner_placement(trainer: Any) -> LearnerPlacement:
