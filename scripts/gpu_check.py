@@ -97,7 +97,10 @@ def _launch(work: Path, model_path: str, engine: str, timeout: float) -> tuple[d
 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), *script]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return None, f"timed out after {timeout}s: {str(exc.stderr or '')[-600:]}"
     result = work / f"{engine}.pt"
     if done.returncode != 0 or not result.exists():
         return None, f"rc={done.returncode}: {(done.stderr or done.stdout)[-600:]}"
@@ -106,12 +109,17 @@ def _launch(work: Path, model_path: str, engine: str, timeout: float) -> tuple[d
 
 def placements(work: Path, device: str) -> dict:
     """Check 4 (CUDA only): every engine's two steps vs the plain process's, relative error of the update."""
-    if device != "cuda" or not torch.cuda.is_available():
-        raise runs.SkippedCheck("needs CUDA: accelerate enables FSDP / DeepSpeed only on GPU process groups, and "
-                                "NCCL needs one GPU per process (the 2-process CPU parity is the CPU suite's)")
     from tests.fixtures.parity import relative_error
 
     model_path, _ = runs.tiny_paths(work)
+    ref, error = _launch(work / "placements", model_path, "plain", timeout=240)
+    if ref is None:
+        return {"passed": False, "numbers": {"plain": error}, "detail": "the plain reference run failed"}
+    if device != "cuda" or not torch.cuda.is_available():  # the harness ran (its plain reference); the engines not
+        raise runs.SkippedCheck(
+            "needs CUDA: accelerate enables FSDP / DeepSpeed only on GPU process groups, and NCCL needs one GPU per "
+            "process (the 2-process CPU parity is the CPU suite's); the plain reference run worked "
+            f"(|update| = {float(ref['update'].norm()):.3g}, {ref['placement']})")
     engines = ["fsdp2"]
     skipped = {}
     try:
@@ -119,9 +127,6 @@ def placements(work: Path, device: str) -> dict:
         engines += ["zero2", "zero3"]
     except runs.SkippedCheck as exc:
         skipped = {"zero2": str(exc), "zero3": str(exc)}
-    ref, error = _launch(work / "placements", model_path, "plain", timeout=240)
-    if ref is None:
-        return {"passed": False, "numbers": {"plain": error}, "detail": "the plain reference run failed"}
     rows, passed = {"skipped": skipped}, True
     for engine in engines:
         got, error = _launch(work / "placements", model_path, engine, timeout=240)

@@ -7,6 +7,7 @@ raises `SkippedCheck` for what the machine cannot run (a missing package, no CUD
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -272,6 +273,7 @@ def backward_throughput(work: Path, device: str, quick: bool) -> dict:
 
         timer = _StepTimer(device)
         if device == "cuda":
+            gc.collect()  # the previous trainer's model and optimizer state
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         run = run_trainer(cls, config, work / "throughput" / name, tokenizer, model_path, rollout_func=rollout,
