@@ -140,7 +140,9 @@ def placements(work: Path, device: str) -> dict:
     return {"passed": passed, "numbers": rows, "detail": "update theta_2 - theta_0 vs one plain process, FP32"}
 
 
-def run_checks(args: argparse.Namespace, work: Path) -> dict:
+def run_checks(args: argparse.Namespace, work: Path, save) -> dict:
+    """Every selected check in order; `save(results)` after each (a run killed by the device's time limit still
+    leaves the finished checks in the JSON). A check that would start past `--budget-s` is skipped by name."""
     cases = QUICK_CASES if args.quick else FULL_CASES
     checks = {
         "grpo_exactness": lambda: runs.grpo_exactness(work, args.device, cases),
@@ -149,12 +151,14 @@ def run_checks(args: argparse.Namespace, work: Path) -> dict:
         "placements": lambda: placements(work, args.device),
         "publication": lambda: runs.policy_publication(work, args.device),
     }
-    results = {}
+    results, began = {}, time.perf_counter()
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue
         start = time.perf_counter()
         try:
+            if start - began > args.budget_s:
+                raise runs.SkippedCheck(f"the run's budget of {args.budget_s}s was spent before this check began")
             result = dict(check(), status=None)
             result["status"] = "pass" if result["passed"] else "FAIL"
         except runs.SkippedCheck as exc:
@@ -166,6 +170,7 @@ def run_checks(args: argparse.Namespace, work: Path) -> dict:
         result["needs_gpu"] = NEEDS_GPU.get(name)
         results[name] = result
         print(f"[gpu_check] {name}: {result['status']} in {result['seconds']}s", flush=True)
+        save(results)
     return results
 
 
@@ -176,6 +181,7 @@ def _short(value) -> str:
 
 def report(results: dict, meta: dict) -> None:
     print(f"\nGPU check on {meta['device_name']} (device={meta['device']}, quick={meta['quick']})")
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in meta["packages"].items()))
     print(f"{'check':16} {'status':8} {'sec':>6}  numbers / reason")
     for name, r in results.items():
         what = r.get("reason") or r.get("error") or _short(r.get("numbers"))
@@ -185,12 +191,26 @@ def report(results: dict, meta: dict) -> None:
         print(f"{status}: " + (", ".join(n for n, r in results.items() if r["status"] == status) or "none"))
 
 
+def _packages() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for name in ("transformers", "accelerate", "peft", "trl", "deepspeed", "vllm"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="tiny form of every check (the CPU test)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_check.json")
     parser.add_argument("--only", nargs="*", help="run only these checks")
+    parser.add_argument("--budget-s", type=float, default=330.0,
+                        help="skip (by name) the checks that would start after this many seconds")
     parser.add_argument("--worker-placement", nargs=3, metavar=("WORK", "MODEL", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_placement:
@@ -199,14 +219,19 @@ def main() -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     meta = {"device": args.device, "quick": args.quick, "torch": torch.__version__, "python": platform.python_version(),
             "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"}
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
-        results = run_checks(args, Path(tmp))
-    meta["seconds"] = round(time.perf_counter() - start, 1)
-    report(results, meta)
+    meta["packages"] = _packages()  # what this machine can import: the checks skip (by name) what needs the rest
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps({"meta": meta, "checks": results}, indent=2, default=str))
+
+    def save(results: dict) -> None:
+        (out / "gpu_check.json").write_text(json.dumps({"meta": meta, "checks": results}, indent=2, default=str))
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        results = run_checks(args, Path(tmp), save)
+    meta["seconds"] = round(time.perf_counter() - start, 1)
+    save(results)
+    report(results, meta)
     print(f"\nwrote {out / 'gpu_check.json'} ({meta['seconds']}s)")
     return 1 if any(r["status"] == "FAIL" for r in results.values()) else 0
 

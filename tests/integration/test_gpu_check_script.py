@@ -65,3 +65,16 @@ def test_a_check_that_raises_is_a_failure_with_its_error_and_the_others_still_ru
     assert "import trl" in checks["throughput"]["reason"]
     out = capsys.readouterr().out
     assert "FAIL: gkd_exactness" in out and "skipped: throughput" in out and "pass: publication" in out
+
+
+def test_checks_past_the_budget_are_skipped_by_name(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_budget", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
+                                      "--budget-s", "-1", "--only", "publication"])
+    assert gpu_check.main() == 0
+    check = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]["publication"]
+    assert check["status"] == "skipped" and "budget of -1.0s" in check["reason"]
