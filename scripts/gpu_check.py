@@ -39,7 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_check_runs as runs  # noqa: E402
 
-FULL_CASES = ["dapo", "grpo", "bnpo", "beta_kl", "ga2_bnpo_beta", "sequence_level_is"]
+# One optimizer step at ratio 1: on this batch several loss types give the same direction (measured on the CPU:
+# dapo = bnpo = beta_kl = sequence-level IS = cispo, sapo = grpo), so the list keeps distinct code paths: the
+# normalizers, cispo's and sapo's gates, two micro-batches with KL, two weighted rewards.
+FULL_CASES = ["dapo", "grpo", "dr_grpo", "cispo", "sapo", "ga2_bnpo_beta", "multi_reward_weights_none"]
 QUICK_CASES = ["dapo"]
 NEEDS_GPU = {"throughput": "CUDA memory figures", "placements": "NCCL / accelerate's GPU engines",
              "publication": "the device half (bf16 on cuda)"}
