@@ -108,3 +108,24 @@ def test_environment_grades_what_ran() -> None:
         env.run_shell("ls data" if task.chain[1] != "ls data" else "ls notes")
         env.submit()
         assert env.get_reward() == pytest.approx(1 / 3)
+
+
+def test_the_lookup_warm_start_teaches_the_format_not_the_chain(tmp_path) -> None:
+    """Its episodes always read input.txt first, but the hop after an observation is drawn independently of what
+    the observation named (so RL has the conditioning to learn); its build key differs from the default one."""
+    import json
+    import random
+
+    from trl_thundersync.tiny import agent
+
+    rng = random.Random(0)
+    followed = []
+    for _ in range(400):
+        episode = agent.lookup_episode(rng)
+        assert episode[0]["tool_calls"][0]["function"]["arguments"]["command"] == START
+        shown = episode[1]["content"].split("next: ")[1].split("\n")[0]
+        call = episode[2]["tool_calls"][0]["function"]
+        followed.append((call["arguments"].get("command") if call["name"] == "run_shell" else SUBMIT) == shown)
+    assert 0.1 < sum(followed) / len(followed) < 0.3  # chance: 1 in 5
+    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, lookup=True)
+    assert json.loads((path / agent.MARKER).read_text())["lookup"] is True

@@ -108,6 +108,14 @@ def lookup_episode(rng: random.Random) -> list[dict]:
     return messages
 
 
+def _lookup_tools() -> list:
+    """The lookup environment's own tools, so the warm-start system block is the one its rollouts show."""
+    from ..envs.environments.lookup import LookupTaskEnv
+
+    env = LookupTaskEnv(tasks={})
+    return [env.run_shell, env.submit]
+
+
 def tool_use_episode(rng: random.Random) -> list[dict]:
     """What the agent is taught to do after the task: 1–4 shell commands with canned observations, usually a
     submit, then a short final message."""
@@ -133,12 +141,14 @@ class PromptBatch:
     label_count: int  # Σ labelled tokens over the batch: the token-mean loss's denominator
 
 
-def render_batch(tokenizer, template: str, prompt: str, episodes: Sequence[list[dict]]) -> PromptBatch:
-    """Render `prompt` + each episode with the chat template and split off the shared prompt tokens.
+def render_batch(tokenizer, template: str, prompt: str, episodes: Sequence[list[dict]],
+                 tools: Sequence | None = None) -> PromptBatch:
+    """Render `prompt` + each episode with the chat template and split off the shared prompt tokens. `tools`: the
+    schemas in the system block (default: this module's `run_shell` and `submit`).
 
     Raises RuntimeError if the template does not render the prompt as a token prefix of every transcript, or
     marks the first continuation token as assistant output (the loss would then need the prompt's last logits)."""
-    tools = [run_shell, submit]
+    tools = [run_shell, submit] if tools is None else list(tools)
     user = [{"role": "user", "content": prompt}]
     prompt_ids = tokenizer.apply_chat_template(user, tools=tools, chat_template=template, tokenize=True,
                                                return_dict=True)["input_ids"]
@@ -200,17 +210,18 @@ def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3
     torch.set_num_threads(1)
     model.train()
     losses = []
+    lookup_tools = _lookup_tools() if lookup else None
     try:
         bar = tqdm(range(steps), desc="tiny agent warm start (first run only)", unit="step", disable=not progress)
         for _ in bar:
             if lookup and rng.random() < 0.5:
                 from ..envs.tasks.lookup import LOOKUP_INSTRUCTION
 
-                prompt, episodes = LOOKUP_INSTRUCTION, [lookup_episode(rng) for _ in range(batch)]
+                prompt, episodes, tools = LOOKUP_INSTRUCTION, [lookup_episode(rng) for _ in range(batch)], lookup_tools
             else:
-                prompt = rng.choice(prompts)
+                prompt, tools = rng.choice(prompts), None
                 episodes = [tool_use_episode(rng) for _ in range(batch)]
-            loss = batch_loss(model, render_batch(tokenizer, template, prompt, episodes))
+            loss = batch_loss(model, render_batch(tokenizer, template, prompt, episodes, tools))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
