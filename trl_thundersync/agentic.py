@@ -28,8 +28,8 @@ from .errors import ConfigurationError
 if TYPE_CHECKING:
     from datasets import Dataset
 
-SuiteName = Literal["swe", "terminal"]
-SUITES: tuple[SuiteName, ...] = ("swe", "terminal")
+SuiteName = Literal["swe", "terminal", "lookup"]
+SUITES: tuple[SuiteName, ...] = ("swe", "terminal", "lookup")
 TINY_AGENT = "tiny-agent"  # the agentic examples' default --model_name_or_path (built offline on first use)
 LENGTH_PENALTY = 0.001  # the GRPO examples' default weight of `shorter_is_better`
 
@@ -62,6 +62,13 @@ def load_suite(name: SuiteName, *, num_tasks: int | None = None, swe_rows: str |
             raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the terminal suite has bundled tasks only")
         tasks = load_terminal_suite()
         environment, to_dataset = TerminalTaskEnv, terminal_dataset
+    elif name == "lookup":  # the pointer chains a tiny agent learns on CPU (envs/tasks/lookup.py); train split
+        from .envs.environments.lookup import LookupTaskEnv
+        from .envs.tasks.lookup import load_lookup_suite, lookup_dataset
+
+        if swe_rows or swe_repo_root:
+            raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the lookup suite has bundled tasks only")
+        tasks, environment, to_dataset = load_lookup_suite("train"), LookupTaskEnv, lookup_dataset
     else:
         raise ConfigurationError(f"suite={name!r} is not one of {SUITES}")
     if num_tasks:
@@ -108,6 +115,13 @@ class TerminalSuiteArguments(SuiteArguments):
     """The bundled terminal tasks (SETA / Terminal-Bench style)."""
 
     suite: ClassVar[SuiteName] = "terminal"
+
+
+@dataclass
+class LookupSuiteArguments(SuiteArguments):
+    """The bundled lookup tasks: follow pointers through the sandbox (a task the tiny agent learns on CPU)."""
+
+    suite: ClassVar[SuiteName] = "lookup"
 
 
 @dataclass

@@ -14,6 +14,7 @@ import pytest
 
 from trl_thundersync.envs.environments.validate import validate
 from trl_thundersync.envs.tasks import load_swe_suite, load_terminal_suite
+from trl_thundersync.envs.tasks.lookup import load_lookup_suite
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("THUNDERSYNC_REQUIRE_SANDBOX"),
@@ -30,8 +31,10 @@ def test_suites_have_the_promised_size() -> None:
 
 def test_every_bundled_task_validates() -> None:
     results = validate("all", jobs=4)
-    assert len(results) == len(load_swe_suite()) + len(load_terminal_suite())
+    lookup = len(load_lookup_suite("train")) + len(load_lookup_suite("heldout"))
+    assert len(results) == len(load_swe_suite()) + len(load_terminal_suite()) + lookup
     problems = [f"{r.suite}/{r.task_id} [{r.status}]: {r.message}" for r in results if not r.ok]
     assert not problems, "\n".join(problems)
     assert all(r.noop_reward == 0.0 for r in results if r.suite == "swe")
     assert all(r.solved_reward == 1.5 and r.noop_reward < 1.5 for r in results if r.suite == "terminal")
+    assert all(r.solved_reward == 1.0 and r.noop_reward == 0.0 for r in results if r.suite == "lookup")

@@ -83,6 +83,39 @@ def synthetic_transcript(rng: random.Random, prompts: list[str]) -> list[dict]:
     return [{"role": "user", "content": rng.choice(prompts)}, *tool_use_episode(rng)]
 
 
+def lookup_episode(rng: random.Random) -> list[dict]:
+    """The lookup suite's format (`envs.tasks.lookup`), not its skill: `cat input.txt`, then 1–3 commands drawn
+    from the suite's pointers with submit, each one independent of what the observation before it named — so the
+    warm-started policy follows a chain only by chance and RL has the conditioning to learn."""
+    from ..envs.tasks.lookup import POINTERS, START, SUBMIT
+
+    choices = (*POINTERS, SUBMIT)
+    shown = rng.choice(choices)
+    messages = [_call("run_shell", {"command": START}),
+                {"role": "tool", "name": "run_shell", "content": f"exit_code: 0\nstdout:\nnext: {shown}"}]
+    for _ in range(rng.randint(1, 4)):
+        command = rng.choice(choices)
+        if command == SUBMIT:
+            break
+        shown = rng.choice(choices)
+        listing = sorted([f"next: {shown}", *rng.sample(("README", "old.txt", "a.csv", "log1"), rng.randint(0, 2))])
+        messages.append(_call("run_shell", {"command": command}))
+        messages.append({"role": "tool", "name": "run_shell",
+                         "content": "exit_code: 0\nstdout:\n" + "\n".join(listing)})
+    messages.append(_call("submit", {}))
+    messages.append({"role": "tool", "name": "submit", "content": "submitted"})
+    messages.append({"role": "assistant", "content": rng.choice(("Done.", "Submitted."))})
+    return messages
+
+
+def _lookup_tools() -> list:
+    """The lookup environment's own tools, so the warm-start system block is the one its rollouts show."""
+    from ..envs.environments.lookup import LookupTaskEnv
+
+    env = LookupTaskEnv(tasks={})
+    return [env.run_shell, env.submit]
+
+
 def tool_use_episode(rng: random.Random) -> list[dict]:
     """What the agent is taught to do after the task: 1–4 shell commands with canned observations, usually a
     submit, then a short final message."""
@@ -108,12 +141,14 @@ class PromptBatch:
     label_count: int  # Σ labelled tokens over the batch: the token-mean loss's denominator
 
 
-def render_batch(tokenizer, template: str, prompt: str, episodes: Sequence[list[dict]]) -> PromptBatch:
-    """Render `prompt` + each episode with the chat template and split off the shared prompt tokens.
+def render_batch(tokenizer, template: str, prompt: str, episodes: Sequence[list[dict]],
+                 tools: Sequence | None = None) -> PromptBatch:
+    """Render `prompt` + each episode with the chat template and split off the shared prompt tokens. `tools`: the
+    schemas in the system block (default: this module's `run_shell` and `submit`).
 
     Raises RuntimeError if the template does not render the prompt as a token prefix of every transcript, or
     marks the first continuation token as assistant output (the loss would then need the prompt's last logits)."""
-    tools = [run_shell, submit]
+    tools = [run_shell, submit] if tools is None else list(tools)
     user = [{"role": "user", "content": prompt}]
     prompt_ids = tokenizer.apply_chat_template(user, tools=tools, chat_template=template, tokenize=True,
                                                return_dict=True)["input_ids"]
@@ -156,9 +191,10 @@ def batch_loss(model, batch: PromptBatch) -> torch.Tensor:
 
 
 def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0,
-               progress: bool = False) -> list[float]:
+               progress: bool = False, lookup: bool = False) -> list[float]:
     """Supervised warm-start on synthetic tool-use transcripts (`batch` per step, one prompt each step); returns
-    the loss curve. `progress`: a tqdm bar on stderr.
+    the loss curve. `progress`: a tqdm bar on stderr. `lookup`: half the steps draw the lookup suite's prompt and
+    `lookup_episode`s (its format only), the other half as without it.
 
     Runs on one intra-op thread: the ops of a 64-wide model are too small to split (two threads were no faster
     idle and several times slower on a busy machine), and the weights then do not depend on the core count."""
@@ -174,12 +210,18 @@ def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3
     torch.set_num_threads(1)
     model.train()
     losses = []
+    lookup_tools = _lookup_tools() if lookup else None
     try:
         bar = tqdm(range(steps), desc="tiny agent warm start (first run only)", unit="step", disable=not progress)
         for _ in bar:
-            prompt = rng.choice(prompts)
-            episodes = [tool_use_episode(rng) for _ in range(batch)]
-            loss = batch_loss(model, render_batch(tokenizer, template, prompt, episodes))
+            if lookup and rng.random() < 0.5:
+                from ..envs.tasks.lookup import LOOKUP_INSTRUCTION
+
+                prompt, episodes, tools = LOOKUP_INSTRUCTION, [lookup_episode(rng) for _ in range(batch)], lookup_tools
+            else:
+                prompt, tools = rng.choice(prompts), None
+                episodes = [tool_use_episode(rng) for _ in range(batch)]
+            loss = batch_loss(model, render_batch(tokenizer, template, prompt, episodes, tools))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -202,18 +244,20 @@ def built_with(path: str | Path) -> dict | None:
         return None
 
 
-def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False) -> Path:
+def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False,
+                          lookup: bool = False) -> Path:
     """Create the warm-started tiny agent model folder at `path`, or reuse it if it was built with this recipe,
-    `steps` and `seed` (anything else is rebuilt in place). `progress`: a tqdm bar while building."""
+    `steps`, `seed` and `lookup` (anything else is rebuilt in place). `progress`: a tqdm bar while building.
+    `lookup`: also warm-start on the lookup suite's format (`warm_start`); the default build is unchanged."""
     path = Path(path)
-    key = {"recipe": RECIPE, "steps": steps, "seed": seed}
+    key = {"recipe": RECIPE, "steps": steps, "seed": seed, **({"lookup": True} if lookup else {})}
     record = built_with(path)
-    if record is not None and all(record.get(k) == v for k, v in key.items()):
+    if record is not None and all(record.get(k) == v for k, v in key.items()) and record.get("lookup", False) == lookup:
         return path
     (path / MARKER).unlink(missing_ok=True)  # a half-rebuilt folder must not pass for a built one
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed)
-    losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress)
+    losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)
@@ -225,8 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", nargs="?", default="tiny-agent")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lookup", action="store_true", help="also warm-start on the lookup suite's format")
     args = parser.parse_args(argv)
-    out = save_tiny_agent_model(args.path, steps=args.steps, progress=True)
+    out = save_tiny_agent_model(args.path, steps=args.steps, progress=True, lookup=args.lookup)
     print(f"tiny agent model written to {out}: {(out / MARKER).read_text()}")
 
 

@@ -26,13 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtimes.api import SandboxLimits
+from ..tasks.lookup import LookupTask, load_lookup_suite
 from ..tasks.records import SWETask, TerminalTask
 from ..tasks.suites import load_swe_suite, load_terminal_suite
+from .lookup import LookupTaskEnv
 from .shell_env import SandboxFactory
 from .swe import SWERepairEnv
 from .terminal import TerminalTaskEnv
 
-FULL_REWARD = {"swe": 1.0, "terminal": 1.5}
+FULL_REWARD = {"swe": 1.0, "terminal": 1.5, "lookup": 1.0}
+_ENVS = {"swe": SWERepairEnv, "terminal": TerminalTaskEnv, "lookup": LookupTaskEnv}
+SUITE_CHOICES = ("swe", "terminal", "lookup", "all")
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,25 @@ def overlay_command(solution_dir: Path) -> str:
     return " && ".join(steps)
 
 
-def validate_task(suite: str, task: SWETask | TerminalTask, env_kwargs: dict) -> TaskValidation:
-    """Grade the untouched task, then its reference solution, each in a fresh environment."""
-    env_class = SWERepairEnv if suite == "swe" else TerminalTaskEnv
+def validate_task(suite: str, task: SWETask | TerminalTask | LookupTask, env_kwargs: dict) -> TaskValidation:
+    """Grade the untouched task, then its reference solution, each in a fresh environment (a lookup solution is
+    several commands: each one through run_shell, in order)."""
+    env_class = _ENVS[suite]
     start = time.perf_counter()
     with env_class(tasks={task.task_id: task}, **env_kwargs) as env:
         env.reset(task_id=task.task_id)
         noop, noop_infra = env.get_reward(), env.infra_error
     with env_class(tasks={task.task_id: task}, **env_kwargs) as env:
         env.reset(task_id=task.task_id)
-        command = overlay_command(task.solution_dir) if suite == "swe" else task.solution_script
-        env.run_shell(command)
-        solution_result = env.last_result
+        if suite == "lookup":
+            commands = task.solution_commands
+        else:
+            commands = (overlay_command(task.solution_dir) if suite == "swe" else task.solution_script,)
+        for command in commands:
+            env.run_shell(command)
+            solution_result = env.last_result
+            if solution_result is None or not solution_result.ok:
+                break
         env.submit()
         solved, solved_infra = env.get_reward(), env.infra_error
         solved_detail = env.last_grade.detail if env.last_grade else ""
@@ -126,14 +137,16 @@ def validate(
     return [results[kind, task.task_id] for kind, task in selected]
 
 
-def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, SWETask | TerminalTask]]:
-    if suite not in ("swe", "terminal", "all"):
-        raise ValueError(f"--suite must be swe, terminal or all, got {suite!r}")
-    pool: list[tuple[str, SWETask | TerminalTask]] = []
+def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, SWETask | TerminalTask | LookupTask]]:
+    if suite not in SUITE_CHOICES:
+        raise ValueError(f"--suite must be one of {SUITE_CHOICES}, got {suite!r}")
+    pool: list[tuple[str, SWETask | TerminalTask | LookupTask]] = []
     if suite in ("swe", "all"):
         pool += [("swe", t) for t in load_swe_suite().values()]
     if suite in ("terminal", "all"):
         pool += [("terminal", t) for t in load_terminal_suite().values()]
+    if suite in ("lookup", "all"):  # both splits: held-out tasks are scored like the rest
+        pool += [("lookup", t) for split in ("train", "heldout") for t in load_lookup_suite(split).values()]
     if task_ids:
         unknown = set(task_ids) - {t.task_id for _, t in pool}
         if unknown:
@@ -158,7 +171,7 @@ def format_table(results: list[TaskValidation]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trl_thundersync.envs.validate", description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="all", choices=("swe", "terminal", "all"))
+    parser.add_argument("--suite", default="all", choices=SUITE_CHOICES)
     parser.add_argument("--task", action="append", default=[], help="validate only this task id (repeatable)")
     parser.add_argument("--jobs", type=int, default=4, help="tasks validated concurrently")
     parser.add_argument("--backend", default="bwrap",
