@@ -133,12 +133,36 @@ def test_covered_setups_pass_the_check():
         check_deepspeed(accelerator)
 
 
-def test_the_gkd_trainer_is_refused_under_deepspeed_by_name():
+def _gkd_args(**fields):
     from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
 
-    args = ThunderSyncGKDConfig.__new__(ThunderSyncGKDConfig)  # only its type matters to the check
-    with pytest.raises(UnsupportedOptionError, match="ZeRO-2: ThunderSyncGKDTrainer"):
-        check_deepspeed(_Accelerator(stage=2), args)
+    args = ThunderSyncGKDConfig.__new__(ThunderSyncGKDConfig)  # only the fields the checks read
+    args.__dict__.update(dict(teacher_server_url="http://127.0.0.1:1", lmbda=1.0, seq_kd=False, beta=0.5,
+                              num_iterations=1), **fields)
+    return args
+
+
+def test_gkd_with_a_served_teacher_on_policy_passes_every_stage_and_fsdp2():
+    from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
+
+    for stage in (1, 2, 3):  # ZeRO-3 too: GKD's beta (the JSD weight) is no reference model
+        check_deepspeed(_Accelerator(stage=stage), _gkd_args())
+    check_fsdp_args(_gkd_args())
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    (dict(teacher_server_url=None), "ThunderSyncGKDTrainer with a local teacher_model is not covered"),
+    (dict(lmbda=0.5), "ThunderSyncGKDTrainer with lmbda=0.5, seq_kd=False"),
+    (dict(seq_kd=True), "ThunderSyncGKDTrainer with lmbda=1.0, seq_kd=True"),
+])
+def test_gkd_settings_the_engines_do_not_cover_are_refused_by_engine_and_field(fields, needle):
+    from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
+
+    for stage in (1, 3):
+        with pytest.raises(UnsupportedOptionError, match=f"DeepSpeed ZeRO-{stage}: {needle}"):
+            check_deepspeed(_Accelerator(stage=stage), _gkd_args(**fields))
+    with pytest.raises(UnsupportedOptionError, match=rf"FSDP2 \(fully_shard\): {needle}"):
+        check_fsdp_args(_gkd_args(**fields))
 
 
 def test_a_policy_partitioned_before_train_is_refused_as_a_rollout_source():

@@ -67,13 +67,9 @@ def check_deepspeed(accelerator: Any, args: Any = None) -> None:
             "the engine at TRL's accumulation boundary (engine.set_gradient_accumulation_boundary), which that mode "
             "does not allow; remove the field"
         )
-    from ..gkd_config import ThunderSyncGKDConfig
+    from .gkd_checks import check_gkd_engine
 
-    if isinstance(args, ThunderSyncGKDConfig):
-        raise UnsupportedOptionError(
-            f"DeepSpeed ZeRO-{stage}: ThunderSyncGKDTrainer is not covered by the DeepSpeed placement yet (the "
-            "teacher model under DeepSpeed and a parity test are missing); use DDP or a single process"
-        )
+    check_gkd_engine(f"DeepSpeed ZeRO-{stage}", args)  # GKD: a served teacher, on-policy only
     if args is not None and getattr(args, "num_iterations", 1) > 1:
         raise UnsupportedOptionError(
             f"DeepSpeed ZeRO-{stage}: num_iterations={args.num_iterations}: passes 2..num_iterations run TRL's own "

@@ -32,7 +32,10 @@ logger = logging.getLogger(__name__)
 
 def check_zero3(args: Any) -> None:
     """What the replica design does not cover under ZeRO-3, refused by field."""
-    if args is not None and float(getattr(args, "beta", 0.0) or 0.0) != 0.0:
+    from .gkd_checks import is_gkd
+
+    # GKD's beta is the generalized JSD's interpolation weight, not a KL to a reference model: no reference model
+    if args is not None and not is_gkd(args) and float(getattr(args, "beta", 0.0) or 0.0) != 0.0:
         raise UnsupportedOptionError(
             f"DeepSpeed ZeRO-3: beta={args.beta}: TRL prepares the reference model as a partitioned DeepSpeed engine, "
             "whose forward is a collective that cannot run per source; use beta=0.0, ZeRO-2 or DDP"

@@ -61,12 +61,9 @@ def check_fsdp(accelerator: Any) -> None:
 def check_fsdp_args(args: Any) -> None:
     """Refuse the trainer settings whose learner work would run through the sharded module (a collective entered at
     each rank's own time, so ranks would hang or mismatch)."""
-    from ..gkd_config import ThunderSyncGKDConfig
+    from .gkd_checks import check_gkd_engine
 
-    if isinstance(args, ThunderSyncGKDConfig):
-        raise UnsupportedOptionError(
-            f"{ENGINE}: ThunderSyncGKDTrainer is not covered by the FSDP2 placement yet (the teacher model under FSDP2 "
-            "and a parity test are missing); use DDP or a single process")
+    check_gkd_engine(ENGINE, args)  # GKD: a served teacher, on-policy only
     if getattr(args, "num_iterations", 1) > 1:
         raise UnsupportedOptionError(
             f"{ENGINE} with num_iterations={args.num_iterations}: passes 2..μ replay TRL's own loss through the "
