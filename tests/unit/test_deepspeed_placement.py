@@ -142,12 +142,15 @@ def _gkd_args(**fields):
     return args
 
 
-def test_gkd_with_a_served_teacher_on_policy_passes_every_stage_and_fsdp2():
+def test_gkd_with_a_served_teacher_on_policy_passes_zero_1_and_2_and_is_refused_under_sharded_parameters():
     from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
 
-    for stage in (1, 2, 3):  # ZeRO-3 too: GKD's beta (the JSD weight) is no reference model
+    for stage in (1, 2):
         check_deepspeed(_Accelerator(stage=stage), _gkd_args())
-    check_fsdp_args(_gkd_args())
+    with pytest.raises(UnsupportedOptionError, match="DeepSpeed ZeRO-3: ThunderSyncGKDTrainer is not covered"):
+        check_deepspeed(_Accelerator(stage=3), _gkd_args())
+    with pytest.raises(UnsupportedOptionError, match=r"FSDP2 \(fully_shard\): ThunderSyncGKDTrainer is not covered"):
+        check_fsdp_args(_gkd_args())
 
 
 @pytest.mark.parametrize(("fields", "needle"), [
@@ -156,13 +159,9 @@ def test_gkd_with_a_served_teacher_on_policy_passes_every_stage_and_fsdp2():
     (dict(seq_kd=True), "ThunderSyncGKDTrainer with lmbda=1.0, seq_kd=True"),
 ])
 def test_gkd_settings_the_engines_do_not_cover_are_refused_by_engine_and_field(fields, needle):
-    from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
-
-    for stage in (1, 3):
+    for stage in (1, 2):
         with pytest.raises(UnsupportedOptionError, match=f"DeepSpeed ZeRO-{stage}: {needle}"):
             check_deepspeed(_Accelerator(stage=stage), _gkd_args(**fields))
-    with pytest.raises(UnsupportedOptionError, match=rf"FSDP2 \(fully_shard\): {needle}"):
-        check_fsdp_args(_gkd_args(**fields))
 
 
 def test_a_policy_partitioned_before_train_is_refused_as_a_rollout_source():
