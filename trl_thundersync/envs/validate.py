@@ -1,7 +1,7 @@
 """Moved to `trl_thundersync.envs.environments.validate`: envs/ is split by layer, and this old path keeps working,
 also as the documented command:
 
-    python -m trl_thundersync.envs.validate [--suite swe|terminal|all] [--task ID] [--backend local]
+    python -m trl_thundersync.envs.validate [--suite swe|terminal|lookup|all] [--task ID] [--backend local]
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 
 from .environments.validate import (
     FULL_REWARD,
+    SUITE_CHOICES,
     TaskValidation,
     format_table,
     main,
@@ -18,7 +19,8 @@ from .environments.validate import (
     validate_task,
 )
 
-__all__ = ["FULL_REWARD", "TaskValidation", "format_table", "main", "overlay_command", "validate", "validate_task"]
+__all__ = ["FULL_REWARD", "SUITE_CHOICES", "TaskValidation", "format_table", "main", "overlay_command", "validate",
+           "validate_task"]
 
 if __name__ == "__main__":
     sys.exit(main())

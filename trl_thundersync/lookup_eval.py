@@ -1,6 +1,6 @@
 """Held-out evaluation of a policy on the lookup suite: sampled multi-turn episodes in the sandbox, no training.
 
-    from trl_thundersync.envs.tasks.lookup_eval import evaluate_lookup
+    from trl_thundersync.lookup_eval import evaluate_lookup
     result = evaluate_lookup(model, tokenizer, split="heldout", samples=2, seed=0)   # LookupEval
 
 Each episode runs the project's own agent loop (`envs.harness.agent_loop.run_agent_trajectory`) over a fresh
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lookup import LookupSplit, load_lookup_suite, lookup_prompt
+from .envs.tasks.lookup import LookupSplit, load_lookup_suite, lookup_prompt
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ def evaluate_lookup(model, tokenizer, *, split: LookupSplit = "heldout", samples
     """Sample `samples` episodes per task of `split` and grade them (seeded: the same model gives the same result)."""
     from trl.chat_template_utils import get_training_chat_template
 
-    from ..environments.lookup import LookupTaskEnv
-    from ..harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
-    from ..harness.tool_calls import ToolResponseRenderer
+    from .envs.environments.lookup import LookupTaskEnv
+    from .envs.harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+    from .envs.harness.tool_calls import ToolResponseRenderer
 
     template = get_training_chat_template(tokenizer) or tokenizer.chat_template
     tasks = load_lookup_suite(split)
