@@ -99,3 +99,45 @@ def test_gkd_run_over_an_injected_generator(tmp_path, tokenizer, tiny_model_path
     trainer.train()
     assert stub.publications == [1, 2] and stub.closed and len(stub.keys) == 2 * 4
     assert trainer.state.log_history[0]["rollout/stub_requests"] == 4.0
+
+
+class ToolThenAnswer(StubGenerator):
+    """Turn 0 calls the environment's tool, turn 1 answers: every trajectory has two turns."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(answer(tokenizer))
+        call = '<tool_call>\n{"name": "increment", "arguments": {"amount": 2}}\n</tool_call>'
+        self.call = tuple(tokenizer.encode(call, add_special_tokens=False) + [tokenizer.eos_token_id])
+        self.final = self.answer
+
+    def release(self, key, error=None) -> None:
+        self.answer = self.call if key[1] == 0 else self.final
+        super().release(key, error)
+
+
+def test_gkd_scores_each_trajectory_with_one_teacher_request(tmp_path, tokenizer, tiny_model_path):
+    """teacher_scoring='trajectory' through the trainer: the per-turn update, one teacher forward per trajectory."""
+    from tests.fixtures.parity import CaptureGrads, relative_error
+    from trl_thundersync.tiny.model import save_tiny_model
+
+    teacher_path = save_tiny_model(tmp_path / "teacher", hidden_size=32, num_layers=2, seed=7)  # ≠ the student
+    runs = {}
+    for scoring in ("turn", "trajectory"):
+        stub = ToolThenAnswer(tokenizer)
+        capture = CaptureGrads()
+        args = ThunderSyncGKDConfig(output_dir=str(tmp_path / scoring), use_cpu=True, bf16=False,
+                                    gradient_checkpointing=False, report_to="none", per_device_train_batch_size=4,
+                                    max_steps=1, max_new_tokens=48, lmbda=1.0, logging_steps=1, save_strategy="no",
+                                    disable_tqdm=True, seed=0, optim="sgd", objective="opd", teacher_scoring=scoring)
+        trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                        args=args, train_dataset=chat_prompts(), processing_class=tokenizer,
+                                        environment_factory=CounterEnv, callbacks=[capture])
+        trainer.use_turn_generator(stub)
+        trainer.train()
+        assert sorted(stub.keys) == [(i, t) for i in range(4) for t in (0, 1)]  # two turns per trajectory
+        runs[scoring] = (capture.directions[0], trainer.state.log_history[0])
+    (turn_dir, turn_log), (traj_dir, traj_log) = runs["turn"], runs["trajectory"]
+    assert turn_dir.norm() > 0 and relative_error(traj_dir, turn_dir) <= 1e-5
+    assert turn_log["thundersync/teacher_requests"] == 8 and traj_log["thundersync/teacher_requests"] == 4
+    assert traj_log["thundersync/teacher_prefill_tokens"] == turn_log[
+        "thundersync/teacher_prefill_tokens_trajectory_schedule"] < turn_log["thundersync/teacher_prefill_tokens"]

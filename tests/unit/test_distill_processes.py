@@ -15,6 +15,7 @@ from trl_thundersync.distill.processes import (
     local_share,
 )
 from trl_thundersync.distill.records import DistillTotals
+from trl_thundersync.distill.teacher_schedule import TeacherLoad
 from trl_thundersync.errors import NoScoredTokensError, PeerProcessError, TeacherScoringError
 from trl_thundersync.types import AgentStats
 
@@ -32,7 +33,9 @@ def _agent(turns: int, calls: int, wall: float) -> AgentStats:
 def _share(rank, tokens, loss, turns, *, wall=1.0, lengths=(3, 4), agents=(), engine=None, peak=1):
     timing = {"thundersync/step_wall_seconds": wall, "thundersync/learner_busy_seconds": wall / 2}
     return finished_share(rank, _totals(tokens, loss, turns, peak=peak), timing, lengths, agents, engine or {},
-                          teacher_wait=0.1 * turns, teacher_seconds=0.2 * turns)
+                          teacher_wait=0.1 * turns,
+                          teacher=TeacherLoad(requests=turns, prefill_tokens=10 * turns, busy_seconds=0.2 * turns,
+                                              turn_schedule_tokens=10 * turns, trajectory_schedule_tokens=4 * turns))
 
 
 def test_local_share_averages_to_the_global_token_normalized_direction():
@@ -72,4 +75,6 @@ def test_metrics_are_those_of_the_global_batch():
     assert m["completions/mean_length"] == 2.0 and m["agent/turns_mean"] == 2.5 and m["tools/call_frequency"] == 1.5
     assert m["thundersync/step_wall_seconds"] == 3.0  # the slowest process's
     assert m["thundersync/teacher_scoring_seconds"] == pytest.approx(0.2)
+    assert m["thundersync/teacher_requests"] == 10 and m["thundersync/teacher_prefill_tokens"] == 100  # summed
+    assert m["thundersync/teacher_prefill_tokens_trajectory_schedule"] == 40
     assert "opd/reverse_kl" not in batch_metrics(shares, "gjsd")

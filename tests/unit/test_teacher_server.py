@@ -53,6 +53,18 @@ def test_server_scores_equal_local_teacher(server, teacher_model, monkeypatch):
     assert bodies[-1]["prompt"] == context + action and bodies[-1]["prompt_logprobs"] == 0
 
 
+def test_one_request_scores_every_turn_of_a_trajectory(server, teacher_model, monkeypatch):
+    bodies = []
+    complete = server.app.complete
+    monkeypatch.setattr(server.app, "complete", lambda body: (bodies.append(body), complete(body))[1])
+    client, local = ServerTeacher(server.url), LocalTeacher(teacher_model)
+    ids = [5, 17, 30, 2, 9, 44, 3, 100, 61, 8, 12]  # prompt 0-3, action 4-6, observation 7, action 8-10
+    spans = client.score_spans(ids, [(4, 7), (8, 11)])
+    assert len(bodies) == 1 and bodies[0]["prompt"] == ids
+    for (start, end), scores in zip([(4, 7), (8, 11)], spans, strict=True):
+        assert torch.allclose(scores.logprobs, local.score(ids[:start], ids[start:end]).logprobs, atol=1e-5)
+
+
 def test_prompt_logprobs_are_the_raw_distribution_in_vllm_shape(server, teacher_model, teacher_path):
     from transformers import AutoTokenizer
 

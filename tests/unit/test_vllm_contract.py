@@ -172,7 +172,8 @@ def test_the_teacher_and_the_server_info_reader_read_listed_fields(version):
     answer = {"choices": [{"prompt_logprobs": [None, {"7": {"logprob": -1.0, "rank": 1, "decoded_token": "x"}}]}]}
     teacher = ServerTeacher.__new__(ServerTeacher)
     teacher.url = "http://teacher"
-    assert teacher._action_logprobs(Recording(answer, "completion", seen), [3, 7], 1) == [-1.0]
+    entries = teacher._prompt_logprobs(Recording(answer, "completion", seen), 2)
+    assert teacher._span_logprobs(entries, [3, 7], 1, 2) == [-1.0]
     assert seen <= _allowed(version)
     configs = VERSIONS[version]["configs"]  # /server_info: vllm_config.<section>.<field> (server_info.read_limits)
     assert {"model_config", "scheduler_config", "weight_transfer_config"} <= set(configs["VllmConfig"])

@@ -4,7 +4,9 @@
                      finished trajectory becomes a `TrajectoryClosed` after its turns
     agent loop       (multi-turn engines) emits each `TurnEvent` through the `TurnRouter` the moment its action is
                      complete — while the tool runs
-    teacher thread   scores turns in arrival order (queue wait and scoring time recorded) and forwards them
+    teacher thread   scores turns in arrival order (queue wait and scoring time recorded) and forwards them; with
+                     `teacher_scoring="trajectory"` it holds a trajectory's turns until its close and scores them
+                     with one request (`teacher_schedule`: cheaper prefill, later release)
     learner          `schedule="thundersync"`: every scored turn's backward runs at once; `"sync"`: the learner
                      waits until the batch has closed, then processes the same items in the same order
 
@@ -27,6 +29,7 @@ from ..types import RolloutRequest, TurnEvent
 from .learner import DistillBatchLearner
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed
 from .teacher import TeacherScorer, check_teacher_scores
+from .teacher_schedule import TeacherLedger, TeacherLoad, TeacherScoring, plan_requests, score_spans
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,11 @@ class DistillTiming:
     learner_busy: float  # Σ service time of learner items
     barrier: float  # every learner item done
     teacher_wait: float  # Σ over turns: action complete → teacher starts scoring it
-    teacher_seconds: float  # Σ over turns: teacher scoring time
+    teacher: TeacherLoad  # the teacher's requests, prefill and busy time, and each schedule's prefill
+
+    @property
+    def teacher_seconds(self) -> float:  # Σ over teacher requests of their wall time
+        return self.teacher.busy_seconds
 
     @property
     def tail(self) -> float:
@@ -61,23 +68,47 @@ def _results(engine: RolloutEngine, single_turn: bool, out: queue.Queue, stop: t
         out.put(DONE)
 
 
-def _teach(teacher: TeacherScorer, vocab_size: int | None, inbox: queue.Queue, out: queue.Queue) -> None:
+def _teach(teacher: TeacherScorer, vocab_size: int | None, scoring: TeacherScoring, ledger: TeacherLedger,
+           inbox: queue.Queue, out: queue.Queue) -> None:
+    """Teacher thread: per turn on arrival (`"turn"`), or a trajectory's turns at its close (`"trajectory"`)."""
+    held: dict[int, list[TurnEvent]] = {}  # "trajectory": turn events waiting for their trajectory's close
     while True:
         item = inbox.get()
         try:
             if isinstance(item, TurnEvent):
-                start = time.perf_counter()
-                scores = teacher.score(item.context_ids, item.action_ids)
-                check_teacher_scores(scores, len(item.action_ids), vocab_size,
-                                     f"trajectory {item.index} turn {item.turn}")
-                out.put(ScoredTurn(item, scores, start, time.perf_counter()))
+                ledger.observe(item)
+                if scoring == "turn":
+                    _score(teacher, vocab_size, [item], ledger, out)
+                else:
+                    held.setdefault(item.index, []).append(item)
             else:
+                if isinstance(item, TrajectoryClosed) and scoring == "trajectory":
+                    events = held.pop(item.rollout.index, [])
+                    if len(events) != item.turns:
+                        raise RolloutError(f"trajectory {item.rollout.index} closed after {item.turns} turns but "
+                                           f"{len(events)} turn events reached the teacher before its close")
+                    _score(teacher, vocab_size, events, ledger, out)
                 out.put(item)
         except BaseException as exc:
             out.put(exc)
             return
         if item is DONE or isinstance(item, BaseException):
             return
+
+
+def _score(teacher: TeacherScorer, vocab_size: int | None, events: list[TurnEvent], ledger: TeacherLedger,
+           out: queue.Queue) -> None:
+    """Score `events` (one trajectory's) with the fewest covering requests; forward each turn, checked."""
+    for request in plan_requests(events):
+        start = time.perf_counter()
+        scores = score_spans(teacher, request.ids, request.spans)
+        end = time.perf_counter()
+        ledger.count(request, end - start)
+        for position, turn_scores in zip(request.turns, scores, strict=True):
+            event = events[position]
+            check_teacher_scores(turn_scores, len(event.action_ids), vocab_size,
+                                 f"trajectory {event.index} turn {event.turn}")
+            out.put(ScoredTurn(event, turn_scores, start, end, shared=len(request.turns) > 1))
 
 
 def run_distill_batch(
@@ -88,23 +119,27 @@ def run_distill_batch(
     learner: DistillBatchLearner,
     *,
     schedule: str = "thundersync",
+    teacher_scoring: TeacherScoring = "turn",
     router: TurnRouter | None = None,
     logits_vocab_size: int | None = None,
     on_item: Callable[[ScoredTurn | TrajectoryClosed], None] | None = None,
 ) -> tuple[DistillTotals, DistillTiming]:
     """`router`: the `TurnRouter` a multi-turn engine emits through (None: the engine is single-turn).
-    `logits_vocab_size`: require full-vocabulary teacher logits of this width (generalized JSD)."""
+    `logits_vocab_size`: require full-vocabulary teacher logits of this width (generalized JSD).
+    `teacher_scoring`: one teacher request per turn, or per trajectory at its close (`teacher_schedule`)."""
     start = time.perf_counter()
     to_teacher: queue.Queue = queue.Queue()
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
+    ledger = TeacherLedger()
     if router is not None:
         router.open(to_teacher)
     engine.start_batch(requests, policy_version)
     threads = [
         threading.Thread(target=_results, args=(engine, router is None, to_teacher, stop), daemon=True,
                          name="thundersync-distill-rollouts"),
-        threading.Thread(target=_teach, args=(teacher, logits_vocab_size, to_teacher, inbox), daemon=True,
+        threading.Thread(target=_teach, args=(teacher, logits_vocab_size, teacher_scoring, ledger, to_teacher, inbox),
+                         daemon=True,
                          name="thundersync-teacher"),
     ]
     for thread in threads:
@@ -136,6 +171,5 @@ def run_distill_batch(
     turns = [w for w in totals.work if w.kind == "turn_backward"]
     return totals, DistillTiming(
         start=start, rollout_end=rollout_end, learner_busy=sum(w.end - w.start for w in totals.work),
-        barrier=barrier, teacher_wait=sum(w.teacher_wait for w in turns),
-        teacher_seconds=sum(w.teacher_seconds for w in turns),
+        barrier=barrier, teacher_wait=sum(w.teacher_wait for w in turns), teacher=ledger.load(),
     )

@@ -35,6 +35,7 @@ from ..errors import PeerProcessError
 from ..types import AgentStats
 from .learner import batch_direction
 from .records import DistillTotals
+from .teacher_schedule import TeacherLoad
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class RankShare:
     turns: int  # turns the process's learner processed
     peak_open: int  # most trajectories open at once in this process's learner
     teacher_wait: float  # Σ over its turns: action complete → teacher starts scoring (seconds)
-    teacher_seconds: float  # Σ over its turns: teacher scoring time (seconds)
+    teacher: TeacherLoad  # its teacher's requests, prefill tokens and busy seconds (and each schedule's prefill)
     timing: tuple[tuple[str, float], ...]  # this process's `step_timing_metrics` (name, seconds or fraction)
     completion_lengths: tuple[int, ...]  # model tokens of each of its trajectories (tool tokens excluded)
     agents: tuple[AgentStats, ...]  # per-trajectory agent statistics (empty without tools / environments)
@@ -57,16 +58,16 @@ class RankShare:
 
 def finished_share(rank: int, totals: DistillTotals, timing: dict[str, float], completion_lengths: Sequence[int],
                    agents: Sequence[AgentStats], engine: dict[str, float], teacher_wait: float,
-                   teacher_seconds: float) -> RankShare:
+                   teacher: TeacherLoad) -> RankShare:
     """The share of a process whose batch reached the barrier."""
     return RankShare(rank, None, totals.scored_tokens, totals.loss_sum, totals.turns, totals.peak_open_trajectories,
-                     teacher_wait, teacher_seconds, tuple(timing.items()), tuple(completion_lengths), tuple(agents),
+                     teacher_wait, teacher, tuple(timing.items()), tuple(completion_lengths), tuple(agents),
                      tuple(engine.items()))
 
 
 def failed_share(rank: int, error: BaseException) -> RankShare:
     """The share of a process whose batch raised: it still enters the exchange, carrying its cause."""
-    return RankShare(rank, f"{type(error).__name__}: {error}", 0, 0.0, 0, 0, 0.0, 0.0, (), (), (), ())
+    return RankShare(rank, f"{type(error).__name__}: {error}", 0, 0.0, 0, 0, 0.0, TeacherLoad(), (), (), (), ())
 
 
 def check_shares(shares: Sequence[RankShare], rank: int, own_error: BaseException | None) -> int:
@@ -96,7 +97,8 @@ def global_loss(shares: Sequence[RankShare]) -> float:
 def batch_metrics(shares: Sequence[RankShare], objective: str) -> dict[str, float]:
     """The trainer's per-batch metrics over the global batch, identical on every process.
 
-    Counts are summed over processes (scored tokens, turns); per-turn teacher times are Σ over all turns / all turns;
+    Counts are summed over processes (scored tokens, turns, teacher requests and prefill); the teacher's seconds per
+    turn are its busy time over all turns / all turns;
     the mean completion length, `opd/reverse_kl` and the agent metrics are computed over every trajectory of the
     global batch; `open_trajectories_peak` and the timing metrics are the largest over processes (each process has
     its own learner, and the barrier waits for the slowest); engine metrics are averaged over the processes that
@@ -109,9 +111,11 @@ def batch_metrics(shares: Sequence[RankShare], objective: str) -> dict[str, floa
         "thundersync/turns": float(turns),
         "thundersync/open_trajectories_peak": float(max(s.peak_open for s in shares)),
         "thundersync/teacher_queue_wait_seconds": sum(s.teacher_wait for s in shares) / max(turns, 1),
-        "thundersync/teacher_scoring_seconds": sum(s.teacher_seconds for s in shares) / max(turns, 1),
-        "thundersync/teacher_busy_seconds": sum(s.teacher_seconds for s in shares),
+        "thundersync/teacher_scoring_seconds": sum(s.teacher.busy_seconds for s in shares) / max(turns, 1),
+        "thundersync/teacher_busy_seconds": sum(s.teacher.busy_seconds for s in shares),
     }
+    for name in TeacherLoad().metrics():  # counts: summed over processes
+        out[name] = sum(s.teacher.metrics()[name] for s in shares)
     for name in dict(shares[0].timing):
         out[name] = max(dict(s.timing)[name] for s in shares)
     if objective == "opd":  # −Σ A / N = mean of log π_θ − log π_T over sampled tokens

@@ -26,6 +26,7 @@ class ScoredTurn:
     teacher: TeacherScores
     scoring_start: float  # perf_counter when the teacher started on it; queue wait = scoring_start − event.time
     scored_at: float  # perf_counter when the scores were known: the source's ready time τ
+    shared: bool = False  # the teacher scored it in one request with other turns of its trajectory (same interval)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class TurnWork:
     end: float
     tokens: int  # scored action tokens (turn) / context tokens replayed (replay)
     teacher_wait: float = 0.0  # seconds the turn waited for the teacher after its action was complete
-    teacher_seconds: float = 0.0  # seconds the teacher spent scoring it
+    teacher_seconds: float = 0.0  # seconds of the teacher request that scored it (shared by a trajectory's turns
+    # under teacher_scoring="trajectory"; `DistillTiming.teacher` counts each request once)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The frozen teacher: the `TeacherScorer` protocol, a local-model implementation and the checks on its answers.
 
 Lifecycle: the distillation pipeline calls `score(context_ids, action_ids)` once per turn, from its teacher thread,
-as soon as the turn's action is complete; `close()` once when training ends. A scorer never sees the student.
+as soon as the turn's action is complete (`teacher_scoring="turn"`), or, when the scorer also offers
+`score_spans(ids, spans)`, one call per trajectory over its longest sequence (`"trajectory"`, `teacher_schedule`);
+`close()` once when training ends. A scorer never sees the student.
 `full_vocabulary` says whether `TeacherScores.logits` is filled (needed by the generalized JSD; OPD needs only the
 sampled-token log-probs, which a teacher server can return).
 """
@@ -41,24 +43,32 @@ class LocalTeacher:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.vocab_map = vocab_map
 
-    @torch.no_grad()
     def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
         if not action_ids:
             return TeacherScores(torch.zeros(0), torch.zeros(0, 0))
+        start = len(context_ids)
+        return self.score_spans(list(context_ids) + list(action_ids), [(start, start + len(action_ids))])[0]
+
+    @torch.no_grad()
+    def score_spans(self, ids: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[TeacherScores]:
+        """One forward over `ids`; the scores of each action span [start, end) (`teacher_schedule`)."""
         if self.vocab_map is not None:
-            context_ids, action_ids = self.vocab_map.to_teacher(context_ids), self.vocab_map.to_teacher(action_ids)
-        ids = torch.tensor([list(context_ids) + list(action_ids)], device=self.device)
+            ids = self.vocab_map.to_teacher(ids)
+        tokens = torch.tensor([list(ids)], device=self.device)
         was_training = self.model.training
         self.model.eval()
         try:
-            logits = self.model(input_ids=ids).logits[0, len(context_ids) - 1 : -1].float()
+            logits = self.model(input_ids=tokens).logits[0].float()
         finally:
             self.model.train(was_training)
-        actions = torch.tensor(list(action_ids), device=logits.device)
-        logprobs = action_logprobs(logits, actions)
-        if self.vocab_map is not None:
-            logits = self.vocab_map.student_logits(logits)
-        return TeacherScores(logprobs, logits)
+        out = []
+        for start, end in spans:
+            span_logits = logits[start - 1 : end - 1]
+            logprobs = action_logprobs(span_logits, tokens[0, start:end])
+            if self.vocab_map is not None:
+                span_logits = self.vocab_map.student_logits(span_logits)
+            out.append(TeacherScores(logprobs, span_logits))
+        return out
 
     def close(self) -> None:
         return None

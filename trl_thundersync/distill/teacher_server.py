@@ -1,9 +1,11 @@
 """A teacher behind a vLLM-compatible HTTP server: sampled-token log-probabilities of each turn in its context.
 
-One `POST {url}/v1/completions` per turn with the token ids of context + action as the prompt, `max_tokens: 1` and
-`prompt_logprobs: 0` (`rollout.vllm_api.prompt_logprobs_payload`); vLLM answers `choices[0].prompt_logprobs`, one
-entry per prompt token (the first is null), each a mapping from token id to `{"logprob", "rank", "decoded_token"}`
-that contains at least the prompt token itself. The action's entries are the last T. Enough for the OPD objective;
+One `POST {url}/v1/completions` per turn (or, with `teacher_scoring="trajectory"`, per trajectory: `score_spans`
+reads every turn's action from one answer, `distill.teacher_schedule`) with the token ids of context + action as the
+prompt, `max_tokens: 1` and `prompt_logprobs: 0` (`rollout.vllm_api.prompt_logprobs_payload`); vLLM answers
+`choices[0].prompt_logprobs`, one entry per prompt token (the first is null), each a mapping from token id to
+`{"logprob", "rank", "decoded_token"}` that contains at least the prompt token itself. An action's entries are
+those of its positions. Enough for the OPD objective;
 the generalized JSD needs a local teacher (`full_vocabulary = False`). The embedded server
 (`python -m trl_thundersync.serve`) answers the same way, so it can serve the teacher too.
 
@@ -48,31 +50,40 @@ class ServerTeacher:
     def score(self, context_ids: Sequence[int], action_ids: Sequence[int]) -> TeacherScores:
         if not action_ids:
             return TeacherScores(torch.zeros(0))
+        start = len(context_ids)
+        return self.score_spans(list(context_ids) + list(action_ids), [(start, start + len(action_ids))])[0]
+
+    def score_spans(self, ids: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[TeacherScores]:
+        """One request over `ids`; the log-probs of each action span [start, end) (`teacher_schedule`)."""
         if self.vocab_map is not None:
-            context_ids, action_ids = self.vocab_map.to_teacher(context_ids), self.vocab_map.to_teacher(action_ids)
-        prompt = [int(t) for t in context_ids] + [int(t) for t in action_ids]
+            ids = self.vocab_map.to_teacher(ids)
+        prompt = [int(t) for t in ids]
         answer = self._request("POST", "/v1/completions", prompt_logprobs_payload(self.model, prompt))
-        return TeacherScores(torch.tensor(self._action_logprobs(answer, prompt, len(context_ids)),
-                                          dtype=torch.float32))
+        entries = self._prompt_logprobs(answer, len(prompt))
+        return [TeacherScores(torch.tensor(self._span_logprobs(entries, prompt, start, end), dtype=torch.float32))
+                for start, end in spans]
 
     def close(self) -> None:
         return None
 
-    def _action_logprobs(self, answer: Any, prompt: list[int], start: int) -> list[float]:
-        """The log-probs of prompt[start:] (the action) in a `prompt_logprobs` answer; refuses a malformed one."""
+    def _prompt_logprobs(self, answer: Any, length: int) -> list:
+        """`choices[0].prompt_logprobs` of an answer (one entry per prompt token); refuses a malformed one."""
         try:
             entries = answer["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError) as exc:
             raise TeacherScoringError(
                 f"teacher server {self.url}: the answer has no choices[0].prompt_logprobs ({type(exc).__name__}: "
                 f"{exc}); the server must support vLLM's prompt_logprobs") from exc
-        if not isinstance(entries, list) or len(entries) < len(prompt):
+        if not isinstance(entries, list) or len(entries) < length:
             got = len(entries) if isinstance(entries, list) else type(entries).__name__
             raise TeacherScoringError(
-                f"teacher server {self.url}: returned {got} prompt log-probabilities for {len(prompt)} prompt tokens "
-                f"({len(prompt) - start} action tokens to score)")
+                f"teacher server {self.url}: returned {got} prompt log-probabilities for {length} prompt tokens")
+        return entries
+
+    def _span_logprobs(self, entries: list, prompt: list[int], start: int, end: int) -> list[float]:
+        """The log-probs of prompt[start:end] (one action) among the prompt entries."""
         values = []
-        for position in range(start, len(prompt)):
+        for position in range(start, end):
             entry = entries[position]
             scored = entry.get(str(prompt[position])) if isinstance(entry, dict) else None
             if not isinstance(scored, dict) or "logprob" not in scored:

@@ -1,9 +1,12 @@
 """One distillation step as a `StepTrace`: rollouts (trajectories, turns, tool calls), the teacher lane (scoring of
-each turn, its queue wait as `ready`), learner items (turn backward, context replay), barrier and publication."""
+each turn, its queue wait as `ready`; one event per request: under teacher_scoring="trajectory" it carries the
+trajectory's last turn, the first turn's action time as `ready` and the action tokens of every turn it scored),
+learner items (turn backward, context replay), barrier and publication."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..trace.records import StepTrace, TraceEvent
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed
@@ -13,9 +16,16 @@ def distill_step_trace(*, step: int, schedule: str, start: float, rollout_end: f
                        items: Sequence[ScoredTurn | TrajectoryClosed], optimizer_end: float, publish_end: float
                        ) -> StepTrace:
     events: list[TraceEvent] = []
+    requests: dict[tuple[int, float], int] = {}  # (trajectory, start) → its teacher event (one per request)
     for item in items:
         if isinstance(item, ScoredTurn):
             e = item.event
+            key = (e.index, item.scoring_start)
+            if item.shared and key in requests:  # another turn of the same request: its tokens join that event
+                k = requests[key]
+                events[k] = replace(events[k], turn=e.turn, tokens=events[k].tokens + len(e.action_ids))
+                continue
+            requests[key] = len(events)
             events.append(TraceEvent("teacher", "teacher_score", item.scoring_start, item.scored_at, e.index, -1,
                                      e.turn, e.policy_version, e.time, len(e.action_ids)))
             continue

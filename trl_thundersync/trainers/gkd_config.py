@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from trl.experimental.gkd import GKDConfig
 
+from ..distill.teacher_schedule import TeacherScoring
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
 from ..types import AgentProtocol, Schedule, TurnBackward
@@ -69,6 +70,16 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
                   "local teacher's logits are gathered at the mapped ids (generalized JSD). None: teacher and student "
                   "must share one vocabulary and tokenizer."},
     )
+    teacher_scoring: TeacherScoring = field(
+        default="turn",
+        metadata={"help": "When the teacher scores: 'turn' sends each turn's context + action the moment the action "
+                  "is complete, so its student backward can run while the next tool runs (earliest release; the "
+                  "teacher prefills Σ_j |context_j + action_j|, quadratic in the turns, since prompt log-probs are "
+                  "never served from vLLM's prefix cache); 'trajectory' scores all turns of a trajectory with one "
+                  "request over its full sequence once it finished (linear prefill; the turns' backwards wait for "
+                  "the trajectory's end). Same scores, same update. The step metrics thundersync/"
+                  "teacher_prefill_tokens_{turn,trajectory}_schedule give both costs for the same turns."},
+    )
     teacher_server_model: str | None = field(
         default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}
     )
@@ -100,6 +111,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
         require_choice(self, "objective", Objective)
         require_choice(self, "schedule", Schedule)
         require_choice(self, "turn_backward", TurnBackwardSetting)
+        require_choice(self, "teacher_scoring", TeacherScoring)
         self.check_rollout_fields(ROLLOUT_ENGINES)
         if self.max_open_trajectories is not None and self.max_open_trajectories < 1:
             raise ConfigurationError(f"max_open_trajectories={self.max_open_trajectories} must be ≥ 1 (or None for "

@@ -258,7 +258,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         items: list = []
         vocab = module.config.get_text_config().vocab_size if self.args.objective == "gjsd" else None
         totals, timing = run_distill_batch(engine, requests, version, self._teacher, learner,
-                                           schedule=self.args.schedule, router=self._router if self._agentic else None,
+                                           schedule=self.args.schedule, teacher_scoring=self.args.teacher_scoring,
+                                           router=self._router if self._agentic else None,
                                            logits_vocab_size=vocab, on_item=items.append)
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)
@@ -267,8 +268,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return finished_share(rank, totals, step_timing_metrics(timing),
                               model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts]),
                               [r.agent for r in rollouts if r.agent is not None], engine_step_metrics(self._engine),
-                              teacher_wait=sum(w.teacher_wait for w in turns),
-                              teacher_seconds=sum(w.teacher_seconds for w in turns))
+                              teacher_wait=sum(w.teacher_wait for w in turns), teacher=timing.teacher)
 
     def _objective(self, logits: torch.Tensor, actions: torch.Tensor, teacher: TeacherScores) -> torch.Tensor:
         if self.args.objective == "opd":
