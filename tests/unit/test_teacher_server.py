@@ -138,4 +138,35 @@ def test_http_errors_carry_the_server_message(server):
 
 def test_unreachable_server_is_a_typed_error():
     with pytest.raises(TeacherScoringError, match="URLError|Connection"):
-        ServerTeacher("http://127.0.0.1:9", model="x", timeout=2).score([1, 2], [3])
+        ServerTeacher("http://127.0.0.1:9", model="x", timeout=2, retries=0).score([1, 2], [3])
+
+
+def test_transient_failures_are_sent_again_on_trls_schedule_and_bounded(server, monkeypatch):
+    from trl_thundersync.rollout import vllm_api
+
+    monkeypatch.setattr(vllm_api, "RESEND_BACKOFF_S", 0.01)
+    script, sent, pauses = [], [], []
+    monkeypatch.setattr(teacher_server.time, "sleep", pauses.append)
+
+    def call(*args, **kwargs):
+        sent.append(args[2])
+        if script:
+            status = script.pop(0)
+            if status is None:
+                raise ConnectionResetError("reset by peer")
+            return HTTPReply(status, {}, json.dumps({"error": {"message": "boom", "type": "x"}}).encode())
+        return http_call(*args, **kwargs)
+
+    monkeypatch.setattr(teacher_server, "http_call", call)
+    client = ServerTeacher(server.url, model="tiny-teacher", retries=3)
+    script[:] = [500, None, 503]  # three transient failures, then the real answer
+    assert client.score([1, 2, 3], [4, 5]).logprobs.shape == (2,)
+    assert len(sent) == 4 and pauses == [0.0, 0.02, 0.04]
+    script[:] = [502] * 5
+    with pytest.raises(TeacherScoringError, match=r"HTTP 502: .*boom \(sent 4 times\)"):
+        client.score([1, 2, 3], [4, 5])
+    sent.clear()
+    script[:] = [400]  # the server refused the request itself: not resent
+    with pytest.raises(TeacherScoringError, match="HTTP 400"):
+        client.score([1, 2, 3], [4, 5])
+    assert len(sent) == 1

@@ -25,7 +25,7 @@ from trl_thundersync.errors import (
     UnsupportedOptionError,
     VocabularyMismatchError,
 )
-from trl_thundersync.rollout import vllm_client
+from trl_thundersync.rollout import vllm_api, vllm_client
 from trl_thundersync.rollout.request_fields import request_fields
 from trl_thundersync.rollout.server_info import VLLM_DEFAULT_MAX_NUM_SEQS
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
@@ -265,7 +265,7 @@ def test_an_aborted_sample_is_refused(vllm, reason):
 
 
 def test_http_500_is_sent_again_with_backoff_and_bounded(vllm, monkeypatch):
-    monkeypatch.setattr(vllm_client, "_BACKOFF_S", 0.02)
+    monkeypatch.setattr(vllm_api, "RESEND_BACKOFF_S", 0.02)
     stub = vllm(script=[500, 500])
     eng = engine([stub.url], retries=3)
     pauses, wait = [], eng._cancel.wait

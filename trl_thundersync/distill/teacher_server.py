@@ -10,21 +10,28 @@ the generalized JSD needs a local teacher (`full_vocabulary = False`). The embed
 (`python -m trl_thundersync.serve`) answers the same way, so it can serve the teacher too.
 
 HTTP goes through the rollout client's wire helpers (`rollout.vllm_api.http_call`: plain `http.client`, one
-connection per request, the `timeout` per request); every failure — no answer, an HTTP error (with the server's
+connection per request, the `timeout` per request; a transient failure — no answer, HTTP 500/502/503 — is resent on
+TRL's client's schedule, `retries` times at most); every failure — no answer, an HTTP error (with the server's
 message, in any of vLLM's error shapes), a malformed answer — is a `TeacherScoringError` naming the server.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..errors import RolloutError, TeacherScoringError, VocabularyMismatchError
-from ..rollout.vllm_api import error_message, http_call, parse_model_ids, prompt_logprobs_payload
+from ..rollout.vllm_api import error_message, http_call, parse_model_ids, prompt_logprobs_payload, resend_pause
 from .records import TeacherScores
 from .vocab_map import VocabularyMap
+
+logger = logging.getLogger(__name__)
+
+_TRANSIENT = (500, 502, 503)  # resent, as TRL's client's Retry(status_forcelist=[500, 502, 503]) does
 
 
 class ServerTeacher:
@@ -33,9 +40,10 @@ class ServerTeacher:
     full_vocabulary = False
 
     def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
-                 vocab_map: VocabularyMap | None = None, tokenizer: Any = None) -> None:
+                 vocab_map: VocabularyMap | None = None, tokenizer: Any = None, retries: int = 3) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout  # seconds per request
+        self.retries = retries  # resends of one request after a transient failure (`_request`)
         self.model = model or self._first_model()
         self.vocab_map = vocab_map  # student ids are sent (and looked up) as the teacher's ids
         if tokenizer is not None and vocab_map is None:  # ids go as they are: the teacher must split text the same
@@ -102,13 +110,31 @@ class ServerTeacher:
                                       ) from exc
 
     def _request(self, method: str, path: str, body: dict | None) -> Any:
-        try:
-            reply = http_call(self.url, method, path, body, timeout=self.timeout)
-        except OSError as exc:  # refused, reset, timed out: no HTTP answer
-            raise TeacherScoringError(f"teacher server {self.url}{path}: {type(exc).__name__}: {exc}") from exc
-        if reply.status != 200:
-            raise TeacherScoringError(f"teacher server {self.url}{path}: HTTP {reply.status}: {error_message(reply)}")
-        try:
-            return reply.json()
-        except ValueError as exc:
-            raise TeacherScoringError(f"teacher server {self.url}{path}: the answer is not JSON: {exc}") from exc
+        """One call, resent on a transient failure (no answer, HTTP 500/502/503) up to `retries` times on TRL's
+        client's schedule (at once, then after 4, 8, ... s): scoring has no side effects, so resending is safe. A
+        timeout is not resent (the request may still be running there)."""
+        failure = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                logger.warning("teacher server %s%s: %s; sending it again (attempt %d of %d)", self.url, path,
+                               failure, attempt + 1, self.retries + 1)
+                time.sleep(resend_pause(attempt - 1))
+            try:
+                reply = http_call(self.url, method, path, body, timeout=self.timeout)
+            except TimeoutError as exc:
+                raise TeacherScoringError(f"teacher server {self.url}{path}: no answer within {self.timeout:g} s "
+                                          "(teacher_server_timeout)") from exc
+            except OSError as exc:  # refused, reset: no HTTP answer
+                failure = f"{type(exc).__name__}: {exc}"
+                continue
+            if reply.status == 200:
+                try:
+                    return reply.json()
+                except ValueError as exc:
+                    raise TeacherScoringError(f"teacher server {self.url}{path}: the answer is not JSON: {exc}"
+                                              ) from exc
+            failure = f"HTTP {reply.status}: {error_message(reply)}"
+            if reply.status not in _TRANSIENT:
+                raise TeacherScoringError(f"teacher server {self.url}{path}: {failure}")
+        tries = f" (sent {self.retries + 1} times)" if self.retries else ""
+        raise TeacherScoringError(f"teacher server {self.url}{path}: {failure}{tries}")

@@ -49,6 +49,12 @@ from ..types import SamplingParams
 POLICY_VERSION_HEADER = "x-thundersync-policy-version"
 LORA_NAME_PATTERN = "{prefix}-v{version}"  # the served name of LoRA policy version `version`
 TOKEN_ID_PREFIX = "token_id:"  # how `return_tokens_as_token_ids` spells a token in `logprobs.tokens`
+RESEND_BACKOFF_S = 2.0  # TRL's client's Retry(backoff_factor=2): urllib3 resends at once, then after 4, 8, ... s
+
+
+def resend_pause(attempt: int) -> float:
+    """Seconds to wait before resending after failed attempt `attempt` (0-based), on TRL's client's schedule."""
+    return RESEND_BACKOFF_S * 2 ** attempt if attempt else 0.0
 
 
 # -- HTTP ------------------------------------------------------------------------------------------------------------

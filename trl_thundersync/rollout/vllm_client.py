@@ -72,6 +72,7 @@ from .vllm_api import (
     lora_name,
     lora_version,
     parse_completion,
+    resend_pause,
 )
 from .vllm_publish import WeightPublisher
 from .vllm_replicas import (
@@ -96,7 +97,6 @@ logger = logging.getLogger(__name__)
 
 _RESTARTING = (502, 503, 504)  # a proxy or a server that is still loading: wait for it like for a restart
 _SERVER_ERROR = 500  # failed inside a running server: sent again after a backoff, as TRL's client does
-_BACKOFF_S = 2.0  # TRL's Retry(backoff_factor=2): urllib3 resends at once, then after 4, 8, ... s
 _LATENCY_WINDOW = 4096  # per-turn latencies kept for the percentiles
 
 
@@ -367,7 +367,7 @@ class VLLMServerEngine:
             with self._lock:
                 replica.retries += 1
             if attempt < self.retries and status == _SERVER_ERROR:
-                pause = _BACKOFF_S * 2 ** attempt if attempt else 0.0
+                pause = resend_pause(attempt)
                 logger.warning("trajectory %d: %s answered %s; sending it again in %g s (attempt %d of %d)", index,
                                replica.url, failure, pause, attempt + 2, self.retries + 1)
                 if self._cancel.wait(pause):

@@ -86,6 +86,11 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
     teacher_server_timeout: float = field(
         default=120.0, metadata={"help": "Seconds one teacher-server request may take before it is an error."}
     )
+    teacher_server_retries: int = field(
+        default=3,
+        metadata={"help": "Times one teacher-server request is sent again after no answer or HTTP 500/502/503, on "
+                  "TRL's client's schedule (at once, then after 4, 8, ... s); a timeout is not resent."},
+    )
     agent_protocol: AgentProtocol = agent_protocol_field("paper")  # agent_config: why it differs from GRPO's
     max_tool_calling_iterations: int | None = field(
         default=None,
@@ -161,6 +166,8 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
                        "lmbda=1.0 and seq_kd=False")
             if self.teacher_server_timeout <= 0:
                 raise ConfigurationError(f"teacher_server_timeout={self.teacher_server_timeout} must be > 0")
+            if self.teacher_server_retries < 0:
+                raise ConfigurationError(f"teacher_server_retries={self.teacher_server_retries} must be ≥ 0")
         if self.turn_backward == "auto":
             self.turn_backward = "naive" if self.gradient_checkpointing else "boundary_cut"
         if self.use_liger_kernel:

@@ -139,7 +139,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
 
         a = self.args
         return ServerTeacher(a.teacher_server_url, a.teacher_server_model, a.teacher_server_timeout,
-                             vocab_map=self._vocab_map(teacher_vocab=None), tokenizer=self.processing_class)
+                             vocab_map=self._vocab_map(teacher_vocab=None), tokenizer=self.processing_class,
+                             retries=a.teacher_server_retries)
 
     def _mapped_local_teacher(self, teacher_model) -> LocalTeacher:
         """A local teacher with another vocabulary, read through `teacher_vocab_map` (a model or a path, loaded with
