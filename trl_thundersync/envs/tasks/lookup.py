@@ -4,9 +4,9 @@ Why this family: the bundled SWE and terminal tasks need code edits a 64-wide mo
 sees reward 0 everywhere and nothing to learn from. Here every action is a short shell command the tiny agent can
 emit, yet the right one is only knowable from the previous tool result:
 
-    /workspace/input.txt         "next: ls waves"        (the start: the agent must `cat input.txt`)
-    /workspace/waves/            "next: ls roll", decoy files
-    /workspace/roll/             "next: submit", decoy files
+    /workspace/input.txt         "next: ls tests"        (the start: the agent must `cat input.txt`)
+    /workspace/tests/            "next: ls logs", decoy files
+    /workspace/logs/             "next: submit", decoy files
 
 The agent must run `cat input.txt`, then the command each observation names, in order, then `submit`. Chains are
 1-3 directory hops (easy / medium / hard), so groups of one prompt get different rewards as the policy improves.
@@ -39,11 +39,7 @@ if TYPE_CHECKING:
 LookupSplit = Literal["train", "heldout"]
 START = "cat input.txt"  # the first command of every solution: the tool call whose result the policy must use
 SUBMIT = "submit"  # the last step of every chain (the `submit` tool, not a shell command)
-# Every workspace has all four directories, each holding one pointer file. Their names are single tokens of the
-# offline tiny tokenizer (after "ls "), so following a pointer is a one-token copy from the last observation; with
-# "data"/"tests"/"notes"/"logs" (3-4 tokens each, sharing letters) the warm-started tiny model also mixed up the
-# spelling ("ls lotes", "ls nogs").
-DIRECTORIES = ("poem", "waves", "roll", "letters")
+DIRECTORIES = ("data", "tests", "notes", "logs")  # every workspace has all four, each holding one pointer file
 POINTERS = tuple(f"ls {d}" for d in DIRECTORIES)  # the commands a chain can name
 DECOYS = ("README", "old.txt", "todo.md", "a.csv", "b.csv", "log1", "log2", "spec.json", "draft", "x.py")
 _DIFFICULTY = {1: "easy", 2: "medium", 3: "hard"}
