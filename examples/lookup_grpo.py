@@ -1,10 +1,11 @@
-"""GRPO on the lookup tasks — a multi-turn tool-use task the tiny agent learns on two CPU cores in minutes.
+"""GRPO on the lookup tasks — multi-turn tool use sized for a tiny model on two CPU cores (issue 15).
 
 Each task hides a chain of pointers in a sandboxed workspace: the agent must `cat input.txt`, then run the command
 each tool result names (`ls <dir>`), then `submit` (`trl_thundersync/envs/tasks/lookup.py`; partial credit, held-out
-chains never trained on). Out of the box (CPU, offline): the tiny model warm-started on the task's format and,
-in part, its skill (`tiny-agent-lookup`, built on first use), bubblewrap-sandboxed shell tools, the embedded rollout
-server, gradient streaming:
+chains never trained on). Out of the box (CPU, offline): a 128-wide tiny agent warm-started on following pointers
+over the train chains (`tiny-agent-lookup`, built on first use; held-out success ~0.46 after it), bubblewrap-sandboxed
+shell tools, the embedded rollout server, gradient streaming. Status: over the default 30 steps the training reward
+stays where the warm start left it (~0.7, noisy); BENCHMARKS.md "Issue 15" has the runs.
 
     accelerate launch examples/lookup_grpo.py
     python examples/lookup_grpo.py --max_steps 80          # longer
