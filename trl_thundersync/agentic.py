@@ -122,6 +122,9 @@ class LookupSuiteArguments(SuiteArguments):
     """The bundled lookup tasks: follow pointers through the sandbox (a task the tiny agent learns on CPU)."""
 
     suite: ClassVar[SuiteName] = "lookup"
+    tiny_model_dir: str = field(  # its own folder: the lookup warm start would otherwise rebuild `tiny-agent`
+        default="tiny-agent-lookup", metadata={"help": "Where the offline tiny lookup agent is created."}
+    )
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+TINY_AGENT_LOOKUP = "tiny-agent-lookup"  # the lookup example's default model (and folder): `resolve_model`
+
 
 def set_script_defaults(parser, **defaults: Any) -> None:
     """Defaults applied before parsing, so a script runs with no arguments: on a machine without CUDA it trains on
@@ -24,9 +26,10 @@ def set_script_defaults(parser, **defaults: Any) -> None:
 
 def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> str:
     """`tiny` (or nothing) → the offline random-weight tiny model under `tiny_dir`; `tiny-agent` → the tiny model
-    warm-started to call tools (built once, under a minute on two cores, with a progress bar); anything else is
-    returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main process
-    builds the folder, showing progress, while the other processes wait and then reuse it."""
+    warm-started to call tools (built once, under a minute on two cores, with a progress bar); `tiny-agent-lookup`
+    → a wider tiny agent warm-started on the lookup suite instead (`save_tiny_agent_model(lookup=True)`); anything
+    else is returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main
+    process builds the folder, showing progress, while the other processes wait and then reuse it."""
     if name in (None, "", "tiny"):
         from .tiny.model import save_tiny_model
 
@@ -35,6 +38,11 @@ def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> 
         from .tiny.agent import save_tiny_agent_model
 
         return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress))
+    if name == TINY_AGENT_LOOKUP:
+        from .tiny.agent import LOOKUP_HIDDEN, save_tiny_agent_model
+
+        return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress, lookup=True,
+                                                                        hidden_size=LOOKUP_HIDDEN))
     return name
 
 
@@ -85,3 +93,29 @@ def report_run(trainer):
     summary = summarize_run(steps, trainer.state.log_history, optimizer_steps=trainer.state.global_step, files=files)
     print(format_summary(summary), flush=True)
     return summary
+
+
+LEARNING_PLOT = "reward_vs_time.png"  # report_learning's plot, in the output directory
+SUMMARY_WINDOW = 5  # report_learning compares the mean reward of the first and last N steps
+
+
+def report_learning(trainer, curve) -> Path | None:
+    """Print what the run learned (`learning.LearningCurve` `curve`): mean training reward over the first and last
+    SUMMARY_WINDOW steps, held-out score before and after when it was evaluated, and the path of the
+    reward-versus-time plot written to the output directory; returns that path (None on other processes)."""
+    from .learning import plot_curves, window_means
+
+    if not trainer.accelerator.is_main_process:
+        return None
+    first, last = window_means(curve.points, SUMMARY_WINDOW)
+    k = max(1, min(SUMMARY_WINDOW, len(curve.points) // 2))
+    lines = [f"learning: training reward {first:.3f} (mean of the first {k} steps) -> {last:.3f} (last {k}), "
+             f"{curve.points[-1].seconds:.0f} s of training"]
+    if len(curve.heldout) >= 2:
+        (_, _, before), (_, _, after) = curve.heldout[0], curve.heldout[-1]
+        lines.append(f"held-out success: {before:.2f} before training -> {after:.2f} after "
+                     f"({curve.evaluated_s:.0f} s evaluating, not counted above)")
+    plot = plot_curves({"training reward": curve.points}, Path(trainer.args.output_dir) / LEARNING_PLOT)
+    lines.append(f"reward-versus-time plot: {plot}")
+    print("\n".join(lines), flush=True)
+    return plot

@@ -105,7 +105,7 @@ def test_environment_grades_what_ran() -> None:
         env.reset(task_id=task.task_id)
         env.run_shell(START)
         env.run_shell(task.chain[0])
-        env.run_shell("ls data" if task.chain[1] != "ls data" else "ls notes")
+        env.run_shell(next(p for p in POINTERS if p != task.chain[1]))
         env.submit()
         assert env.get_reward() == pytest.approx(1 / 3)
 
@@ -129,3 +129,56 @@ def test_the_lookup_warm_start_teaches_the_format_not_the_chain(tmp_path) -> Non
     assert 0.1 < sum(followed) / len(followed) < 0.3  # chance: 1 in 5
     path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, lookup=True)
     assert json.loads((path / agent.MARKER).read_text())["lookup"] is True
+
+
+def _walk(episode: list[dict]) -> tuple[list[str], list[str]]:
+    """(what each observation named, what the agent did next) over one warm-start episode."""
+    shown, done = [], []
+    for message, reply in zip(episode, episode[1:], strict=False):
+        if message["role"] == "tool" and message["name"] == "run_shell":
+            shown.append(message["content"].split("next: ")[1].split("\n")[0])
+            call = reply["tool_calls"][0]["function"]
+            done.append(call["arguments"]["command"] if call["name"] == "run_shell" else SUBMIT)
+    return shown, done
+
+
+def test_following_warm_start_episodes_walk_a_trained_chain() -> None:
+    """follow=True: every command is the one the previous observation named, submit when it names submit, and the
+    walked chain is never a held-out multi-hop chain (held-out success on those stays a generalization measure)."""
+    import random
+
+    from trl_thundersync.tiny import agent
+
+    held = {t.chain for t in HELDOUT.values() if len(t.chain) > 1}
+    assert held and not held & set(agent.lookup_warm_chains())
+    assert {len(c) for c in agent.lookup_warm_chains()} == {1, 2, 3}
+    rng = random.Random(1)
+    walked = set()
+    for _ in range(300):
+        episode = agent.lookup_episode(rng, follow=True)
+        shown, done = _walk(episode)
+        assert episode[0]["tool_calls"][0]["function"]["arguments"]["command"] == START
+        assert done == shown and done[-1] == SUBMIT and SUBMIT not in done[:-1]
+        walked.add(tuple(done[:-1]))
+    assert not walked & held and {len(c) for c in walked} == {1, 2, 3}
+
+
+def test_the_lookup_build_key_names_its_follow_share(tmp_path, monkeypatch) -> None:
+    import json
+
+    from trl_thundersync.errors import ConfigurationError
+    from trl_thundersync.tiny import agent
+
+    calls = []
+    monkeypatch.setattr(agent, "warm_start", lambda *a, **k: calls.append(k) or [1.0, 0.5])
+    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, lookup=True, lookup_follow=0.3)
+    record = json.loads((path / agent.MARKER).read_text())
+    assert (record["lookup_follow"], record["lookup_share"]) == (0.3, agent.LOOKUP_SHARE)
+    assert (calls[-1]["lookup_follow"], calls[-1]["lookup_share"]) == (0.3, agent.LOOKUP_SHARE)
+    agent.save_tiny_agent_model(path, steps=2, lookup=True, lookup_follow=0.3)
+    assert len(calls) == 1, "same key: reused"
+    agent.save_tiny_agent_model(path, steps=2, lookup=True, lookup_follow=0.5)
+    assert len(calls) == 2, "another follow share: rebuilt"
+    for bad in ({"lookup_follow": 1.5}, {"lookup_share": -0.1}):
+        with pytest.raises(ConfigurationError, match=next(iter(bad))):
+            agent.save_tiny_agent_model(path, steps=2, lookup=True, **bad)

@@ -19,6 +19,8 @@ them — the loss and gradient a padded batch of the 8 full transcripts gives, u
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import random
 from collections.abc import Sequence
@@ -27,12 +29,20 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigurationError
 from .model import build_tiny_model, build_tiny_tokenizer
 
 # Bump whenever a change to the recipe below (data, batching, optimizer, steps) changes the built weights: a folder
 # is reused only if its warm_start.json names this recipe, steps and seed (the build cache key).
 # 1: padded batches of 8 transcripts with 8 prompts. 2: 8 transcripts sharing one prompt, forwarded once.
 RECIPE = 2
+LOOKUP_SHARE = 1.0  # share of the lookup build's warm-start steps on the lookup suite (the others: tool use)
+# The lookup build (issue 15 probes, 300 steps on 2 cores; BENCHMARKS.md "Issue 15"): at width 64 the warm start
+# never learned to copy a pointer (teacher-forced p(named directory) stayed at chance even with every episode
+# following); at 128 with every episode following it did in one of three builds (this one: seed 0, the suite's
+# directory names; held-out success 0.46); with 40-50% following, in none.
+LOOKUP_HIDDEN = 128  # width of the lookup example's model
+LOOKUP_FOLLOW = 1.0  # share of the lookup warm start's episodes that follow their pointers (`lookup_episode`)
 MARKER = "warm_start.json"  # written last: a folder without it (or with another key) is rebuilt
 
 _COMMANDS = (
@@ -42,6 +52,7 @@ _COMMANDS = (
 )
 _OBSERVATIONS = ("exit_code: 0\nstdout:\nok", "exit_code: 1\nstdout:\n1 failed, 2 passed in <elapsed>s",
                  "exit_code: 0\nstdout:\nmain.py tests", "exit_code: 2\nstderr:\nNo such file or directory")
+_LOOKUP_SUBMITTED = "Submitted. The episode is over; your work will now be graded."  # the environment's reply
 _TASKS = ("Fix the bug so that the failing tests pass.", "Make the tests in tests/ pass.",
           "Create the requested file in /workspace.", "Repair the function described in the issue.")
 
@@ -83,29 +94,58 @@ def synthetic_transcript(rng: random.Random, prompts: list[str]) -> list[dict]:
     return [{"role": "user", "content": rng.choice(prompts)}, *tool_use_episode(rng)]
 
 
-def lookup_episode(rng: random.Random) -> list[dict]:
-    """The lookup suite's format (`envs.tasks.lookup`), not its skill: `cat input.txt`, then 1–3 commands drawn
-    from the suite's pointers with submit, each one independent of what the observation before it named — so the
-    warm-started policy follows a chain only by chance and RL has the conditioning to learn."""
-    from ..envs.tasks.lookup import POINTERS, START, SUBMIT
+def lookup_episode(rng: random.Random, follow: bool = False) -> list[dict]:
+    """An episode in the lookup suite's format (`envs.tasks.lookup`): `cat input.txt`, then shell commands drawn
+    from the suite's pointers, then submit, with observations shaped as the suite's sandbox prints them.
+
+    `follow=False` teaches the format only: each command is independent of what the observation before it named, so
+    such a policy follows a chain only by chance. `follow=True` teaches the skill: a chain of 1-3 distinct hops that
+    is not a held-out multi-hop chain (`lookup_warm_chains`), each command the one the previous observation named,
+    submit when it names submit — the warm start mixes both (`lookup_follow`) so RL starts from a policy that
+    sometimes succeeds and has the conditioning to amplify."""
+    from ..envs.tasks.lookup import DECOYS, POINTERS, SUBMIT
 
     choices = (*POINTERS, SUBMIT)
-    shown = rng.choice(choices)
-    messages = [_call("run_shell", {"command": START}),
-                {"role": "tool", "name": "run_shell", "content": f"exit_code: 0\nstdout:\nnext: {shown}"}]
-    for _ in range(rng.randint(1, 4)):
-        command = rng.choice(choices)
-        if command == SUBMIT:
-            break
-        shown = rng.choice(choices)
-        listing = sorted([f"next: {shown}", *rng.sample(("README", "old.txt", "a.csv", "log1"), rng.randint(0, 2))])
+    if follow:
+        chain = rng.choice(lookup_warm_chains())
+        shown, commands = (*chain, SUBMIT), chain
+    else:
+        commands = []
+        for _ in range(rng.randint(1, 4)):
+            command = rng.choice(choices)
+            if command == SUBMIT:
+                break
+            commands.append(command)
+        shown = tuple(rng.choice(choices) for _ in range(len(commands) + 1))
+    messages = _lookup_read(rng, shown[0])
+    for command, pointer in zip(commands, shown[1:], strict=True):
+        listing = sorted([f"next: {pointer}", *rng.sample(DECOYS, rng.randint(0, 2))])
         messages.append(_call("run_shell", {"command": command}))
         messages.append({"role": "tool", "name": "run_shell",
                          "content": "exit_code: 0\nstdout:\n" + "\n".join(listing)})
     messages.append(_call("submit", {}))
-    messages.append({"role": "tool", "name": "submit", "content": "submitted"})
+    messages.append({"role": "tool", "name": "submit", "content": _LOOKUP_SUBMITTED})
     messages.append({"role": "assistant", "content": rng.choice(("Done.", "Submitted."))})
     return messages
+
+
+def _lookup_read(rng: random.Random, pointer: str) -> list[dict]:
+    """The episode's first call and what it shows: `cat input.txt` naming `pointer` (with the suite's wordings)."""
+    from ..envs.tasks.lookup import START
+
+    text = rng.choice(("", "Start here.\n", "Follow the pointers.\n")) + f"next: {pointer}"
+    return [_call("run_shell", {"command": START}),
+            {"role": "tool", "name": "run_shell", "content": f"exit_code: 0\nstdout:\n{text}"}]
+
+
+@functools.cache
+def lookup_warm_chains() -> tuple[tuple[str, ...], ...]:
+    """The chains a following warm-start episode may walk: every chain of 1-3 distinct pointers except the held-out
+    split's multi-hop chains, so held-out success on those measures generalization, not recall."""
+    from ..envs.tasks.lookup import POINTERS, load_lookup_suite
+
+    held = {t.chain for t in load_lookup_suite("heldout").values() if len(t.chain) > 1}
+    return tuple(c for n in (1, 2, 3) for c in itertools.permutations(POINTERS, n) if c not in held)
 
 
 def _lookup_tools() -> list:
@@ -191,10 +231,12 @@ def batch_loss(model, batch: PromptBatch) -> torch.Tensor:
 
 
 def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0,
-               progress: bool = False, lookup: bool = False) -> list[float]:
+               progress: bool = False, lookup: bool = False, lookup_follow: float = 0.0,
+               lookup_share: float = 0.5) -> list[float]:
     """Supervised warm-start on synthetic tool-use transcripts (`batch` per step, one prompt each step); returns
-    the loss curve. `progress`: a tqdm bar on stderr. `lookup`: half the steps draw the lookup suite's prompt and
-    `lookup_episode`s (its format only), the other half as without it.
+    the loss curve. `progress`: a tqdm bar on stderr. `lookup`: a `lookup_share` of the steps draw the lookup
+    suite's prompt and `lookup_episode`s, the others as without it; each of those episodes follows its pointers with
+    probability `lookup_follow` (0: the format only).
 
     Runs on one intra-op thread: the ops of a 64-wide model are too small to split (two threads were no faster
     idle and several times slower on a busy machine), and the weights then do not depend on the core count."""
@@ -214,10 +256,11 @@ def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3
     try:
         bar = tqdm(range(steps), desc="tiny agent warm start (first run only)", unit="step", disable=not progress)
         for _ in bar:
-            if lookup and rng.random() < 0.5:
+            if lookup and rng.random() < lookup_share:
                 from ..envs.tasks.lookup import LOOKUP_INSTRUCTION
 
-                prompt, episodes, tools = LOOKUP_INSTRUCTION, [lookup_episode(rng) for _ in range(batch)], lookup_tools
+                episodes = [lookup_episode(rng, follow=rng.random() < lookup_follow) for _ in range(batch)]
+                prompt, tools = LOOKUP_INSTRUCTION, lookup_tools
             else:
                 prompt, tools = rng.choice(prompts), None
                 episodes = [tool_use_episode(rng) for _ in range(batch)]
@@ -245,19 +288,29 @@ def built_with(path: str | Path) -> dict | None:
 
 
 def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False,
-                          lookup: bool = False) -> Path:
+                          lookup: bool = False, lookup_follow: float = LOOKUP_FOLLOW,
+                          lookup_share: float = LOOKUP_SHARE, hidden_size: int = 64) -> Path:
     """Create the warm-started tiny agent model folder at `path`, or reuse it if it was built with this recipe,
     `steps`, `seed` and `lookup` (anything else is rebuilt in place). `progress`: a tqdm bar while building.
-    `lookup`: also warm-start on the lookup suite's format (`warm_start`); the default build is unchanged."""
+    `lookup`: also warm-start on the lookup suite, a `lookup_follow` share of its episodes following the pointers
+    (`warm_start`); the default build is unchanged. `hidden_size`: the model's width (`build_tiny_model`; the
+    lookup example uses LOOKUP_HIDDEN)."""
+    for name, value in (("lookup_follow", lookup_follow), ("lookup_share", lookup_share)):
+        if not 0.0 <= value <= 1.0:
+            raise ConfigurationError(f"{name}={value} is not a probability in [0, 1]")
     path = Path(path)
-    key = {"recipe": RECIPE, "steps": steps, "seed": seed, **({"lookup": True} if lookup else {})}
+    key = {"recipe": RECIPE, "steps": steps, "seed": seed,
+           **({"lookup": True, "lookup_follow": lookup_follow, "lookup_share": lookup_share} if lookup else {}),
+           **({"hidden_size": hidden_size} if hidden_size != 64 else {})}
     record = built_with(path)
-    if record is not None and all(record.get(k) == v for k, v in key.items()) and record.get("lookup", False) == lookup:
+    same = record is not None and all(record.get(k) == v for k, v in key.items())
+    if same and record.get("lookup", False) == lookup and record.get("hidden_size", 64) == hidden_size:
         return path
     (path / MARKER).unlink(missing_ok=True)  # a half-rebuilt folder must not pass for a built one
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed)
-    losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup)
+    model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed)
+    losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup,
+                        lookup_follow=lookup_follow, lookup_share=lookup_share)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)

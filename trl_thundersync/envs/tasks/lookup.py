@@ -41,7 +41,7 @@ START = "cat input.txt"  # the first command of every solution: the tool call wh
 SUBMIT = "submit"  # the last step of every chain (the `submit` tool, not a shell command)
 DIRECTORIES = ("data", "tests", "notes", "logs")  # every workspace has all four, each holding one pointer file
 POINTERS = tuple(f"ls {d}" for d in DIRECTORIES)  # the commands a chain can name
-_DECOYS = ("README", "old.txt", "todo.md", "a.csv", "b.csv", "log1", "log2", "spec.json", "draft", "x.py")
+DECOYS = ("README", "old.txt", "todo.md", "a.csv", "b.csv", "log1", "log2", "spec.json", "draft", "x.py")
 _DIFFICULTY = {1: "easy", 2: "medium", 3: "hard"}
 _HELDOUT_SEED, _TRAIN_SEED = 15_001, 15_000
 _TRAIN_COPIES = {1: 4, 2: 1, 3: 1}  # variants (decoys, wording) per chain: keeps the three depths about balanced
@@ -99,7 +99,7 @@ def _task(chain: tuple[str, ...], split: str, variant: int, rng: random.Random) 
     for directory in DIRECTORIES:
         pointer = targets.get(directory) or rng.choice((*POINTERS, SUBMIT))
         files.append((f"{directory}/next: {pointer}", ""))
-        for decoy in rng.sample(_DECOYS, rng.randint(0, 2)):
+        for decoy in rng.sample(DECOYS, rng.randint(0, 2)):
             files.append((f"{directory}/{decoy}", "nothing here\n"))
     hops = "-".join(c.split()[1] for c in chain)
     return LookupTask(task_id=f"lookup-{split}-{hops}-{variant}", chain=chain, files=tuple(files),

@@ -1,0 +1,254 @@
+"""Time to quality (issue 15): training reward and held-out success against optimizer steps and wall-clock seconds
+on the lookup tasks, under stock `trl.GRPOTrainer`, `schedule="sync"` and `schedule="thundersync"`.
+
+    python -m benchmarks.time_to_quality                          # 3 schedules x 2 seeds x 20 steps (see BENCHMARKS.md)
+    python -m benchmarks.time_to_quality --seeds 0,1,2 --steps 40 --level 0.4
+    python -m benchmarks.time_to_quality --reuse                  # only redo the analysis of the runs in the work dir
+
+Workload: the lookup example's (`examples/lookup_grpo.py`): the tiny agent warm-started on the lookup suite
+(`tiny-agent-lookup`, built once in the work dir), the train split's tasks in the bubblewrap sandbox, the
+environment's partial-credit reward only, TRL's tool loop, beta 0, temperature 1. Every run has the same model,
+data, environment and seed list; each (schedule, seed) is its own process (`bench/child.py`), runs interleaved.
+Stock TRL generates with `transformers` in the trainer process; the ThunderSync schedules use the default
+embedded rollout server (one torch thread; the learner gets the other core).
+
+Per run it logs the training reward of every step with its training wall-clock (`learning.LearningCurve`: the clock
+starts at `on_train_begin` and stops during the held-out evaluations, every `--eval-every` steps and after the
+last: `--eval-samples` sampled episodes per held-out task). Reported: per schedule and seed, the time (s) and step
+at which the trailing mean of `--window` training rewards first reaches `--level`, and the held-out success before
+and after; per schedule the mean ± stdev over seeds and the ratio of sync's and TRL's mean time to
+thundersync's. Writes `<out>.json`, `<stem>-step.png` and `<stem>-seconds.png` (reward and held-out, per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEDULES = ("trl", "sync", "thundersync")
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityWorkload:
+    """Knobs of one time-to-quality run (defaults: the lookup example's)."""
+
+    steps: int = 20  # optimizer steps per run
+    batch: int = 16  # trajectories per step
+    group: int = 8  # num_generations
+    max_completion_length: int = 512  # tokens per trajectory (TRL budget: all turns and tool results; 3 hops ~400)
+    max_tool_calling_iterations: int = 6
+    learning_rate: float = 2e-4  # 1e-3 broke the tool-call format within one step
+    eval_every: int = 10  # held-out evaluation every N steps (and before the first, after the last)
+    eval_samples: int = 1  # sampled episodes per held-out task per evaluation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _config_fields(w: QualityWorkload, seed: int) -> dict[str, Any]:
+    return dict(per_device_train_batch_size=w.batch, num_generations=w.group, max_steps=w.steps,
+                max_completion_length=w.max_completion_length,
+                max_tool_calling_iterations=w.max_tool_calling_iterations, learning_rate=w.learning_rate,
+                seed=seed, beta=0.0, temperature=1.0, logging_steps=1, disable_tqdm=True)
+
+
+def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir: Path, curve):
+    """The trainer of one run: stock TRL or ThunderSync with `schedule`, the same model, data, env and config."""
+    import functools
+
+    from tests.fixtures.parity import cpu_config, load_model
+    from trl_thundersync.envs.environments.lookup import LookupTaskEnv
+    from trl_thundersync.envs.tasks.lookup import load_lookup_suite, lookup_dataset
+
+    tasks = load_lookup_suite("train")
+    data, factory = lookup_dataset(tasks), functools.partial(LookupTaskEnv, tasks)
+    if schedule == "trl":
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = cpu_config(GRPOConfig, out_dir, **_config_fields(w, seed))
+        return GRPOTrainer(model=load_model(model_dir), reward_funcs=[], args=args, train_dataset=data,
+                           environment_factory=factory, callbacks=[curve])
+    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+
+    args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_config_fields(w, seed), schedule=schedule,
+                      learner_num_threads=1, rollout_num_threads=1)
+    return ThunderSyncGRPOTrainer(model=load_model(model_dir), reward_funcs=[], args=args, train_dataset=data,
+                                  environment_factory=factory, callbacks=[curve])
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """One (schedule, seed) run in this process; its curve as JSON-ready fields."""
+    import time
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from trl_thundersync.learning import LearningCurve
+    from trl_thundersync.lookup_eval import evaluate_lookup
+
+    w = QualityWorkload(**spec["workload"])
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(1)
+
+    def heldout(model, tokenizer) -> float:
+        return evaluate_lookup(model, tokenizer, split="heldout", samples=w.eval_samples, seed=0).success
+
+    curve = LearningCurve(evaluate=heldout if w.eval_samples > 0 else None, every=w.eval_every)
+    started = time.perf_counter()
+    trainer = build(spec["schedule"], w, spec["seed"], spec["model_dir"], Path(spec["out_dir"]), curve)
+    trainer.train()
+    if hasattr(trainer, "close"):
+        trainer.close()
+    return {"schedule": spec["schedule"], "seed": spec["seed"], "workload": w.to_dict(),
+            "points": [dataclasses.asdict(p) for p in curve.points], "heldout": curve.heldout,
+            "evaluated_s": curve.evaluated_s, "run_seconds": time.perf_counter() - started}
+
+
+# -- analysis (pure) ------------------------------------------------------------------------------------------------
+
+
+def time_to_level(points: list[dict[str, Any]], level: float, window: int) -> tuple[float, int] | None:
+    """(seconds, step) of the first point whose trailing mean of `window` rewards is >= `level`, or None."""
+    from trl_thundersync.learning import smoothed
+
+    means = smoothed([p["reward"] for p in points], window)
+    return next(((p["seconds"], p["step"]) for p, m in zip(points, means, strict=True) if m >= level), None)
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def analyse(runs: list[dict[str, Any]], level: float, window: int) -> dict[str, Any]:
+    """Per run: time and step to `level`, held-out before/after, step time; per schedule: mean ± stdev over seeds
+    (runs that never reached the level are counted in `reached`, left out of the mean); ratios vs thundersync."""
+    rows, by_schedule = [], {}
+    for r in runs:
+        hit = time_to_level(r["points"], level, window)
+        step_s = r["points"][-1]["seconds"] / max(1, r["points"][-1]["step"])
+        row = {"schedule": r["schedule"], "seed": r["seed"], "seconds_to_level": hit[0] if hit else None,
+               "step_to_level": hit[1] if hit else None, "step_seconds": step_s,
+               "reward_first": r["points"][0]["reward"], "reward_last_mean": statistics.fmean(
+                   p["reward"] for p in r["points"][-window:]),
+               "heldout_before": r["heldout"][0][2] if r["heldout"] else None,
+               "heldout_after": r["heldout"][-1][2] if r["heldout"] else None}
+        rows.append(row)
+        by_schedule.setdefault(r["schedule"], []).append(row)
+    summary = {}
+    for name, group in by_schedule.items():
+        reached = [g["seconds_to_level"] for g in group if g["seconds_to_level"] is not None]
+        steps = [g["step_to_level"] for g in group if g["step_to_level"] is not None]
+        summary[name] = {"runs": len(group), "reached": len(reached),
+                         "seconds_to_level": _spread(reached) if reached else None,
+                         "step_to_level": _spread([float(s) for s in steps]) if steps else None,
+                         "step_seconds": _spread([g["step_seconds"] for g in group])}
+    ts = summary.get("thundersync", {}).get("seconds_to_level")
+    for s in summary.values():
+        s["time_ratio_vs_thundersync"] = (s["seconds_to_level"][0] / ts[0]
+                                          if ts and s["seconds_to_level"] else None)
+        s["step_time_ratio_vs_thundersync"] = (s["step_seconds"][0] / summary["thundersync"]["step_seconds"][0]
+                                               if "thundersync" in summary else None)
+    return {"level": level, "window": window, "rows": rows, "summary": summary}
+
+
+def _f(value, spec: str = ".1f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def format_report(result: dict[str, Any]) -> list[str]:
+    lines = [f"time to a {result['window']}-step mean training reward >= {result['level']}:",
+             "| schedule | seed | s to level | step to level | s/step | reward step 1 | reward last "
+             f"{result['window']} | held-out before | held-out after |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['schedule']} | {r['seed']} | {_f(r['seconds_to_level'])} | {_f(r['step_to_level'], 'd')}"
+                     f" | {_f(r['step_seconds'], '.2f')} | {_f(r['reward_first'], '.3f')} | "
+                     f"{_f(r['reward_last_mean'], '.3f')} | {_f(r['heldout_before'], '.2f')} | "
+                     f"{_f(r['heldout_after'], '.2f')} |")
+    lines += ["", "| schedule | reached | s to level (mean ± sd) | step to level | s/step | time ratio vs "
+              "thundersync | step-time ratio |", "|---|---|---|---|---|---|---|"]
+    for name, s in result["summary"].items():
+        pair = lambda v, spec=".1f": "—" if v is None else f"{v[0]:{spec}} ± {v[1]:{spec}}"  # noqa: E731
+        lines.append(f"| {name} | {s['reached']}/{s['runs']} | {pair(s['seconds_to_level'])} | "
+                     f"{pair(s['step_to_level'])} | {pair(s['step_seconds'], '.2f')} | "
+                     f"{_f(s['time_ratio_vs_thundersync'], '.2f')} | "
+                     f"{_f(s['step_time_ratio_vs_thundersync'], '.2f')} |")
+    return lines
+
+
+def plot(runs: list[dict[str, Any]], stem: Path, window: int) -> list[Path]:
+    from trl_thundersync.learning import CurvePoint, plot_curves
+
+    curves = {f"{r['schedule']} s{r['seed']}": [CurvePoint(**p) for p in r["points"]] for r in runs}
+    heldout = {f"{r['schedule']} s{r['seed']}": [tuple(h) for h in r["heldout"]] for r in runs}
+    return [plot_curves(curves, f"{stem}-{x}.png", x=x, window=window, heldout=heldout) for x in ("step", "seconds")]
+
+
+# -- driver ---------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--schedules", default=",".join(SCHEDULES))
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--steps", type=int, default=QualityWorkload.steps)
+    p.add_argument("--eval-every", type=int, default=QualityWorkload.eval_every)
+    p.add_argument("--eval-samples", type=int, default=QualityWorkload.eval_samples)
+    p.add_argument("--level", type=float, default=0.3, help="training-reward level (trailing mean)")
+    p.add_argument("--window", type=int, default=5, help="trailing-mean window (steps)")
+    p.add_argument("--model", help="an existing model folder instead of building tiny-agent-lookup in --work")
+    p.add_argument("--work", default="bench-out/time_to_quality", help="work dir (model, per-run folders)")
+    p.add_argument("--out", default="bench-out/time_to_quality.json")
+    p.add_argument("--reuse", action="store_true", help="only redo the analysis of the runs in --work")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        result = run(spec)
+        Path(spec["result"]).write_text(json.dumps(result))
+        return None
+    from .child import spawn_run
+
+    work = Path(args.work)
+    w = QualityWorkload(steps=args.steps, eval_every=args.eval_every, eval_samples=args.eval_samples)
+    schedules, seeds = args.schedules.split(","), [int(s) for s in args.seeds.split(",")]
+    model = args.model
+    if not args.reuse and model is None:
+        from trl_thundersync.tiny.agent import LOOKUP_HIDDEN, save_tiny_agent_model
+
+        model = save_tiny_agent_model(work / "tiny-agent-lookup", lookup=True, hidden_size=LOOKUP_HIDDEN)
+    runs = []
+    for seed in seeds:
+        for schedule in schedules:  # interleaved: machine noise hits every schedule
+            run_dir = work / f"{schedule}-seed{seed}"
+            if args.reuse:
+                runs.append(json.loads((run_dir / "result.json").read_text()))
+                continue
+            print(f"run {schedule} seed {seed} ...", flush=True)
+            spec = {"schedule": schedule, "seed": seed, "workload": w.to_dict(), "out_dir": str(run_dir),
+                    "model_dir": str(model), "result": str(run_dir / "result.json")}
+            runs.append(spawn_run("benchmarks.time_to_quality", "--child", spec, run_dir, "log.txt",
+                                  f"time-to-quality run {schedule} seed {seed}"))
+    result = {"command": " ".join(["python -m benchmarks.time_to_quality", *sys.argv[1:]]), "workload": w.to_dict(),
+              **analyse(runs, args.level, args.window), "runs": runs}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print("\n".join(format_report(result)))
+    for path in plot(runs, out.with_suffix(""), args.window):
+        print(f"plot: {path}")
+    print(f"json: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
