@@ -102,11 +102,11 @@ def plot_curves(curves: Mapping[str, Sequence[CurvePoint]], path: str | Path, x:
                 window: int = 5, heldout: Mapping[str, Sequence[tuple[int, float, float]]] | None = None) -> Path:
     """Reward (moving average over `window` steps, raw points faint) of each named curve against `x`; with
     `heldout` (name -> LearningCurve.heldout) a second panel of held-out score. Writes a PNG at `path`."""
-    from .trace.export import _figure
+    from .trace.export import new_figure
 
     if x not in ("step", "seconds"):
         raise ConfigurationError(f"plot x={x!r} is not 'step' or 'seconds'")
-    fig = _figure((7.0, 6.0) if heldout else (7.0, 3.6))
+    fig = new_figure((7.0, 6.0) if heldout else (7.0, 3.6))
     axes = fig.subplots(2 if heldout else 1, 1, sharex=True, squeeze=False)[:, 0]
     for index, (name, points) in enumerate(curves.items()):
         colour = f"C{index % 10}"

@@ -122,7 +122,7 @@ def read_jsonl(path: str | Path) -> list[StepTrace]:
 # --- Plots ---------------------------------------------------------------------------------------------------------
 
 
-def _figure(figsize: tuple[float, float]) -> Any:
+def new_figure(figsize: tuple[float, float]) -> Any:
     """A matplotlib Figure drawn with Agg, without pyplot (no global backend or figure registry is touched)."""
     try:
         from matplotlib.figure import Figure
@@ -158,7 +158,7 @@ def plot_timeline(steps: Sequence[StepTrace], path: str | Path, title: str | Non
         raise ValueError("plot_timeline needs at least one step")
     origin = min(s.start for s in steps)
     end = max(s.publish_end for s in steps) - origin
-    fig = _figure((12, 3.6))
+    fig = new_figure((12, 3.6))
     ax = fig.subplots()
     h = 0.6
     events = [e for s in steps for e in s.events]
@@ -221,7 +221,7 @@ def plot_speedup(points: Sequence[SpeedupPoint], path: str | Path,
     rhos = [p.balance_ratio for p in points]
     lo, hi = min(min(rhos), 0.25), max(max(rhos), 4.0)
     grid = [lo * (hi / lo) ** (k / 200) for k in range(201)]
-    fig = _figure((6.5, 4.2))
+    fig = new_figure((6.5, 4.2))
     ax = fig.subplots()
     ax.axhline(2.0, color="black", linestyle="--", linewidth=1, label="2× bound (Eq. 17)")
     ax.plot(grid, [full_overlap_limit(r) for r in grid], color="0.5", linestyle=":",
