@@ -28,8 +28,8 @@ from .errors import ConfigurationError
 if TYPE_CHECKING:
     from datasets import Dataset
 
-SuiteName = Literal["swe", "terminal", "lookup"]
-SUITES: tuple[SuiteName, ...] = ("swe", "terminal", "lookup")
+SuiteName = Literal["swe", "terminal", "lookup", "thermostat"]
+SUITES: tuple[SuiteName, ...] = ("swe", "terminal", "lookup", "thermostat")
 TINY_AGENT = "tiny-agent"  # the agentic examples' default --model_name_or_path (built offline on first use)
 LENGTH_PENALTY = 0.001  # the GRPO examples' default weight of `shorter_is_better`
 
@@ -69,6 +69,14 @@ def load_suite(name: SuiteName, *, num_tasks: int | None = None, swe_rows: str |
         if swe_rows or swe_repo_root:
             raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the lookup suite has bundled tasks only")
         tasks, environment, to_dataset = load_lookup_suite("train"), LookupTaskEnv, lookup_dataset
+    elif name == "thermostat":  # the dial a tiny agent learns to steer on CPU (envs/tasks/thermostat.py); train split
+        from .envs.environments.thermostat import ThermostatTaskEnv
+        from .envs.tasks.thermostat import load_thermostat_suite, thermostat_dataset
+
+        if swe_rows or swe_repo_root:
+            raise ConfigurationError("swe_rows / swe_repo_root are SWE rows; the thermostat suite has bundled tasks "
+                                     "only")
+        tasks, environment, to_dataset = load_thermostat_suite("train"), ThermostatTaskEnv, thermostat_dataset
     else:
         raise ConfigurationError(f"suite={name!r} is not one of {SUITES}")
     if num_tasks:
@@ -124,6 +132,16 @@ class LookupSuiteArguments(SuiteArguments):
     suite: ClassVar[SuiteName] = "lookup"
     tiny_model_dir: str = field(  # its own folder: the lookup warm start would otherwise rebuild `tiny-agent`
         default="tiny-agent-lookup", metadata={"help": "Where the offline tiny lookup agent is created."}
+    )
+
+
+@dataclass
+class ThermostatSuiteArguments(SuiteArguments):
+    """The bundled thermostat tasks: steer a sandboxed dial to its target (the quickstart's task)."""
+
+    suite: ClassVar[SuiteName] = "thermostat"
+    tiny_model_dir: str = field(  # its own folder: this warm start would otherwise rebuild `tiny-agent`
+        default="tiny-agent-thermostat", metadata={"help": "Where the offline tiny thermostat agent is created."}
     )
 
 

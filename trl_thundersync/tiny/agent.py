@@ -129,6 +129,33 @@ def lookup_episode(rng: random.Random, follow: bool = False) -> list[dict]:
     return messages
 
 
+def thermostat_episode(rng: random.Random, follow: float = 0.0) -> list[dict]:
+    """An episode in the thermostat suite's format (`envs.tasks.thermostat`): `./check`, then up to 5 actions, each
+    the reactive rule's (high → ./down, low → ./up, ok → submit) with probability `follow`, else one of the three
+    drawn uniformly; every observation is what the dial's scripts print for the level the actions so far reached
+    (from a train start level). `follow=0` teaches the format and the dynamics only: the commands ignore the
+    observations, so such a policy solves a task by chance, and RL has the association to learn."""
+    from ..envs.tasks.thermostat import CHECK, DOWN, MOVES, SUBMIT, TRAIN_DISTANCES, UP, status_line
+
+    level = rng.choice(TRAIN_DISTANCES) * rng.choice((1, -1))
+    messages = [_call("run_shell", {"command": CHECK}), _shell_result(status_line(level))]
+    for _ in range(5):
+        right = SUBMIT if level == 0 else (DOWN if level > 0 else UP)
+        action = right if rng.random() < follow else rng.choice((UP, DOWN, SUBMIT))
+        if action == SUBMIT:
+            messages.append(_call("submit", {}))
+            messages.append({"role": "tool", "name": "submit", "content": _LOOKUP_SUBMITTED})
+            break
+        level += MOVES[action]
+        messages += [_call("run_shell", {"command": action}), _shell_result(status_line(level))]
+    messages.append({"role": "assistant", "content": rng.choice(("Done.", "Submitted."))})
+    return messages
+
+
+def _shell_result(stdout: str) -> dict:
+    return {"role": "tool", "name": "run_shell", "content": f"exit_code: 0\nstdout:\n{stdout}"}
+
+
 def _lookup_read(rng: random.Random, pointer: str) -> list[dict]:
     """The episode's first call and what it shows: `cat input.txt` naming `pointer` (with the suite's wordings)."""
     from ..envs.tasks.lookup import START
