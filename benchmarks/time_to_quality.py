@@ -90,7 +90,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from trl_thundersync.learning import LearningCurve
-    from trl_thundersync.lookup_eval import evaluate_lookup
+    from trl_thundersync.suite_eval import evaluate_lookup
 
     w = QualityWorkload(**spec["workload"])
     hf_logging.set_verbosity_error()

@@ -168,6 +168,30 @@ class LengthShapingArguments:
 
 
 @dataclass
+class HeldOutArguments:
+    """Held-out evaluation of the examples that show learning (`example_support.run_learning_example`)."""
+
+    eval_samples: int = field(default=4, metadata={"help": "Sampled episodes per held-out task before and after "
+                                                           "training (0: no held-out evaluation)."})
+    eval_every: int | None = field(default=None, metadata={"help": "Also evaluate after every N optimizer steps "
+                                                                   "(default: only before and after training)."})
+
+    def evaluator(self, suite: str, temperature: float) -> Callable[[Any, Any], float] | None:
+        """`(model, tokenizer) -> held-out success` on `suite` (`suite_eval.evaluate_suite`), or None when
+        eval_samples is 0."""
+        if self.eval_samples < 0 or (self.eval_every is not None and self.eval_every < 1):
+            raise ConfigurationError(f"eval_samples={self.eval_samples} must be >= 0 and eval_every="
+                                     f"{self.eval_every} >= 1")
+        if self.eval_samples == 0:
+            return None
+        from .suite_eval import evaluate_suite
+
+        samples = self.eval_samples
+        return lambda model, tokenizer: evaluate_suite(model, tokenizer, suite, split="heldout", samples=samples,
+                                                       temperature=temperature).success
+
+
+@dataclass
 class TinyTeacherArguments:
     """The distillation examples' offline teacher (`scripts.resolve_teacher`)."""
 

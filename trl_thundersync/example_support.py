@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 TINY_AGENT_LOOKUP = "tiny-agent-lookup"  # the lookup example's default model (and folder): `resolve_model`
+TINY_AGENT_THERMOSTAT = "tiny-agent-thermostat"  # the quickstart (thermostat) example's default model and folder
 
 
 def set_script_defaults(parser, **defaults: Any) -> None:
@@ -27,9 +28,11 @@ def set_script_defaults(parser, **defaults: Any) -> None:
 def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> str:
     """`tiny` (or nothing) → the offline random-weight tiny model under `tiny_dir`; `tiny-agent` → the tiny model
     warm-started to call tools (built once, under a minute on two cores, with a progress bar); `tiny-agent-lookup`
-    → a wider tiny agent warm-started on the lookup suite instead (`save_tiny_agent_model(lookup=True)`); anything
-    else is returned unchanged. `args` (the run's TrainingArguments): under a multi-process launch the local main
-    process builds the folder, showing progress, while the other processes wait and then reuse it."""
+    → a wider tiny agent warm-started on the lookup suite instead (`save_tiny_agent_model(lookup=True)`);
+    `tiny-agent-thermostat` → the tiny agent warm-started on the thermostat suite (`thermostat=True`, about a
+    minute on two cores); anything else is returned unchanged. `args` (the run's TrainingArguments): under a
+    multi-process launch the local main process builds the folder, showing progress, while the other processes
+    wait and then reuse it."""
     if name in (None, "", "tiny"):
         from .tiny.model import save_tiny_model
 
@@ -43,6 +46,10 @@ def resolve_model(name: str | None, tiny_dir: str = "tiny-qwen3", args=None) -> 
 
         return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress, lookup=True,
                                                                         hidden_size=LOOKUP_HIDDEN))
+    if name == TINY_AGENT_THERMOSTAT:
+        from .tiny.agent import save_tiny_agent_model
+
+        return _build_once(args, lambda progress: save_tiny_agent_model(tiny_dir, progress=progress, thermostat=True))
     return name
 
 
@@ -119,3 +126,35 @@ def report_learning(trainer, curve) -> Path | None:
     lines.append(f"reward-versus-time plot: {plot}")
     print("\n".join(lines), flush=True)
     return plot
+
+
+def run_learning_example(suite_arguments: type, eval_suite: str, **defaults: Any) -> None:
+    """The body of the GRPO examples that show learning (`examples/thermostat_grpo.py`, `examples/lookup_grpo.py`):
+    parse the suite's flags, `HeldOutArguments`, `ThunderSyncGRPOConfig` and TRL's `ModelConfig` (the script's
+    `defaults` first), train on the suite's train split with the environment's reward only, evaluate `eval_suite`'s
+    held-out split before and after training (at the run's sampling temperature, clock stopped), then print the run
+    and learning summaries and write the reward-versus-time plot."""
+    from trl import ModelConfig, TrlParser, get_peft_config
+
+    from . import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+    from .agentic import HeldOutArguments
+    from .learning import LearningCurve
+
+    parser = TrlParser((suite_arguments, HeldOutArguments, ThunderSyncGRPOConfig, ModelConfig))
+    set_script_defaults(parser, **defaults)
+    suite_args, heldout_args, training_args, model_args = parser.parse_args_and_config()
+    suite = suite_args.load_suite()
+    model = resolve_model(model_args.model_name_or_path, suite_args.tiny_model_dir, training_args)
+    evaluate = heldout_args.evaluator(eval_suite, training_args.temperature)
+    curve = LearningCurve(evaluate=evaluate, every=max(1, heldout_args.eval_every or training_args.max_steps))
+    trainer = ThunderSyncGRPOTrainer(
+        model=model, reward_funcs=[], args=training_args, train_dataset=suite.dataset,
+        peft_config=get_peft_config(model_args), environment_factory=suite.environment_factory, callbacks=[curve],
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    print(f"done: {trainer.state.global_step} optimizer steps on {len(suite.tasks)} {suite.name} tasks; "
+          f"policy version {trainer.policy_version}")
+    report_run(trainer)
+    report_learning(trainer, curve)
+    finish_distributed()

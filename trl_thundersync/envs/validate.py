@@ -1,7 +1,7 @@
 """Moved to `trl_thundersync.envs.environments.validate`: envs/ is split by layer, and this old path keeps working,
 also as the documented command:
 
-    python -m trl_thundersync.envs.validate [--suite swe|terminal|lookup|all] [--task ID] [--backend local]
+    python -m trl_thundersync.envs.validate [--suite swe|terminal|lookup|thermostat|all] [--task ID] [--backend local]
 """
 
 from __future__ import annotations

@@ -43,6 +43,10 @@ LOOKUP_SHARE = 1.0  # share of the lookup build's warm-start steps on the lookup
 # directory names; held-out success 0.46); with 40-50% following, in none.
 LOOKUP_HIDDEN = 128  # width of the lookup example's model
 LOOKUP_FOLLOW = 1.0  # share of the lookup warm start's episodes that follow their pointers (`lookup_episode`)
+# The thermostat build (issue 15; BENCHMARKS.md "Time to quality"): width 64, 300 steps, every episode a thermostat
+# one, half of its actions the reactive rule's. With no following (0.0) RL at lr 1e-3 lost the tool-call format
+# within 3 steps; with a quarter, the reward rose more slowly than this build's within the quickstart's budget.
+THERMOSTAT_FOLLOW = 0.5  # share of the thermostat warm start's actions that follow the rule (`thermostat_episode`)
 MARKER = "warm_start.json"  # written last: a folder without it (or with another key) is rebuilt
 
 _COMMANDS = (
@@ -183,6 +187,14 @@ def _lookup_tools() -> list:
     return [env.run_shell, env.submit]
 
 
+def _thermostat_tools() -> list:
+    """The thermostat environment's own tools (its system block is the one its rollouts show)."""
+    from ..envs.environments.thermostat import ThermostatTaskEnv
+
+    env = ThermostatTaskEnv(tasks={})
+    return [env.run_shell, env.submit]
+
+
 def tool_use_episode(rng: random.Random) -> list[dict]:
     """What the agent is taught to do after the task: 1–4 shell commands with canned observations, usually a
     submit, then a short final message."""
@@ -259,11 +271,12 @@ def batch_loss(model, batch: PromptBatch) -> torch.Tensor:
 
 def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0,
                progress: bool = False, lookup: bool = False, lookup_follow: float = 0.0,
-               lookup_share: float = 0.5) -> list[float]:
+               lookup_share: float = 0.5, thermostat_follow: float | None = None) -> list[float]:
     """Supervised warm-start on synthetic tool-use transcripts (`batch` per step, one prompt each step); returns
     the loss curve. `progress`: a tqdm bar on stderr. `lookup`: a `lookup_share` of the steps draw the lookup
     suite's prompt and `lookup_episode`s, the others as without it; each of those episodes follows its pointers with
-    probability `lookup_follow` (0: the format only).
+    probability `lookup_follow` (0: the format only). `thermostat_follow` (not None): every step draws the
+    thermostat suite's prompt and `thermostat_episode(follow=thermostat_follow)`s instead.
 
     Runs on one intra-op thread: the ops of a 64-wide model are too small to split (two threads were no faster
     idle and several times slower on a busy machine), and the weights then do not depend on the core count."""
@@ -280,10 +293,16 @@ def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3
     model.train()
     losses = []
     lookup_tools = _lookup_tools() if lookup else None
+    thermostat_tools = _thermostat_tools() if thermostat_follow is not None else None
     try:
         bar = tqdm(range(steps), desc="tiny agent warm start (first run only)", unit="step", disable=not progress)
         for _ in bar:
-            if lookup and rng.random() < lookup_share:
+            if thermostat_follow is not None:
+                from ..envs.tasks.thermostat import THERMOSTAT_INSTRUCTION
+
+                episodes = [thermostat_episode(rng, follow=thermostat_follow) for _ in range(batch)]
+                prompt, tools = THERMOSTAT_INSTRUCTION, thermostat_tools
+            elif lookup and rng.random() < lookup_share:
                 from ..envs.tasks.lookup import LOOKUP_INSTRUCTION
 
                 episodes = [lookup_episode(rng, follow=rng.random() < lookup_follow) for _ in range(batch)]
@@ -316,28 +335,36 @@ def built_with(path: str | Path) -> dict | None:
 
 def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False,
                           lookup: bool = False, lookup_follow: float = LOOKUP_FOLLOW,
-                          lookup_share: float = LOOKUP_SHARE, hidden_size: int = 64) -> Path:
+                          lookup_share: float = LOOKUP_SHARE, hidden_size: int = 64, thermostat: bool = False,
+                          thermostat_follow: float = THERMOSTAT_FOLLOW) -> Path:
     """Create the warm-started tiny agent model folder at `path`, or reuse it if it was built with this recipe,
-    `steps`, `seed` and `lookup` (anything else is rebuilt in place). `progress`: a tqdm bar while building.
+    `steps`, `seed` and suite options (anything else is rebuilt in place). `progress`: a tqdm bar while building.
     `lookup`: also warm-start on the lookup suite, a `lookup_follow` share of its episodes following the pointers
-    (`warm_start`); the default build is unchanged. `hidden_size`: the model's width (`build_tiny_model`; the
-    lookup example uses LOOKUP_HIDDEN)."""
-    for name, value in (("lookup_follow", lookup_follow), ("lookup_share", lookup_share)):
+    (`warm_start`); the default build is unchanged. `thermostat`: warm-start on the thermostat suite only, a
+    `thermostat_follow` share of the actions the reactive rule's. `hidden_size`: the model's width
+    (`build_tiny_model`; the lookup example uses LOOKUP_HIDDEN)."""
+    for name, value in (("lookup_follow", lookup_follow), ("lookup_share", lookup_share),
+                        ("thermostat_follow", thermostat_follow)):
         if not 0.0 <= value <= 1.0:
             raise ConfigurationError(f"{name}={value} is not a probability in [0, 1]")
+    if lookup and thermostat:
+        raise ConfigurationError("lookup=True and thermostat=True: a tiny agent is warm-started for one suite")
     path = Path(path)
     key = {"recipe": RECIPE, "steps": steps, "seed": seed,
            **({"lookup": True, "lookup_follow": lookup_follow, "lookup_share": lookup_share} if lookup else {}),
+           **({"thermostat": True, "thermostat_follow": thermostat_follow} if thermostat else {}),
            **({"hidden_size": hidden_size} if hidden_size != 64 else {})}
     record = built_with(path)
     same = record is not None and all(record.get(k) == v for k, v in key.items())
-    if same and record.get("lookup", False) == lookup and record.get("hidden_size", 64) == hidden_size:
+    if (same and record.get("lookup", False) == lookup and record.get("thermostat", False) == thermostat
+            and record.get("hidden_size", 64) == hidden_size):
         return path
     (path / MARKER).unlink(missing_ok=True)  # a half-rebuilt folder must not pass for a built one
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed)
     losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup,
-                        lookup_follow=lookup_follow, lookup_share=lookup_share)
+                        lookup_follow=lookup_follow, lookup_share=lookup_share,
+                        thermostat_follow=thermostat_follow if thermostat else None)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)
@@ -350,8 +377,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("path", nargs="?", default="tiny-agent")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lookup", action="store_true", help="also warm-start on the lookup suite's format")
+    parser.add_argument("--thermostat", action="store_true", help="warm-start on the thermostat suite only")
     args = parser.parse_args(argv)
-    out = save_tiny_agent_model(args.path, steps=args.steps, progress=True, lookup=args.lookup)
+    out = save_tiny_agent_model(args.path, steps=args.steps, progress=True, lookup=args.lookup,
+                                thermostat=args.thermostat)
     print(f"tiny agent model written to {out}: {(out / MARKER).read_text()}")
 
 

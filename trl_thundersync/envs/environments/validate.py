@@ -7,8 +7,8 @@
 For each task: a fresh environment is reset and the untouched workspace is graded (SWE must get 0.0, terminal less
 than the full 1.5); then a second fresh environment is reset, the reference solution is applied through the
 environment's own `run_shell` tool, `submit` is called, and the attempt must get the full reward (SWE 1.0, terminal
-1.5). A SWE solution is an overlay directory: its files are written by one shell command (base64 text decoded with
-`base64 -d`), exactly as an agent could write them. A terminal solution is `solution.sh`, passed to `run_shell` as
+1.5; lookup and thermostat 1.0). A SWE solution is an overlay directory: its files are written by one shell
+command (base64 text decoded with `base64 -d`), exactly as an agent could write them. A terminal solution is `solution.sh`, passed to `run_shell` as
 the command. Infrastructure errors (get_reward None) are reported separately from wrong rewards.
 Exit status: 0 when every task passes, 1 otherwise.
 """
@@ -29,14 +29,18 @@ from ..runtimes.api import SandboxLimits
 from ..tasks.lookup import LookupTask, load_lookup_suite
 from ..tasks.records import SWETask, TerminalTask
 from ..tasks.suites import load_swe_suite, load_terminal_suite
+from ..tasks.thermostat import ThermostatTask, load_thermostat_suite
 from .lookup import LookupTaskEnv
 from .shell_env import SandboxFactory
 from .swe import SWERepairEnv
 from .terminal import TerminalTaskEnv
+from .thermostat import ThermostatTaskEnv
 
-FULL_REWARD = {"swe": 1.0, "terminal": 1.5, "lookup": 1.0}
-_ENVS = {"swe": SWERepairEnv, "terminal": TerminalTaskEnv, "lookup": LookupTaskEnv}
-SUITE_CHOICES = ("swe", "terminal", "lookup", "all")
+FULL_REWARD = {"swe": 1.0, "terminal": 1.5, "lookup": 1.0, "thermostat": 1.0}
+_ENVS = {"swe": SWERepairEnv, "terminal": TerminalTaskEnv, "lookup": LookupTaskEnv, "thermostat": ThermostatTaskEnv}
+SUITE_CHOICES = ("swe", "terminal", "lookup", "thermostat", "all")
+_MULTI_COMMAND = ("lookup", "thermostat")  # suites whose reference solution is several run_shell commands
+AnyTask = SWETask | TerminalTask | LookupTask | ThermostatTask
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,9 @@ def overlay_command(solution_dir: Path) -> str:
     return " && ".join(steps)
 
 
-def validate_task(suite: str, task: SWETask | TerminalTask | LookupTask, env_kwargs: dict) -> TaskValidation:
-    """Grade the untouched task, then its reference solution, each in a fresh environment (a lookup solution is
-    several commands: each one through run_shell, in order)."""
+def validate_task(suite: str, task: AnyTask, env_kwargs: dict) -> TaskValidation:
+    """Grade the untouched task, then its reference solution, each in a fresh environment (a lookup or thermostat
+    solution is several commands: each one through run_shell, in order)."""
     env_class = _ENVS[suite]
     start = time.perf_counter()
     with env_class(tasks={task.task_id: task}, **env_kwargs) as env:
@@ -78,7 +82,7 @@ def validate_task(suite: str, task: SWETask | TerminalTask | LookupTask, env_kwa
         noop, noop_infra = env.get_reward(), env.infra_error
     with env_class(tasks={task.task_id: task}, **env_kwargs) as env:
         env.reset(task_id=task.task_id)
-        if suite == "lookup":
+        if suite in _MULTI_COMMAND:
             commands = task.solution_commands
         else:
             commands = (overlay_command(task.solution_dir) if suite == "swe" else task.solution_script,)
@@ -137,16 +141,18 @@ def validate(
     return [results[kind, task.task_id] for kind, task in selected]
 
 
-def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, SWETask | TerminalTask | LookupTask]]:
+def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, AnyTask]]:
     if suite not in SUITE_CHOICES:
         raise ValueError(f"--suite must be one of {SUITE_CHOICES}, got {suite!r}")
-    pool: list[tuple[str, SWETask | TerminalTask | LookupTask]] = []
+    pool: list[tuple[str, AnyTask]] = []
     if suite in ("swe", "all"):
         pool += [("swe", t) for t in load_swe_suite().values()]
     if suite in ("terminal", "all"):
         pool += [("terminal", t) for t in load_terminal_suite().values()]
     if suite in ("lookup", "all"):  # both splits: held-out tasks are scored like the rest
         pool += [("lookup", t) for split in ("train", "heldout") for t in load_lookup_suite(split).values()]
+    if suite in ("thermostat", "all"):
+        pool += [("thermostat", t) for split in ("train", "heldout") for t in load_thermostat_suite(split).values()]
     if task_ids:
         unknown = set(task_ids) - {t.task_id for _, t in pool}
         if unknown:

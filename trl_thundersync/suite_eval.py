@@ -1,0 +1,109 @@
+"""Held-out evaluation of a policy on a bundled suite (thermostat or lookup): sampled multi-turn episodes in the
+sandbox, no training.
+
+    from trl_thundersync.suite_eval import evaluate_suite
+    result = evaluate_suite(model, tokenizer, "thermostat", split="heldout", samples=4, temperature=0.7)  # SuiteEval
+
+Each episode runs the project's own agent loop (`envs.harness.agent_loop.run_agent_trajectory`) over a fresh
+environment of the suite, with Hugging Face `generate` sampling each turn at `temperature` (use the training run's:
+the number then measures the policy GRPO trains), in the same turn format as the trainer's rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from .errors import ConfigurationError
+
+EvalSuite = Literal["thermostat", "lookup"]
+
+
+@dataclass(frozen=True)
+class SuiteEval:
+    """Outcome of one evaluation."""
+
+    mean_reward: float  # mean partial-credit reward over every episode
+    success: float  # fraction of episodes with the full reward (1.0)
+    episodes: int  # tasks x samples
+    by_difficulty: dict[str, float]  # difficulty -> success rate
+
+
+def _suite_parts(suite: EvalSuite, split: str) -> tuple[Mapping[str, Any], type, Callable[[Any], str]]:
+    """(tasks of `split`, environment class, task -> user message) of `suite`."""
+    if suite == "thermostat":
+        from .envs.environments.thermostat import ThermostatTaskEnv
+        from .envs.tasks.thermostat import load_thermostat_suite, thermostat_prompt
+
+        return load_thermostat_suite(split), ThermostatTaskEnv, thermostat_prompt
+    if suite == "lookup":
+        from .envs.environments.lookup import LookupTaskEnv
+        from .envs.tasks.lookup import load_lookup_suite, lookup_prompt
+
+        return load_lookup_suite(split), LookupTaskEnv, lookup_prompt
+    raise ConfigurationError(f"evaluate_suite: suite={suite!r} is not 'thermostat' or 'lookup'")
+
+
+def evaluate_suite(model, tokenizer, suite: EvalSuite, *, split: str = "heldout", samples: int = 2, seed: int = 0,
+                   temperature: float = 1.0, max_turns: int = 6, max_tokens_per_turn: int = 48,
+                   backend: str = "bwrap") -> SuiteEval:
+    """Sample `samples` episodes per task of `split` and grade them (seeded: the same model gives the same result)."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    from .envs.harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+    from .envs.harness.tool_calls import ToolResponseRenderer
+
+    if samples < 1 or temperature <= 0:
+        raise ConfigurationError(f"evaluate_suite: samples={samples} must be >= 1 and temperature={temperature} > 0")
+    tasks, env_class, prompt_of = _suite_parts(suite, split)
+    template = get_training_chat_template(tokenizer) or tokenizer.chat_template
+    limits = AgentLimits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn)
+    render, runner = ToolResponseRenderer(tokenizer, template), ToolRunner(max_workers=2)
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    rewards: list[tuple[str, float]] = []
+
+    def generate(context, budget, turn):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+        ids = torch.tensor([list(context)], device=device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=True,
+                             temperature=temperature, top_k=0, top_p=1.0, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        action = tuple(out[0, ids.shape[1]:].tolist())
+        return action, (0.0,) * len(action), 0
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for index, task in enumerate(tasks.values()):
+                for _ in range(samples):
+                    with env_class(tasks={task.task_id: task}, backend=backend) as env:
+                        env.reset(task_id=task.task_id)
+                        tools = {"run_shell": env.run_shell, "submit": env.submit}
+                        prompt = tokenizer.apply_chat_template(
+                            [{"role": "user", "content": prompt_of(task)}], tools=list(tools.values()),
+                            chat_template=template, add_generation_prompt=True, tokenize=True, return_dict=True,
+                        )["input_ids"]
+                        run_agent_trajectory(index=index, prompt_ids=prompt, tools=tools, generate=generate,
+                                             tokenizer=tokenizer, render_tool=render, run_tool=runner, limits=limits,
+                                             environment=env)
+                        rewards.append((task.difficulty, env.get_reward() or 0.0))
+    finally:
+        runner.close()
+        model.train(was_training)
+    levels = sorted({d for d, _ in rewards}, key=("easy", "medium", "hard").index)
+    by_difficulty = {d: sum(r == 1.0 for k, r in rewards if k == d) / sum(k == d for k, _ in rewards) for d in levels}
+    return SuiteEval(mean_reward=sum(r for _, r in rewards) / len(rewards),
+                     success=sum(r == 1.0 for _, r in rewards) / len(rewards), episodes=len(rewards),
+                     by_difficulty=by_difficulty)
+
+
+def evaluate_lookup(model, tokenizer, *, split: str = "heldout", samples: int = 2, seed: int = 0,
+                    max_turns: int = 6, max_tokens_per_turn: int = 48, backend: str = "bwrap") -> SuiteEval:
+    """`evaluate_suite` on the lookup suite at temperature 1 (the lookup example's)."""
+    return evaluate_suite(model, tokenizer, "lookup", split=split, samples=samples, seed=seed, max_turns=max_turns,
+                          max_tokens_per_turn=max_tokens_per_turn, backend=backend)
