@@ -1,23 +1,26 @@
 """Time to quality (issue 15): training reward and held-out success against optimizer steps and wall-clock seconds
-on the lookup tasks, under stock `trl.GRPOTrainer`, `schedule="sync"` and `schedule="thundersync"`.
+on a bundled suite (default: the thermostat tasks), under stock `trl.GRPOTrainer`, `schedule="sync"` and
+`schedule="thundersync"`.
 
-    python -m benchmarks.time_to_quality                          # 3 schedules x 2 seeds x 20 steps (see BENCHMARKS.md)
-    python -m benchmarks.time_to_quality --seeds 0,1,2 --steps 40 --level 0.4
+    python -m benchmarks.time_to_quality                          # 3 schedules x 2 seeds x 12 steps (BENCHMARKS.md)
+    python -m benchmarks.time_to_quality --seeds 0,1,2 --steps 20 --level 0.8
+    python -m benchmarks.time_to_quality --suite lookup --steps 20 --level 0.3 --heldout-level 0.6
     python -m benchmarks.time_to_quality --reuse                  # only redo the analysis of the runs in the work dir
 
-Workload: the lookup example's (`examples/lookup_grpo.py`): the tiny agent warm-started on the lookup suite
-(`tiny-agent-lookup`, built once in the work dir), the train split's tasks in the bubblewrap sandbox, the
-environment's partial-credit reward only, TRL's tool loop, beta 0, temperature 1. Every run has the same model,
-data, environment and seed list; each (schedule, seed) is its own process (`bench/child.py`), runs interleaved.
-Stock TRL generates with `transformers` in the trainer process; the ThunderSync schedules use the default
-embedded rollout server (one torch thread; the learner gets the other core).
+Workload: the suite's example's (`examples/thermostat_grpo.py`: the tiny agent warm-started on the suite, built once
+in the work dir; the train split's tasks in the bubblewrap sandbox; the environment's partial-credit reward only;
+TRL's tool loop; beta 0; the example's temperature and learning rate). Every run has the same model, data,
+environment and seed list; each (schedule, seed) is its own process (`bench/child.py`), runs interleaved. Stock TRL
+generates with `transformers` in the trainer process; the ThunderSync schedules use the default embedded rollout
+server (one torch thread; the learner gets the other core).
 
 Per run it logs the training reward of every step with its training wall-clock (`learning.LearningCurve`: the clock
 starts at `on_train_begin` and stops during the held-out evaluations, every `--eval-every` steps and after the
-last: `--eval-samples` sampled episodes per held-out task). Reported: per schedule and seed, the time (s) and step
-at which the trailing mean of `--window` training rewards first reaches `--level`, and the held-out success before
-and after; per schedule the mean ± stdev over seeds and the ratio of sync's and TRL's mean time to
-thundersync's. Writes `<out>.json`, `<stem>-step.png` and `<stem>-seconds.png` (reward and held-out, per run).
+last: `--eval-samples` sampled episodes per held-out task at the training temperature). Reported: per schedule and
+seed, the time (s) and step at which the trailing mean of `--window` training rewards first reaches `--level` and at
+which held-out success first reaches `--heldout-level`, and the held-out success before and after; per schedule the
+mean ± stdev over seeds and the ratio of sync's and TRL's mean times to thundersync's. Writes `<out>.json`,
+`<stem>-step.png` and `<stem>-seconds.png` (reward and held-out, per run).
 """
 
 from __future__ import annotations
@@ -35,16 +38,30 @@ SCHEDULES = ("trl", "sync", "thundersync")
 
 @dataclasses.dataclass(frozen=True)
 class QualityWorkload:
-    """Knobs of one time-to-quality run (defaults: the lookup example's)."""
+    """Knobs of one time-to-quality run (defaults: the thermostat example's; `for_suite("lookup")`: the lookup
+    example's)."""
 
-    steps: int = 20  # optimizer steps per run
-    batch: int = 16  # trajectories per step
+    suite: str = "thermostat"  # the bundled suite: "thermostat" or "lookup"
+    steps: int = 12  # optimizer steps per run
+    batch: int = 32  # trajectories per step
     group: int = 8  # num_generations
-    max_completion_length: int = 512  # tokens per trajectory (TRL budget: all turns and tool results; 3 hops ~400)
+    max_completion_length: int = 448  # tokens per trajectory (TRL budget: all turns and tool results)
     max_tool_calling_iterations: int = 6
-    learning_rate: float = 2e-4  # 1e-3 broke the tool-call format within one step
-    eval_every: int = 10  # held-out evaluation every N steps (and before the first, after the last)
-    eval_samples: int = 1  # sampled episodes per held-out task per evaluation
+    learning_rate: float = 6e-4
+    temperature: float = 0.7  # sampling, in training and in the held-out evaluation
+    eval_every: int = 2  # held-out evaluation every N steps (and before the first, after the last)
+    eval_samples: int = 4  # sampled episodes per held-out task per evaluation
+
+    @classmethod
+    def for_suite(cls, suite: str, **overrides: Any) -> QualityWorkload:
+        if suite == "lookup":  # the lookup example's: 1e-3 broke the tool-call format within one step
+            base = dict(steps=20, batch=16, max_completion_length=512, learning_rate=2e-4, temperature=1.0,
+                        eval_every=10, eval_samples=1)
+        elif suite == "thermostat":
+            base = {}
+        else:
+            raise SystemExit(f"--suite {suite!r} is not 'thermostat' or 'lookup'")
+        return cls(suite=suite, **{**base, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,19 +71,16 @@ def _config_fields(w: QualityWorkload, seed: int) -> dict[str, Any]:
     return dict(per_device_train_batch_size=w.batch, num_generations=w.group, max_steps=w.steps,
                 max_completion_length=w.max_completion_length,
                 max_tool_calling_iterations=w.max_tool_calling_iterations, learning_rate=w.learning_rate,
-                seed=seed, beta=0.0, temperature=1.0, logging_steps=1, disable_tqdm=True)
+                seed=seed, beta=0.0, temperature=w.temperature, logging_steps=1, disable_tqdm=True)
 
 
 def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir: Path, curve):
     """The trainer of one run: stock TRL or ThunderSync with `schedule`, the same model, data, env and config."""
-    import functools
-
     from tests.fixtures.parity import cpu_config, load_model
-    from trl_thundersync.envs.environments.lookup import LookupTaskEnv
-    from trl_thundersync.envs.tasks.lookup import load_lookup_suite, lookup_dataset
+    from trl_thundersync.agentic import load_suite
 
-    tasks = load_lookup_suite("train")
-    data, factory = lookup_dataset(tasks), functools.partial(LookupTaskEnv, tasks)
+    suite = load_suite(w.suite)
+    data, factory = suite.dataset, suite.environment_factory
     if schedule == "trl":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -90,14 +104,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from trl_thundersync.learning import LearningCurve
-    from trl_thundersync.suite_eval import evaluate_lookup
+    from trl_thundersync.suite_eval import evaluate_suite
 
     w = QualityWorkload(**spec["workload"])
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)
 
     def heldout(model, tokenizer) -> float:
-        return evaluate_lookup(model, tokenizer, split="heldout", samples=w.eval_samples, seed=0).success
+        return evaluate_suite(model, tokenizer, w.suite, split="heldout", samples=w.eval_samples, seed=0,
+                              temperature=w.temperature).success
 
     curve = LearningCurve(evaluate=heldout if w.eval_samples > 0 else None, every=w.eval_every)
     started = time.perf_counter()
@@ -121,19 +136,27 @@ def time_to_level(points: list[dict[str, Any]], level: float, window: int) -> tu
     return next(((p["seconds"], p["step"]) for p, m in zip(points, means, strict=True) if m >= level), None)
 
 
+def heldout_time_to_level(heldout: list, level: float) -> tuple[float, int] | None:
+    """(seconds, step) of the first held-out evaluation scoring >= `level`, or None. `heldout`: (step, s, score)."""
+    return next(((seconds, step) for step, seconds, score in heldout if score >= level), None)
+
+
 def _spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def analyse(runs: list[dict[str, Any]], level: float, window: int) -> dict[str, Any]:
-    """Per run: time and step to `level`, held-out before/after, step time; per schedule: mean ± stdev over seeds
-    (runs that never reached the level are counted in `reached`, left out of the mean); ratios vs thundersync."""
+def analyse(runs: list[dict[str, Any]], level: float, window: int, heldout_level: float | None = None) -> dict:
+    """Per run: time and step to `level` (training reward) and to `heldout_level` (held-out success), held-out
+    before/after, step time; per schedule: mean ± stdev over seeds (runs that never reached a level are counted in
+    `reached`, left out of the mean); ratios vs thundersync."""
     rows, by_schedule = [], {}
     for r in runs:
         hit = time_to_level(r["points"], level, window)
+        held = heldout_time_to_level(r["heldout"], heldout_level) if heldout_level is not None else None
         step_s = r["points"][-1]["seconds"] / max(1, r["points"][-1]["step"])
         row = {"schedule": r["schedule"], "seed": r["seed"], "seconds_to_level": hit[0] if hit else None,
                "step_to_level": hit[1] if hit else None, "step_seconds": step_s,
+               "seconds_to_heldout": held[0] if held else None, "step_to_heldout": held[1] if held else None,
                "reward_first": r["points"][0]["reward"], "reward_last_mean": statistics.fmean(
                    p["reward"] for p in r["points"][-window:]),
                "heldout_before": r["heldout"][0][2] if r["heldout"] else None,
@@ -144,17 +167,22 @@ def analyse(runs: list[dict[str, Any]], level: float, window: int) -> dict[str, 
     for name, group in by_schedule.items():
         reached = [g["seconds_to_level"] for g in group if g["seconds_to_level"] is not None]
         steps = [g["step_to_level"] for g in group if g["step_to_level"] is not None]
-        summary[name] = {"runs": len(group), "reached": len(reached),
+        held = [g["seconds_to_heldout"] for g in group if g["seconds_to_heldout"] is not None]
+        summary[name] = {"runs": len(group), "reached": len(reached), "reached_heldout": len(held),
+                         "seconds_to_heldout": _spread(held) if held else None,
                          "seconds_to_level": _spread(reached) if reached else None,
                          "step_to_level": _spread([float(s) for s in steps]) if steps else None,
                          "step_seconds": _spread([g["step_seconds"] for g in group])}
     ts = summary.get("thundersync", {}).get("seconds_to_level")
+    th = summary.get("thundersync", {}).get("seconds_to_heldout")
     for s in summary.values():
         s["time_ratio_vs_thundersync"] = (s["seconds_to_level"][0] / ts[0]
                                           if ts and s["seconds_to_level"] else None)
+        s["heldout_time_ratio_vs_thundersync"] = (s["seconds_to_heldout"][0] / th[0]
+                                                  if th and s["seconds_to_heldout"] else None)
         s["step_time_ratio_vs_thundersync"] = (s["step_seconds"][0] / summary["thundersync"]["step_seconds"][0]
                                                if "thundersync" in summary else None)
-    return {"level": level, "window": window, "rows": rows, "summary": summary}
+    return {"level": level, "heldout_level": heldout_level, "window": window, "rows": rows, "summary": summary}
 
 
 def _f(value, spec: str = ".1f") -> str:
@@ -162,21 +190,26 @@ def _f(value, spec: str = ".1f") -> str:
 
 
 def format_report(result: dict[str, Any]) -> list[str]:
-    lines = [f"time to a {result['window']}-step mean training reward >= {result['level']}:",
-             "| schedule | seed | s to level | step to level | s/step | reward step 1 | reward last "
-             f"{result['window']} | held-out before | held-out after |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"time to a {result['window']}-step mean training reward >= {result['level']} and to held-out success "
+             f">= {result.get('heldout_level')}:",
+             "| schedule | seed | s to level | step to level | s to held-out | step to held-out | s/step | "
+             f"reward step 1 | reward last {result['window']} | held-out before | held-out after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['schedule']} | {r['seed']} | {_f(r['seconds_to_level'])} | {_f(r['step_to_level'], 'd')}"
+                     f" | {_f(r.get('seconds_to_heldout'))} | {_f(r.get('step_to_heldout'), 'd')}"
                      f" | {_f(r['step_seconds'], '.2f')} | {_f(r['reward_first'], '.3f')} | "
                      f"{_f(r['reward_last_mean'], '.3f')} | {_f(r['heldout_before'], '.2f')} | "
                      f"{_f(r['heldout_after'], '.2f')} |")
-    lines += ["", "| schedule | reached | s to level (mean ± sd) | step to level | s/step | time ratio vs "
-              "thundersync | step-time ratio |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| schedule | reached | s to level (mean ± sd) | step to level | time ratio vs thundersync | "
+              "reached held-out | s to held-out (mean ± sd) | held-out time ratio | s/step | step-time ratio |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in result["summary"].items():
         pair = lambda v, spec=".1f": "—" if v is None else f"{v[0]:{spec}} ± {v[1]:{spec}}"  # noqa: E731
         lines.append(f"| {name} | {s['reached']}/{s['runs']} | {pair(s['seconds_to_level'])} | "
-                     f"{pair(s['step_to_level'])} | {pair(s['step_seconds'], '.2f')} | "
-                     f"{_f(s['time_ratio_vs_thundersync'], '.2f')} | "
+                     f"{pair(s['step_to_level'])} | {_f(s['time_ratio_vs_thundersync'], '.2f')} | "
+                     f"{s.get('reached_heldout', 0)}/{s['runs']} | {pair(s.get('seconds_to_heldout'))} | "
+                     f"{_f(s.get('heldout_time_ratio_vs_thundersync'), '.2f')} | {pair(s['step_seconds'], '.2f')} | "
                      f"{_f(s['step_time_ratio_vs_thundersync'], '.2f')} |")
     return lines
 
@@ -195,14 +228,16 @@ def plot(runs: list[dict[str, Any]], stem: Path, window: int) -> list[Path]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--suite", default="thermostat", choices=("thermostat", "lookup"))
     p.add_argument("--schedules", default=",".join(SCHEDULES))
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", type=int, default=QualityWorkload.steps)
-    p.add_argument("--eval-every", type=int, default=QualityWorkload.eval_every)
-    p.add_argument("--eval-samples", type=int, default=QualityWorkload.eval_samples)
-    p.add_argument("--level", type=float, default=0.3, help="training-reward level (trailing mean)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: the suite's workload)")
+    p.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (default: the suite's)")
+    p.add_argument("--eval-samples", type=int, help="episodes per held-out task per evaluation (default: the suite's)")
+    p.add_argument("--level", type=float, default=0.85, help="training-reward level (trailing mean)")
+    p.add_argument("--heldout-level", type=float, default=0.8, help="held-out success level")
     p.add_argument("--window", type=int, default=5, help="trailing-mean window (steps)")
-    p.add_argument("--model", help="an existing model folder instead of building tiny-agent-lookup in --work")
+    p.add_argument("--model", help="an existing model folder instead of building the suite's tiny agent in --work")
     p.add_argument("--work", default="bench-out/time_to_quality", help="work dir (model, per-run folders)")
     p.add_argument("--out", default="bench-out/time_to_quality.json")
     p.add_argument("--reuse", action="store_true", help="only redo the analysis of the runs in --work")
@@ -219,13 +254,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     from .child import spawn_run
 
     work = Path(args.work)
-    w = QualityWorkload(steps=args.steps, eval_every=args.eval_every, eval_samples=args.eval_samples)
+    overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every),
+                                   ("eval_samples", args.eval_samples)) if v is not None}
+    w = QualityWorkload.for_suite(args.suite, **overrides)
     schedules, seeds = args.schedules.split(","), [int(s) for s in args.seeds.split(",")]
     model = args.model
     if not args.reuse and model is None:
         from trl_thundersync.tiny.agent import LOOKUP_HIDDEN, save_tiny_agent_model
 
-        model = save_tiny_agent_model(work / "tiny-agent-lookup", lookup=True, hidden_size=LOOKUP_HIDDEN)
+        if args.suite == "lookup":
+            model = save_tiny_agent_model(work / "tiny-agent-lookup", lookup=True, hidden_size=LOOKUP_HIDDEN)
+        else:
+            model = save_tiny_agent_model(work / "tiny-agent-thermostat", thermostat=True)
     runs = []
     for seed in seeds:
         for schedule in schedules:  # interleaved: machine noise hits every schedule
@@ -239,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             runs.append(spawn_run("benchmarks.time_to_quality", "--child", spec, run_dir, "log.txt",
                                   f"time-to-quality run {schedule} seed {seed}"))
     result = {"command": " ".join(["python -m benchmarks.time_to_quality", *sys.argv[1:]]), "workload": w.to_dict(),
-              **analyse(runs, args.level, args.window), "runs": runs}
+              **analyse(runs, args.level, args.window, args.heldout_level), "runs": runs}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -8,8 +8,9 @@ For each task: a fresh environment is reset and the untouched workspace is grade
 than the full 1.5); then a second fresh environment is reset, the reference solution is applied through the
 environment's own `run_shell` tool, `submit` is called, and the attempt must get the full reward (SWE 1.0, terminal
 1.5; lookup and thermostat 1.0). A SWE solution is an overlay directory: its files are written by one shell
-command (base64 text decoded with `base64 -d`), exactly as an agent could write them. A terminal solution is `solution.sh`, passed to `run_shell` as
-the command. Infrastructure errors (get_reward None) are reported separately from wrong rewards.
+command (base64 text decoded with `base64 -d`), exactly as an agent could write them. A terminal solution is
+`solution.sh`, passed to `run_shell` as the command. Infrastructure errors (get_reward None) are reported
+separately from wrong rewards.
 Exit status: 0 when every task passes, 1 otherwise.
 """
 
