@@ -62,12 +62,14 @@ def test_toy_example_with_its_config(tmp_path):
     assert "done: 2 optimizer steps" in stdout
 
 
-def test_lookup_example_ends_with_its_learning_summary_and_plot(tmp_path, tiny_agent):
-    """The quickstart job end to end on the lookup suite (2 steps, the session's tiny agent instead of the lookup
-    build, held-out evaluation off): it trains, prints the learning summary and writes the reward-versus-time plot."""
-    stdout = run_example("lookup_grpo.py", "--model_name_or_path", tiny_agent, "--max_steps", "2",
-                         "--per_device_train_batch_size", "4", "--num_generations", "2", "--eval_samples", "0",
-                         "--output_dir", str(tmp_path), "--disable_tqdm", "true")
-    assert "done: 2 optimizer steps" in stdout and "learning: training reward" in stdout
+def test_quickstart_example_ends_with_its_learning_summary_and_plot(tmp_path, tiny_agent) -> None:
+    """The quickstart job end to end on the thermostat suite (2 steps, the session's tiny agent instead of the
+    thermostat build, one held-out episode per task): it trains, evaluates the held-out split before and after,
+    prints the learning summary and writes the reward-versus-time plot."""
+    stdout = run_example("thermostat_grpo.py", "--model_name_or_path", tiny_agent, "--max_steps", "2",
+                         "--per_device_train_batch_size", "4", "--num_generations", "2", "--eval_samples", "1",
+                         "--max_completion_length", "96", "--output_dir", str(tmp_path), "--disable_tqdm", "true")
+    assert "done: 2 optimizer steps on 16 thermostat tasks" in stdout and "learning: training reward" in stdout
+    assert "held-out success: " in stdout and " before training -> " in stdout
     plot = tmp_path / "reward_vs_time.png"
     assert f"reward-versus-time plot: {plot}" in stdout and plot.stat().st_size > 0
