@@ -31,19 +31,21 @@ class CurvePoint:
 
     step: int  # trainer.state.global_step when the step's metrics were logged (1-based)
     seconds: float  # training wall-clock since on_train_begin, held-out evaluations excluded
-    reward: float  # the step's logged mean reward (TRL's `reward`)
+    reward: float  # the step's logged training metric: TRL's mean `reward` by default (`LearningCurve(metric=...)`)
     heldout: float | None  # held-out score after this step, where it was evaluated (else None)
 
 
 class LearningCurve(TrainerCallback):
     """Records a `CurvePoint` per logged step (`logging_steps=1` gives every step). `evaluate(model,
     processing_class) -> float`, if given, runs before training (step 0), after every `every`-th step and after the
-    last one, with the clock stopped."""
+    last one, with the clock stopped. `metric`: the logged key a point records (GRPO's `reward`; a distillation run
+    logs no reward: `"loss"`)."""
 
-    def __init__(self, evaluate: Callable[[Any, Any], float] | None = None, every: int = 10) -> None:
+    def __init__(self, evaluate: Callable[[Any, Any], float] | None = None, every: int = 10,
+                 metric: str = "reward") -> None:
         if every < 1:
             raise ConfigurationError(f"LearningCurve every={every} must be >= 1")
-        self.evaluate, self.every = evaluate, every
+        self.evaluate, self.every, self.metric = evaluate, every, metric
         self.points: list[CurvePoint] = []
         self.heldout: list[tuple[int, float, float]] = []  # (step, seconds, score): step 0 = before training
         self.evaluated_s = 0.0  # wall-clock spent in evaluations (not counted in `seconds`)
@@ -67,12 +69,12 @@ class LearningCurve(TrainerCallback):
         self._start, self.evaluated_s = time.perf_counter(), 0.0  # the first evaluation is not training time
 
     def on_log(self, args, state, control, logs=None, model=None, processing_class=None, **kwargs):
-        if not logs or "reward" not in logs:
+        if not logs or self.metric not in logs:
             return
         step = state.global_step
         last = step >= state.max_steps > 0
         score = self._evaluate(model, processing_class, step) if (step % self.every == 0 or last) else None
-        self.points.append(CurvePoint(step=step, seconds=self.seconds(), reward=float(logs["reward"]),
+        self.points.append(CurvePoint(step=step, seconds=self.seconds(), reward=float(logs[self.metric]),
                                       heldout=score))
 
 

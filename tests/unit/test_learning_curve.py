@@ -76,3 +76,29 @@ def test_time_to_level_and_the_ratio_against_thundersync() -> None:
     assert (trl["reached"], trl["seconds_to_level"], trl["time_ratio_vs_thundersync"]) == (0, None, None)
     row = result["rows"][0]
     assert (row["heldout_before"], row["heldout_after"], row["reward_last_mean"]) == (0.1, 0.4, pytest.approx(0.55))
+
+
+def test_time_to_a_heldout_level_and_its_ratio() -> None:
+    """The held-out level is read off the evaluations (step, seconds, score): the first one at or above it."""
+    from benchmarks.time_to_quality import heldout_time_to_level
+
+    held = ((0, 0.0, 0.1), (2, 4.0, 0.5), (4, 8.0, 0.9), (6, 12.0, 0.7))
+    assert heldout_time_to_level([list(h) for h in held], 0.8) == (8.0, 4)
+    assert heldout_time_to_level([list(h) for h in held], 0.95) is None
+    slow = [(s, 2 * t, v) for s, t, v in held]
+    runs = [_run("thundersync", 0, [0.5] * 6, 1.0, held), _run("sync", 0, [0.5] * 6, 2.0, slow),
+            _run("trl", 0, [0.5] * 6, 2.0, ((0, 0.0, 0.1),))]
+    summary = analyse(runs, level=0.3, window=2, heldout_level=0.8)["summary"]
+    assert summary["thundersync"]["seconds_to_heldout"] == (8.0, 0.0)
+    assert summary["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(2.0)
+    assert (summary["trl"]["reached_heldout"], summary["trl"]["heldout_time_ratio_vs_thundersync"]) == (0, None)
+
+
+def test_the_curve_can_follow_another_logged_metric() -> None:
+    """A distillation run logs no reward: `metric` names the key to record (here OPD's reverse KL)."""
+    curve = LearningCurve(metric="opd/reverse_kl")
+    state = SimpleNamespace(global_step=1, max_steps=2)
+    curve.on_train_begin(None, state, None)
+    curve.on_log(None, state, None, logs={"loss": 0.3, "opd/reverse_kl": 0.25})
+    curve.on_log(None, state, None, logs={"reward": 1.0})  # not the followed metric: skipped
+    assert [(p.step, p.reward) for p in curve.points] == [(1, 0.25)]
