@@ -41,7 +41,7 @@ FULL_REWARD = {"swe": 1.0, "terminal": 1.5, "lookup": 1.0, "thermostat": 1.0}
 _ENVS = {"swe": SWERepairEnv, "terminal": TerminalTaskEnv, "lookup": LookupTaskEnv, "thermostat": ThermostatTaskEnv}
 SUITE_CHOICES = ("swe", "terminal", "lookup", "thermostat", "all")
 _MULTI_COMMAND = ("lookup", "thermostat")  # suites whose reference solution is several run_shell commands
-AnyTask = SWETask | TerminalTask | LookupTask | ThermostatTask
+_AnyTask = SWETask | TerminalTask | LookupTask | ThermostatTask
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def overlay_command(solution_dir: Path) -> str:
     return " && ".join(steps)
 
 
-def validate_task(suite: str, task: AnyTask, env_kwargs: dict) -> TaskValidation:
+def validate_task(suite: str, task: _AnyTask, env_kwargs: dict) -> TaskValidation:
     """Grade the untouched task, then its reference solution, each in a fresh environment (a lookup or thermostat
     solution is several commands: each one through run_shell, in order)."""
     env_class = _ENVS[suite]
@@ -142,10 +142,10 @@ def validate(
     return [results[kind, task.task_id] for kind, task in selected]
 
 
-def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, AnyTask]]:
+def _select(suite: str, task_ids: tuple[str, ...]) -> list[tuple[str, _AnyTask]]:
     if suite not in SUITE_CHOICES:
         raise ValueError(f"--suite must be one of {SUITE_CHOICES}, got {suite!r}")
-    pool: list[tuple[str, AnyTask]] = []
+    pool: list[tuple[str, _AnyTask]] = []
     if suite in ("swe", "all"):
         pool += [("swe", t) for t in load_swe_suite().values()]
     if suite in ("terminal", "all"):
