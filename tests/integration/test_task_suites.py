@@ -31,10 +31,13 @@ def test_suites_have_the_promised_size() -> None:
 
 def test_every_bundled_task_validates() -> None:
     results = validate("all", jobs=4)
+    from trl_thundersync.envs.tasks.thermostat import load_thermostat_suite
+
     lookup = len(load_lookup_suite("train")) + len(load_lookup_suite("heldout"))
-    assert len(results) == len(load_swe_suite()) + len(load_terminal_suite()) + lookup
+    thermostat = len(load_thermostat_suite("train")) + len(load_thermostat_suite("heldout"))
+    assert len(results) == len(load_swe_suite()) + len(load_terminal_suite()) + lookup + thermostat
     problems = [f"{r.suite}/{r.task_id} [{r.status}]: {r.message}" for r in results if not r.ok]
     assert not problems, "\n".join(problems)
     assert all(r.noop_reward == 0.0 for r in results if r.suite == "swe")
     assert all(r.solved_reward == 1.5 and r.noop_reward < 1.5 for r in results if r.suite == "terminal")
-    assert all(r.solved_reward == 1.0 and r.noop_reward == 0.0 for r in results if r.suite == "lookup")
+    assert all(r.solved_reward == 1.0 and r.noop_reward == 0.0 for r in results if r.suite in ("lookup", "thermostat"))
