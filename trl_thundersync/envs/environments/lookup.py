@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..runtimes.api import Sandbox
 from ..tasks.grading import GradeReport
-from ..tasks.lookup import SUBMIT, LookupTask, load_lookup_suite, lookup_reward
+from ..tasks.lookup import LookupTask, load_lookup_suite, lookup_reward
 from .shell_env import ShellTaskEnv
 
 
@@ -30,10 +30,6 @@ class LookupTaskEnv(ShellTaskEnv):
     def __init__(self, tasks: Mapping[str, LookupTask] | Iterable[LookupTask] | None = None, **kwargs) -> None:
         super().__init__(tasks, **kwargs)
 
-    def _reset_episode_state(self) -> None:
-        super()._reset_episode_state()
-        self.actions: list[str] = []  # run_shell commands executed and "submit", in order: what is graded
-
     def run_shell(self, command: str) -> str:
         """Run a shell command in the task workspace (/workspace) and return its exit code and output.
 
@@ -43,11 +39,7 @@ class LookupTaskEnv(ShellTaskEnv):
         Returns:
             The exit code, stdout and stderr of the command; long output is shortened in the middle.
         """
-        ran_before = self.num_commands
-        observation = super().run_shell(command)
-        if self.num_commands > ran_before:  # executed (not refused after submit, no sandbox failure)
-            self.actions.append(str(command))
-        return observation
+        return super().run_shell(command)  # recorded in self.actions (ShellTaskEnv), which is graded
 
     def submit(self) -> str:
         """Finish the task. Call this once, when the last output says `next: submit`; no command runs after it.
@@ -55,10 +47,7 @@ class LookupTaskEnv(ShellTaskEnv):
         Returns:
             A confirmation message.
         """
-        message = super().submit()
-        if not self.actions or self.actions[-1] != SUBMIT:
-            self.actions.append(SUBMIT)
-        return message
+        return super().submit()
 
     def _default_suite(self) -> Mapping[str, LookupTask]:
         return load_lookup_suite("train")

@@ -25,6 +25,7 @@ from ..tasks.grading import GradeReport
 
 logger = logging.getLogger(__name__)
 
+SUBMIT_ACTION = "submit"  # how a `submit` call is recorded in `ShellTaskEnv.actions`
 SandboxFactory = Callable[[Path, SandboxLimits], Sandbox]  # (workspace, limits) -> a sandbox over that workspace
 
 
@@ -89,6 +90,7 @@ class ShellTaskEnv:
         self.tool_time_s = 0.0  # seconds spent inside the sandbox this episode
         self.last_result: CommandResult | None = None  # result of the latest run_shell command
         self.last_grade: GradeReport | None = None  # report of the latest get_reward
+        self.actions: list[str] = []  # commands run_shell executed, then SUBMIT_ACTION: what record-graded suites grade
         self._reward_known = False
 
     # --------------------------------------------------------------------------------------------------- tools
@@ -112,6 +114,7 @@ class ShellTaskEnv:
             self._record_infra(f"sandbox failed while running a command: {exc}")
             return f"Sandbox error (infrastructure, not caused by your command): {exc}"
         self.num_commands += 1
+        self.actions.append(str(command))
         self.tool_time_s += result.duration_s
         self.last_result = result
         return format_observation(result)
@@ -124,6 +127,8 @@ class ShellTaskEnv:
         """
         self._require_sandbox("submit")
         self.done = True
+        if SUBMIT_ACTION not in self.actions:
+            self.actions.append(SUBMIT_ACTION)
         return "Submitted. The episode is over; your work will now be graded."
 
     # --------------------------------------------------------------------------------------------------- reward
