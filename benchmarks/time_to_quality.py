@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 SCHEDULES = ("trl", "sync", "thundersync")
+GKD_SCHEDULES = ("sync", "thundersync")  # TRL's GKDTrainer runs no environments: no stock baseline to run
+# The distillation teacher: a warm start that follows the thermostat rule on every action from every start level
+# (train and held-out), i.e. a policy that has the skill; the student is the suite's tiny agent, trained on the
+# train split only (a teacher warm-started on the train levels alone solved no held-out task).
+TEACHER_DISTANCES = (1, 2, 3, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +47,7 @@ class QualityWorkload:
     example's)."""
 
     suite: str = "thermostat"  # the bundled suite: "thermostat" or "lookup"
+    trainer: str = "grpo"  # "grpo" (ThunderSyncGRPOTrainer vs stock TRL) or "gkd" (ThunderSyncGKDTrainer, OPD)
     steps: int = 12  # optimizer steps per run
     batch: int = 32  # trajectories per step
     group: int = 8  # num_generations
@@ -51,17 +57,31 @@ class QualityWorkload:
     temperature: float = 0.7  # sampling, in training and in the held-out evaluation
     eval_every: int = 2  # held-out evaluation every N steps (and before the first, after the last)
     eval_samples: int = 4  # sampled episodes per held-out task per evaluation
+    objective: str = "gjsd"  # gkd only: ThunderSyncGKDConfig.objective
+    agent_max_turns: int = 6  # gkd only: the paper protocol's turn cap
+    max_new_tokens: int = 48  # gkd only: tokens per turn
 
     @classmethod
-    def for_suite(cls, suite: str, **overrides: Any) -> QualityWorkload:
-        if suite == "lookup":  # the lookup example's: 1e-3 broke the tool-call format within one step
+    def for_suite(cls, suite: str, trainer: str = "grpo", **overrides: Any) -> QualityWorkload:
+        if trainer == "gkd":
+            if suite != "thermostat":
+                raise SystemExit("--trainer gkd runs on the thermostat suite (its teacher is a thermostat build)")
+            base = dict(batch=16, learning_rate=1e-3)
+        elif trainer != "grpo":
+            raise SystemExit(f"--trainer {trainer!r} is not 'grpo' or 'gkd'")
+        elif suite == "lookup":  # the lookup example's: 1e-3 broke the tool-call format within one step
             base = dict(steps=20, batch=16, max_completion_length=512, learning_rate=2e-4, temperature=1.0,
                         eval_every=10, eval_samples=1)
         elif suite == "thermostat":
             base = {}
         else:
             raise SystemExit(f"--suite {suite!r} is not 'thermostat' or 'lookup'")
-        return cls(suite=suite, **{**base, **overrides})
+        return cls(suite=suite, trainer=trainer, **{**base, **overrides})
+
+    @property
+    def metric(self) -> str:
+        """The logged training metric a curve follows: GRPO's reward, distillation's loss (lower is better)."""
+        return "reward" if self.trainer == "grpo" else "loss"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,11 +94,33 @@ def _config_fields(w: QualityWorkload, seed: int) -> dict[str, Any]:
                 seed=seed, beta=0.0, temperature=w.temperature, logging_steps=1, disable_tqdm=True)
 
 
-def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir: Path, curve):
+def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teacher_dir: str, out_dir: Path, curve):
+    """A distillation run: ThunderSyncGKDTrainer with `schedule`, on-policy (lmbda 1) in the paper's agent loop."""
+    from tests.fixtures.parity import load_model
+    from trl_thundersync.agentic import load_suite
+    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
+    from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
+
+    suite = load_suite(w.suite)
+    args = ThunderSyncGKDConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        gradient_checkpointing=False, disable_tqdm=True, logging_steps=1, per_device_train_batch_size=w.batch,
+        max_steps=w.steps, learning_rate=w.learning_rate, seed=seed, temperature=w.temperature, lmbda=1.0,
+        objective=w.objective, max_new_tokens=w.max_new_tokens, agent_max_turns=w.agent_max_turns,
+        schedule=schedule, learner_num_threads=1, rollout_num_threads=1)
+    return ThunderSyncGKDTrainer(model=load_model(model_dir), teacher_model=load_model(teacher_dir), args=args,
+                                 train_dataset=suite.dataset, environment_factory=suite.environment_factory,
+                                 callbacks=[curve])
+
+
+def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir: Path, curve,
+          teacher_dir: str | None = None):
     """The trainer of one run: stock TRL or ThunderSync with `schedule`, the same model, data, env and config."""
     from tests.fixtures.parity import cpu_config, load_model
     from trl_thundersync.agentic import load_suite
 
+    if w.trainer == "gkd":
+        return build_gkd(schedule, w, seed, model_dir, teacher_dir, out_dir, curve)
     suite = load_suite(w.suite)
     data, factory = suite.dataset, suite.environment_factory
     if schedule == "trl":
@@ -114,9 +156,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return evaluate_suite(model, tokenizer, w.suite, split="heldout", samples=w.eval_samples, seed=0,
                               temperature=w.temperature).success
 
-    curve = LearningCurve(evaluate=heldout if w.eval_samples > 0 else None, every=w.eval_every)
+    curve = LearningCurve(evaluate=heldout if w.eval_samples > 0 else None, every=w.eval_every, metric=w.metric)
     started = time.perf_counter()
-    trainer = build(spec["schedule"], w, spec["seed"], spec["model_dir"], Path(spec["out_dir"]), curve)
+    trainer = build(spec["schedule"], w, spec["seed"], spec["model_dir"], Path(spec["out_dir"]), curve,
+                    teacher_dir=spec.get("teacher_dir"))
     trainer.train()
     if hasattr(trainer, "close"):
         trainer.close()
@@ -145,13 +188,14 @@ def _spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def analyse(runs: list[dict[str, Any]], level: float, window: int, heldout_level: float | None = None) -> dict:
-    """Per run: time and step to `level` (training reward) and to `heldout_level` (held-out success), held-out
-    before/after, step time; per schedule: mean ± stdev over seeds (runs that never reached a level are counted in
-    `reached`, left out of the mean); ratios vs thundersync."""
+def analyse(runs: list[dict[str, Any]], level: float | None, window: int, heldout_level: float | None = None) -> dict:
+    """Per run: time and step to `level` (training reward; None: not measured, as for distillation, whose training
+    metric is a loss) and to `heldout_level` (held-out success), held-out before/after, step time; per schedule: mean
+    ± stdev over seeds (runs that never reached a level are counted in `reached`, left out of the mean); ratios vs
+    thundersync."""
     rows, by_schedule = [], {}
     for r in runs:
-        hit = time_to_level(r["points"], level, window)
+        hit = time_to_level(r["points"], level, window) if level is not None else None
         held = heldout_time_to_level(r["heldout"], heldout_level) if heldout_level is not None else None
         step_s = r["points"][-1]["seconds"] / max(1, r["points"][-1]["step"])
         row = {"schedule": r["schedule"], "seed": r["seed"], "seconds_to_level": hit[0] if hit else None,
@@ -190,10 +234,11 @@ def _f(value, spec: str = ".1f") -> str:
 
 
 def format_report(result: dict[str, Any]) -> list[str]:
+    metric = "loss" if result.get("workload", {}).get("trainer") == "gkd" else "reward"
     lines = [f"time to a {result['window']}-step mean training reward >= {result['level']} and to held-out success "
              f">= {result.get('heldout_level')}:",
              "| schedule | seed | s to level | step to level | s to held-out | step to held-out | s/step | "
-             f"reward step 1 | reward last {result['window']} | held-out before | held-out after |",
+             f"{metric} step 1 | {metric} last {result['window']} | held-out before | held-out after |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['schedule']} | {r['seed']} | {_f(r['seconds_to_level'])} | {_f(r['step_to_level'], 'd')}"
@@ -229,12 +274,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="thermostat", choices=("thermostat", "lookup"))
-    p.add_argument("--schedules", default=",".join(SCHEDULES))
+    p.add_argument("--trainer", default="grpo", choices=("grpo", "gkd"),
+                   help="gkd: ThunderSyncGKDTrainer distilling a teacher that has the skill, sync vs thundersync")
+    p.add_argument("--schedules", help=f"default: {','.join(SCHEDULES)} (grpo), {','.join(GKD_SCHEDULES)} (gkd)")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--steps", type=int, help="optimizer steps per run (default: the suite's workload)")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (default: the suite's)")
     p.add_argument("--eval-samples", type=int, help="episodes per held-out task per evaluation (default: the suite's)")
-    p.add_argument("--level", type=float, default=0.85, help="training-reward level (trailing mean)")
+    p.add_argument("--level", type=float, default=0.85, help="training-reward level (trailing mean; grpo only)")
     p.add_argument("--heldout-level", type=float, default=0.8, help="held-out success level")
     p.add_argument("--window", type=int, default=5, help="trailing-mean window (steps)")
     p.add_argument("--model", help="an existing model folder instead of building the suite's tiny agent in --work")
@@ -256,9 +303,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     work = Path(args.work)
     overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every),
                                    ("eval_samples", args.eval_samples)) if v is not None}
-    w = QualityWorkload.for_suite(args.suite, **overrides)
-    schedules, seeds = args.schedules.split(","), [int(s) for s in args.seeds.split(",")]
-    model = args.model
+    w = QualityWorkload.for_suite(args.suite, args.trainer, **overrides)
+    schedules = (args.schedules or ",".join(GKD_SCHEDULES if w.trainer == "gkd" else SCHEDULES)).split(",")
+    if w.trainer == "gkd" and "trl" in schedules:
+        raise SystemExit("--trainer gkd: TRL's GKDTrainer runs no environments; use --schedules sync,thundersync")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    model, teacher = args.model, None
     if not args.reuse and model is None:
         from trl_thundersync.tiny.agent import LOOKUP_HIDDEN, save_tiny_agent_model
 
@@ -266,20 +316,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             model = save_tiny_agent_model(work / "tiny-agent-lookup", lookup=True, hidden_size=LOOKUP_HIDDEN)
         else:
             model = save_tiny_agent_model(work / "tiny-agent-thermostat", thermostat=True)
+    if not args.reuse and w.trainer == "gkd":
+        from trl_thundersync.tiny.agent import save_tiny_agent_model
+
+        teacher = save_tiny_agent_model(work / "tiny-teacher-thermostat", seed=1, thermostat=True,
+                                        thermostat_follow=1.0, thermostat_distances=TEACHER_DISTANCES)
     runs = []
     for seed in seeds:
         for schedule in schedules:  # interleaved: machine noise hits every schedule
-            run_dir = work / f"{schedule}-seed{seed}"
+            run_dir = work / f"{'gkd-' if w.trainer == 'gkd' else ''}{schedule}-seed{seed}"
             if args.reuse:
                 runs.append(json.loads((run_dir / "result.json").read_text()))
                 continue
             print(f"run {schedule} seed {seed} ...", flush=True)
             spec = {"schedule": schedule, "seed": seed, "workload": w.to_dict(), "out_dir": str(run_dir),
-                    "model_dir": str(model), "result": str(run_dir / "result.json")}
+                    "model_dir": str(model), "teacher_dir": teacher and str(teacher),
+                    "result": str(run_dir / "result.json")}
             runs.append(spawn_run("benchmarks.time_to_quality", "--child", spec, run_dir, "log.txt",
                                   f"time-to-quality run {schedule} seed {seed}"))
     result = {"command": " ".join(["python -m benchmarks.time_to_quality", *sys.argv[1:]]), "workload": w.to_dict(),
-              **analyse(runs, args.level, args.window, args.heldout_level), "runs": runs}
+              **analyse(runs, args.level if w.trainer == "grpo" else None, args.window, args.heldout_level),
+              "runs": runs}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -102,3 +102,25 @@ def test_the_curve_can_follow_another_logged_metric() -> None:
     curve.on_log(None, state, None, logs={"loss": 0.3, "opd/reverse_kl": 0.25})
     curve.on_log(None, state, None, logs={"reward": 1.0})  # not the followed metric: skipped
     assert [(p.step, p.reward) for p in curve.points] == [(1, 0.25)]
+
+
+def test_the_distillation_workload_follows_its_loss_and_times_only_the_held_out_level() -> None:
+    """`--trainer gkd`: ThunderSyncGKDTrainer on the thermostat suite, sync against thundersync (no stock baseline:
+    TRL's GKDTrainer runs no environments); its curve follows the logged loss, so the training-reward level is not
+    timed, the held-out one is."""
+    from benchmarks.time_to_quality import GKD_SCHEDULES, QualityWorkload, format_report
+
+    w = QualityWorkload.for_suite("thermostat", "gkd", steps=4)
+    assert (w.trainer, w.metric, w.steps, w.objective) == ("gkd", "loss", 4, "gjsd")
+    assert QualityWorkload.for_suite("thermostat").metric == "reward"
+    assert GKD_SCHEDULES == ("sync", "thundersync")
+    with pytest.raises(SystemExit, match="thermostat"):
+        QualityWorkload.for_suite("lookup", "gkd")
+    held = ((0, 0.0, 0.2), (2, 5.0, 0.9))
+    runs = [_run("thundersync", 0, [0.01, 0.001], 1.0, held),
+            _run("sync", 0, [0.01, 0.001], 2.0, [(s, 2 * t, v) for s, t, v in held])]
+    result = analyse(runs, level=None, window=2, heldout_level=0.8)
+    assert result["rows"][0]["seconds_to_level"] is None and result["summary"]["thundersync"]["reached"] == 0
+    assert result["summary"]["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(2.0)
+    report = "\n".join(format_report({**result, "workload": w.to_dict()}))
+    assert "loss step 1" in report and "| sync | 0/1 |" in report

@@ -106,6 +106,23 @@ def test_warm_start_episodes_follow_the_dynamics_and_the_rule_when_asked() -> No
     assert {UP, DOWN, SUBMIT} <= after_high
 
 
+def test_the_teacher_warm_start_follows_the_rule_from_every_distance_asked() -> None:
+    """`distances` sets the start levels an episode is drawn from (the distillation teacher: train and held-out);
+    with follow=1 each is the reference run from its start."""
+    from trl_thundersync.tiny.agent import thermostat_episode
+
+    rng, starts_seen = random.Random(1), set()
+    for _ in range(200):
+        episode = thermostat_episode(rng, follow=1.0, distances=(3, 4))
+        calls = [m["tool_calls"][0]["function"] for m in episode if m.get("tool_calls")]
+        actions = [c["arguments"]["command"] if c["name"] == "run_shell" else SUBMIT for c in calls]
+        shown = [m["content"].rsplit("\n", 1)[-1] for m in episode if m.get("name") == "run_shell"]
+        starts = [s for s in (3, -3, 4, -4) if _statuses(s, actions) == shown and actions == reactive_run(s)]
+        assert len(starts) == 1, (actions, shown)
+        starts_seen.add(starts[0])
+    assert starts_seen == {3, -3, 4, -4}
+
+
 def _statuses(start: int, actions: list[str]) -> list[str]:
     """The status line each run_shell action prints, from `start`."""
     level, out = start, []
@@ -134,6 +151,14 @@ def test_the_thermostat_build_key_names_its_follow_share(tmp_path, monkeypatch) 
         agent.save_tiny_agent_model(path, steps=2, thermostat=True, thermostat_follow=2.0)
     with pytest.raises(ConfigurationError, match="one suite"):
         agent.save_tiny_agent_model(path, steps=2, thermostat=True, lookup=True)
+    teacher = agent.save_tiny_agent_model(tmp_path / "teacher", steps=2, thermostat=True, thermostat_follow=1.0,
+                                          thermostat_distances=(1, 2, 3, 4))
+    assert json.loads((teacher / agent.MARKER).read_text())["thermostat_distances"] == [1, 2, 3, 4]
+    assert calls[-1]["thermostat_distances"] == (1, 2, 3, 4)
+    agent.save_tiny_agent_model(teacher, steps=2, thermostat=True, thermostat_follow=1.0)
+    assert len(calls) == 4 and calls[-1]["thermostat_distances"] is None, "other distances: rebuilt"
+    with pytest.raises(ConfigurationError, match="thermostat_distances"):
+        agent.save_tiny_agent_model(path, steps=2, thermostat=True, thermostat_distances=(0, 2))
 
 
 @needs_bwrap

@@ -133,15 +133,18 @@ def lookup_episode(rng: random.Random, follow: bool = False) -> list[dict]:
     return messages
 
 
-def thermostat_episode(rng: random.Random, follow: float = 0.0) -> list[dict]:
+def thermostat_episode(rng: random.Random, follow: float = 0.0,
+                       distances: tuple[int, ...] | None = None) -> list[dict]:
     """An episode in the thermostat suite's format (`envs.tasks.thermostat`): `./check`, then up to 5 actions, each
     the reactive rule's (high → ./down, low → ./up, ok → submit) with probability `follow`, else one of the three
     drawn uniformly; every observation is what the dial's scripts print for the level the actions so far reached
-    (from a train start level). `follow=0` teaches the format and the dynamics only: the commands ignore the
-    observations, so such a policy solves a task by chance, and RL has the association to learn."""
+    (from a start level `distances` away from the target; default: the train split's). `follow=0` teaches the
+    format and the dynamics only: the commands ignore the observations, so such a policy solves a task by chance, and
+    RL has the association to learn. `follow=1` from every distance (train and held-out) is a policy that has the
+    skill: the distillation benchmark's teacher."""
     from ..envs.tasks.thermostat import CHECK, DOWN, MOVES, SUBMIT, TRAIN_DISTANCES, UP, status_line
 
-    level = rng.choice(TRAIN_DISTANCES) * rng.choice((1, -1))
+    level = rng.choice(distances or TRAIN_DISTANCES) * rng.choice((1, -1))
     messages = [_call("run_shell", {"command": CHECK}), _shell_result(status_line(level))]
     for _ in range(5):
         right = SUBMIT if level == 0 else (DOWN if level > 0 else UP)
@@ -271,12 +274,14 @@ def batch_loss(model, batch: PromptBatch) -> torch.Tensor:
 
 def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0,
                progress: bool = False, lookup: bool = False, lookup_follow: float = 0.0,
-               lookup_share: float = 0.5, thermostat_follow: float | None = None) -> list[float]:
+               lookup_share: float = 0.5, thermostat_follow: float | None = None,
+               thermostat_distances: tuple[int, ...] | None = None) -> list[float]:
     """Supervised warm-start on synthetic tool-use transcripts (`batch` per step, one prompt each step); returns
     the loss curve. `progress`: a tqdm bar on stderr. `lookup`: a `lookup_share` of the steps draw the lookup
     suite's prompt and `lookup_episode`s, the others as without it; each of those episodes follows its pointers with
     probability `lookup_follow` (0: the format only). `thermostat_follow` (not None): every step draws the
-    thermostat suite's prompt and `thermostat_episode(follow=thermostat_follow)`s instead.
+    thermostat suite's prompt and `thermostat_episode(follow=thermostat_follow, distances=thermostat_distances)`s
+    instead.
 
     Runs on one intra-op thread: the ops of a 64-wide model are too small to split (two threads were no faster
     idle and several times slower on a busy machine), and the weights then do not depend on the core count."""
@@ -300,7 +305,7 @@ def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3
             if thermostat_follow is not None:
                 from ..envs.tasks.thermostat import THERMOSTAT_INSTRUCTION
 
-                episodes = [thermostat_episode(rng, follow=thermostat_follow) for _ in range(batch)]
+                episodes = [thermostat_episode(rng, thermostat_follow, thermostat_distances) for _ in range(batch)]
                 prompt, tools = THERMOSTAT_INSTRUCTION, thermostat_tools
             elif lookup and rng.random() < lookup_share:
                 from ..envs.tasks.lookup import LOOKUP_INSTRUCTION
@@ -336,35 +341,43 @@ def built_with(path: str | Path) -> dict | None:
 def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False,
                           lookup: bool = False, lookup_follow: float = LOOKUP_FOLLOW,
                           lookup_share: float = LOOKUP_SHARE, hidden_size: int = 64, thermostat: bool = False,
-                          thermostat_follow: float = THERMOSTAT_FOLLOW) -> Path:
+                          thermostat_follow: float = THERMOSTAT_FOLLOW,
+                          thermostat_distances: tuple[int, ...] | None = None) -> Path:
     """Create the warm-started tiny agent model folder at `path`, or reuse it if it was built with this recipe,
     `steps`, `seed` and suite options (anything else is rebuilt in place). `progress`: a tqdm bar while building.
     `lookup`: also warm-start on the lookup suite, a `lookup_follow` share of its episodes following the pointers
     (`warm_start`); the default build is unchanged. `thermostat`: warm-start on the thermostat suite only, a
-    `thermostat_follow` share of the actions the reactive rule's. `hidden_size`: the model's width
+    `thermostat_follow` share of the actions the reactive rule's, from start levels `thermostat_distances` away
+    (default: the train split's). `hidden_size`: the model's width
     (`build_tiny_model`; the lookup example uses LOOKUP_HIDDEN)."""
     for name, value in (("lookup_follow", lookup_follow), ("lookup_share", lookup_share),
                         ("thermostat_follow", thermostat_follow)):
         if not 0.0 <= value <= 1.0:
             raise ConfigurationError(f"{name}={value} is not a probability in [0, 1]")
+    if thermostat_distances is not None and not (thermostat_distances and all(
+            isinstance(d, int) and d > 0 for d in thermostat_distances)):
+        raise ConfigurationError(f"thermostat_distances={thermostat_distances!r} must be positive integers")
     if lookup and thermostat:
         raise ConfigurationError("lookup=True and thermostat=True: a tiny agent is warm-started for one suite")
     path = Path(path)
     key = {"recipe": RECIPE, "steps": steps, "seed": seed,
            **({"lookup": True, "lookup_follow": lookup_follow, "lookup_share": lookup_share} if lookup else {}),
            **({"thermostat": True, "thermostat_follow": thermostat_follow} if thermostat else {}),
+           **({"thermostat_distances": list(thermostat_distances)} if thermostat and thermostat_distances else {}),
            **({"hidden_size": hidden_size} if hidden_size != 64 else {})}
     record = built_with(path)
     same = record is not None and all(record.get(k) == v for k, v in key.items())
     if (same and record.get("lookup", False) == lookup and record.get("thermostat", False) == thermostat
-            and record.get("hidden_size", 64) == hidden_size):
+            and record.get("hidden_size", 64) == hidden_size
+            and record.get("thermostat_distances") == key.get("thermostat_distances")):
         return path
     (path / MARKER).unlink(missing_ok=True)  # a half-rebuilt folder must not pass for a built one
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed)
     losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup,
                         lookup_follow=lookup_follow, lookup_share=lookup_share,
-                        thermostat_follow=thermostat_follow if thermostat else None)
+                        thermostat_follow=thermostat_follow if thermostat else None,
+                        thermostat_distances=thermostat_distances)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)
