@@ -235,8 +235,9 @@ def _f(value, spec: str = ".1f") -> str:
 
 def format_report(result: dict[str, Any]) -> list[str]:
     metric = "loss" if result.get("workload", {}).get("trainer") == "gkd" else "reward"
-    lines = [f"time to a {result['window']}-step mean training reward >= {result['level']} and to held-out success "
-             f">= {result.get('heldout_level')}:",
+    reward_level = (f"a {result['window']}-step mean training reward >= {result['level']} and "
+                    if result["level"] is not None else "")
+    lines = [f"time to {reward_level}held-out success >= {result.get('heldout_level')}:",
              "| schedule | seed | s to level | step to level | s to held-out | step to held-out | s/step | "
              f"{metric} step 1 | {metric} last {result['window']} | held-out before | held-out after |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -262,9 +263,11 @@ def format_report(result: dict[str, Any]) -> list[str]:
 def plot(runs: list[dict[str, Any]], stem: Path, window: int) -> list[Path]:
     from trl_thundersync.learning import CurvePoint, plot_curves
 
+    metric = "training loss" if runs and runs[0]["workload"].get("trainer") == "gkd" else "training reward"
     curves = {f"{r['schedule']} s{r['seed']}": [CurvePoint(**p) for p in r["points"]] for r in runs}
     heldout = {f"{r['schedule']} s{r['seed']}": [tuple(h) for h in r["heldout"]] for r in runs}
-    return [plot_curves(curves, f"{stem}-{x}.png", x=x, window=window, heldout=heldout) for x in ("step", "seconds")]
+    return [plot_curves(curves, f"{stem}-{x}.png", x=x, window=window, heldout=heldout, metric=metric)
+            for x in ("step", "seconds")]
 
 
 # -- driver ---------------------------------------------------------------------------------------------------------

@@ -101,9 +101,11 @@ def smoothed(values: Sequence[float], window: int) -> list[float]:
 
 
 def plot_curves(curves: Mapping[str, Sequence[CurvePoint]], path: str | Path, x: Axis = "seconds",
-                window: int = 5, heldout: Mapping[str, Sequence[tuple[int, float, float]]] | None = None) -> Path:
-    """Reward (moving average over `window` steps, raw points faint) of each named curve against `x`; with
-    `heldout` (name -> LearningCurve.heldout) a second panel of held-out score. Writes a PNG at `path`."""
+                window: int = 5, heldout: Mapping[str, Sequence[tuple[int, float, float]]] | None = None,
+                metric: str = "training reward") -> Path:
+    """The curves' metric (`metric` names it on the axis; moving average over `window` steps, raw points faint) of
+    each named curve against `x`; with `heldout` (name -> LearningCurve.heldout) a second panel of held-out score.
+    Writes a PNG at `path`."""
     from .trace.export import new_figure
 
     if x not in ("step", "seconds"):
@@ -119,7 +121,7 @@ def plot_curves(curves: Mapping[str, Sequence[CurvePoint]], path: str | Path, x:
         if heldout and heldout.get(name):
             hx = [step if x == "step" else seconds for step, seconds, _ in heldout[name]]
             axes[1].plot(hx, [score for _, _, score in heldout[name]], "o-", color=colour, label=name)
-    axes[0].set_ylabel(f"training reward ({window}-step mean)")
+    axes[0].set_ylabel(f"{metric} ({window}-step mean)")
     axes[0].legend(fontsize=7)
     if heldout:
         axes[1].set_ylabel("held-out success")

@@ -123,4 +123,4 @@ def test_the_distillation_workload_follows_its_loss_and_times_only_the_held_out_
     assert result["rows"][0]["seconds_to_level"] is None and result["summary"]["thundersync"]["reached"] == 0
     assert result["summary"]["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(2.0)
     report = "\n".join(format_report({**result, "workload": w.to_dict()}))
-    assert "loss step 1" in report and "| sync | 0/1 |" in report
+    assert "loss step 1" in report and "| sync | 0/1 |" in report and "training reward" not in report
