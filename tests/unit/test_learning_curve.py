@@ -91,7 +91,9 @@ def test_time_to_a_heldout_level_and_its_ratio() -> None:
     summary = analyse(runs, level=0.3, window=2, heldout_level=0.8)["summary"]
     assert summary["thundersync"]["seconds_to_heldout"] == (8.0, 0.0)
     assert summary["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(2.0)
+    assert summary["sync"]["heldout_time_ratio_per_seed"] == (pytest.approx(2.0), 0.0)
     assert (summary["trl"]["reached_heldout"], summary["trl"]["heldout_time_ratio_vs_thundersync"]) == (0, None)
+    assert summary["trl"]["heldout_time_ratio_per_seed"] is None
 
 
 def test_the_curve_can_follow_another_logged_metric() -> None:
@@ -124,3 +126,18 @@ def test_the_distillation_workload_follows_its_loss_and_times_only_the_held_out_
     assert result["summary"]["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(2.0)
     report = "\n".join(format_report({**result, "workload": w.to_dict()}))
     assert "loss step 1" in report and "| sync | 0/1 |" in report and "training reward" not in report
+
+
+def test_the_per_seed_ratio_pairs_each_seed_with_thundersyncs_run_of_the_same_seed() -> None:
+    """Seed 0: sync 3x slower than thundersync; seed 1: as fast. The ratio of mean times (6 / 4) differs from the
+    mean of the per-seed ratios (2.0), whose spread is the one reported."""
+    def held(t):
+        return ((0, 0.0, 0.1), (2, t, 0.9))
+
+    runs = [_run("thundersync", 0, [0.5], 1.0, held(2.0)), _run("sync", 0, [0.5], 1.0, held(6.0)),
+            _run("thundersync", 1, [0.5], 1.0, held(6.0)), _run("sync", 1, [0.5], 1.0, held(6.0))]
+    summary = analyse(runs, level=None, window=1, heldout_level=0.8)["summary"]
+    assert summary["sync"]["heldout_time_ratio_vs_thundersync"] == pytest.approx(6.0 / 4.0)
+    mean, sd = summary["sync"]["heldout_time_ratio_per_seed"]
+    assert mean == pytest.approx(2.0) and sd == pytest.approx(2 ** 0.5)
+    assert summary["thundersync"]["heldout_time_ratio_per_seed"] == (1.0, 0.0)
