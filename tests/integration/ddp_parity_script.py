@@ -1,8 +1,9 @@
 """Run under `torchrun --nproc_per_node 2`: stock TRL and ThunderSync on identical batches, two CPU processes.
 
 Writes the per-step batch directions, final parameters and every rank's log history of both trainers (rank 0) to the
-folder given as argv[1].
-Launched by test_distributed.py.
+folder given as argv[1], `results-<case>.pt` per case. argv[3] may name several of the stock-TRL cases, comma
+separated: they run one after the other in the same launch (one process start and process group for all of them;
+test_distributed.py launches every case its tests need once per session).
 
 Cases `server_full` / `server_lora` (any number of processes): ThunderSync alone, sampling from one embedded
 rollout server that rank 0 starts and every process shares (full weights, or LoRA adapters published as
@@ -23,8 +24,11 @@ from trl import GRPOConfig, GRPOTrainer
 from tests.fixtures.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
-out, model_path, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-overrides = {
+out, model_path, cases = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+case = cases[0]
+if len(cases) > 1 and any(c == "straddle" or c.startswith("server_") for c in cases):
+    raise SystemExit(f"cases {cases}: straddle and the server cases run alone")
+OVERRIDES = {
     "straddle": dict(),
     "server_full": dict(),
     "server_lora": dict(),
@@ -43,16 +47,10 @@ overrides = {
     # num_iterations (test_num_iterations.py): two generation batches of two passes each, clipping active
     "mu2_bnpo_ga2_beta": dict(num_iterations=2, max_steps=4, epsilon=0.03, loss_type="bnpo", beta=0.1,
                               gradient_accumulation_steps=2, per_device_train_batch_size=2),
-}[case]
-max_steps = overrides.pop("max_steps", 2)
-# ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local generation
-# batch (TRL's call on each process), every trajectory's backward released at content readiness.
-ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
-rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
-if case == "metrics":
-    from tests.fixtures.logged_metrics import reward_logging
-
-    rewards = (reward_len, reward_parity, reward_logging)
+}
+unknown = [c for c in cases if c not in OVERRIDES]
+if unknown:
+    raise SystemExit(f"unknown cases {unknown}")
 tokenizer = AutoTokenizer.from_pretrained(model_path)
 if case.startswith("server_"):  # one shared embedded server; the global batch split over the processes
     from peft import LoraConfig
@@ -109,21 +107,39 @@ if case == "straddle":  # 3 rows per process, groups of 2: a group would span bo
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     sys.exit(0)
-results = {}
-for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
-                                      ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
-    run = run_trainer(trainer_cls, config_cls, out / name, tokenizer, model_path, rewards=rewards,
-                      max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides,
-                      **(ts_only if name == "ts" else {}))
-    # every rank's log history and completions table (the last batch's rows): TRL logs on each rank
-    table = {k: {c: list(v) for c, v in t.items()} if isinstance(t, dict) else list(t)
-             for k, t in run.trainer._logs.items()}
-    logs = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(logs, {"history": run.trainer.state.log_history, "table": table})
-    results[name] = {"directions": run.directions, "params": run.params, "logs": logs}
-if torch.distributed.get_rank() == 0:
-    torch.save(results, out / "results.pt")
-torch.distributed.barrier()
+
+
+def run_case(case: str) -> None:
+    """Stock TRL, then ThunderSync, on the case's identical batches; rank 0 saves both runs' results."""
+    overrides = dict(OVERRIDES[case])
+    max_steps = overrides.pop("max_steps", 2)
+    # ThunderSync-only fields and the case's reward functions: a batch-relative reward called once per local
+    # generation batch (TRL's call on each process), every trajectory's backward released at content readiness.
+    ts_only = {"batch_relative_content": dict(reward_scope="batch", release="content")}.get(case, {})
+    rewards = (reward_batch_relative_length,) if case == "batch_relative_content" else (reward_len, reward_parity)
+    if case == "metrics":
+        from tests.fixtures.logged_metrics import reward_logging
+
+        rewards = (reward_len, reward_parity, reward_logging)
+    results = {}
+    for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
+                                          ("ts", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
+        run = run_trainer(trainer_cls, config_cls, out / case / name, tokenizer, model_path, rewards=rewards,
+                          max_steps=max_steps, optim="sgd", max_grad_norm=0.5, **overrides,
+                          **(ts_only if name == "ts" else {}))
+        # every rank's log history and completions table (the last batch's rows): TRL logs on each rank
+        table = {k: {c: list(v) for c, v in t.items()} if isinstance(t, dict) else list(t)
+                 for k, t in run.trainer._logs.items()}
+        logs = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(logs, {"history": run.trainer.state.log_history, "table": table})
+        results[name] = {"directions": run.directions, "params": run.params, "logs": logs}
+    if torch.distributed.get_rank() == 0:
+        torch.save(results, out / f"results-{case}.pt")
+    torch.distributed.barrier()
+
+
+for case in cases:
+    run_case(case)
 torch.distributed.destroy_process_group()
 # Leave without interpreter teardown: the results are saved and every rank passed the barrier. One full CI run in
 # four this session saw rank 1 abort with "terminate called without an active exception" (a C++ thread destroyed

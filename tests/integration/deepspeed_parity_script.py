@@ -63,7 +63,10 @@ def main(out: Path, model_path: str, case: str) -> None:
     else:
         from accelerate import PartialState
 
+        from tests.fixtures.deepspeed_cpu import skip_shm_kernel_build
+
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        skip_shm_kernel_build()
         PartialState(backend="gloo")  # the 2-process group on CPU (module docstring)
         overrides.update(use_cpu=False, deepspeed=deepspeed_config(stage),
                          accelerator_config={"use_configured_state": True})

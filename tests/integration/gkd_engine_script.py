@@ -45,7 +45,10 @@ def main(out: Path, model_path: str, case: str) -> None:
     if case.startswith("zero"):
         from accelerate import PartialState
 
+        from tests.fixtures.deepspeed_cpu import skip_shm_kernel_build
+
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        skip_shm_kernel_build()
         PartialState(backend="gloo")
         engine = dict(use_cpu=False, deepspeed=deepspeed_config(int(case[-1])),
                       accelerator_config={"use_configured_state": True})

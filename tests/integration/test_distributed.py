@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,19 +24,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ddp_parity(tmp_path, model_path: str, case: str, processes: int = 2,
-                   extra_env: dict[str, str] | None = None) -> tuple[dict, dict]:
-    """`ddp_parity_script.py` case `case` on `processes` CPU processes (gloo): stock TRL's and ThunderSync's results
-    (`directions` per optimizer step, final `params`; TRL's is None for the server cases)."""
+# The stock-TRL cases of `ddp_parity_script.py` on the session's tiny model that tests here and in
+# test_distributed_metrics / test_num_iterations / test_entropy_bonus compare: all of them run in one two-process
+# launch, the first time any of them is asked for (a launch costs two interpreter starts and a process group).
+SESSION_CASES = ("dapo", "grpo_batch_beta", "bnpo_ga2", "batch_relative_content", "normalize_then_sum", "metrics",
+                 "mu2_bnpo_ga2_beta", "entropy_adaptive_ga2")
+_session_runs: dict[str, Path] = {}  # model path -> the folder holding every SESSION_CASES result
+
+
+def launch_ddp_parity(folder: Path, model_path: str, cases: str, processes: int = 2,
+                      extra_env: dict[str, str] | None = None) -> None:
+    """`ddp_parity_script.py` with `cases` (comma separated) on `processes` CPU processes (gloo), into `folder`."""
     script = Path(__file__).with_name("ddp_parity_script.py")
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(extra_env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path), model_path, case]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+           "127.0.0.1", "--master_port", str(free_port()), str(script), str(folder), model_path, cases]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300 * len(cases.split(",")), env=env)
     assert done.returncode == 0, done.stderr[-4000:]
-    results = torch.load(tmp_path / "results.pt")
+
+
+def run_ddp_parity(tmp_path, model_path: str, case: str, processes: int = 2,
+                   extra_env: dict[str, str] | None = None) -> tuple[dict, dict]:
+    """`ddp_parity_script.py` case `case` on `processes` CPU processes (gloo): stock TRL's and ThunderSync's results
+    (`directions` per optimizer step, final `params`; TRL's is None for the server cases). A SESSION_CASES case on
+    two processes is read from the session's one launch of all of them."""
+    if case in SESSION_CASES and processes == 2 and not extra_env:
+        if model_path not in _session_runs:
+            folder = Path(tempfile.mkdtemp(prefix="ddp-parity-", dir=tmp_path.parent))
+            launch_ddp_parity(folder, model_path, ",".join(SESSION_CASES))
+            _session_runs[model_path] = folder
+        results = torch.load(_session_runs[model_path] / f"results-{case}.pt")
+    else:
+        launch_ddp_parity(tmp_path, model_path, case, processes, extra_env)
+        results = torch.load(tmp_path / ("results.pt" if case.startswith("server_") else f"results-{case}.pt"))
     return results["trl"], results["ts"]
 
 

@@ -64,7 +64,7 @@ def test_hung_rank_is_bounded_by_ddp_timeout_on_cpu(tmp_path, tiny_model_path):
     """Rank 1 hangs (its reward never returns), on another node: rank 0's next collective times out after
     `ddp_timeout` (transformers does not pass it to gloo with use_cpu=True; the guard does), rank 0 posts that, and
     rank 1 — which no launcher would stop — stops within POLL_S + STOP_GRACE_S of that."""
-    ddp_timeout = 30
+    ddp_timeout = 20  # above any start-up skew between the ranks (the first collective must not time out)
     nodes = launch_nodes(SCRIPT, str(tmp_path), tiny_model_path, "hang", str(ddp_timeout), timeout=LAUNCH_TIMEOUT_S)
     elapsed = since_failure(tmp_path)
     assert all(node.returncode != 0 for node in nodes), [node.returncode for node in nodes]
