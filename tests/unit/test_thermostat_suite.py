@@ -159,6 +159,8 @@ def test_the_thermostat_build_key_names_its_follow_share(tmp_path, monkeypatch) 
     assert len(calls) == 4 and calls[-1]["thermostat_distances"] is None, "other distances: rebuilt"
     with pytest.raises(ConfigurationError, match="thermostat_distances"):
         agent.save_tiny_agent_model(path, steps=2, thermostat=True, thermostat_distances=(0, 2))
+    with pytest.raises(ConfigurationError, match="thermostat=True"):
+        agent.save_tiny_agent_model(path, steps=2, thermostat_distances=(1, 2))
 
 
 @needs_bwrap

@@ -357,6 +357,8 @@ def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, pro
     if thermostat_distances is not None and not (thermostat_distances and all(
             isinstance(d, int) and d > 0 for d in thermostat_distances)):
         raise ConfigurationError(f"thermostat_distances={thermostat_distances!r} must be positive integers")
+    if thermostat_distances is not None and not thermostat:
+        raise ConfigurationError("thermostat_distances applies to the thermostat build: pass thermostat=True")
     if lookup and thermostat:
         raise ConfigurationError("lookup=True and thermostat=True: a tiny agent is warm-started for one suite")
     path = Path(path)
