@@ -73,12 +73,7 @@ def test_two_processes_match_trl(case, tmp_path, tiny_model_path):
 
 
 def test_groups_spanning_processes_are_refused(tmp_path, tiny_model_path):
-    script = Path(__file__).with_name("ddp_parity_script.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script), str(tmp_path), tiny_model_path, "straddle"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    launch_ddp_parity(tmp_path, tiny_model_path, "straddle")
     message = (tmp_path / "error.txt").read_text()
     assert "per_device_train_batch_size × steps_per_generation = 3" in message and "num_generations=2" in message
 
