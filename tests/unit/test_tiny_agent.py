@@ -1,5 +1,5 @@
 """tiny/agent.py: the shared-prompt warm start computes the padded batch's loss and gradient; the build cache
-key (recipe, steps, seed) decides when a folder is reused."""
+key (recipe, steps, seed) and the folder's model shape decide when a folder is reused."""
 
 from __future__ import annotations
 
@@ -85,3 +85,33 @@ def test_a_folder_is_reused_only_under_its_build_key(tmp_path, monkeypatch):
     assert len(calls) == 1, "a folder built by another recipe is rebuilt"
     tiny_agent.save_tiny_agent_model(path, steps=3)
     assert len(calls) == 2 and json.loads((path / tiny_agent.MARKER).read_text())["steps"] == 3
+
+
+def test_a_folder_of_another_shape_is_rebuilt(tmp_path, monkeypatch):
+    """A folder cached by an older builder (4 heads of 16, which a CPU vLLM cannot serve) is rebuilt, even with a
+    matching build record; the rebuilt one has 2 heads of 32 and 1 KV head."""
+    path = tiny_agent.save_tiny_agent_model(tmp_path / "agent", steps=2)
+    config = json.loads((path / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (2, 1, 32)
+    (path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                  "head_dim": 16}))
+    calls = []
+    monkeypatch.setattr(tiny_agent, "warm_start", lambda *a, **k: calls.append(k) or [1.0, 0.5])
+    tiny_agent.save_tiny_agent_model(path, steps=2)
+    assert len(calls) == 1 and json.loads((path / "config.json").read_text())["head_dim"] == 32
+
+
+def test_a_tiny_model_folder_of_another_shape_is_rebuilt(tmp_path):
+    from trl_thundersync.tiny.model import save_tiny_model
+
+    path = save_tiny_model(tmp_path / "teacher", hidden_size=96, num_layers=3, seed=7)
+    config = json.loads((path / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (3, 1, 32)
+    built = (path / "model.safetensors").stat().st_mtime_ns
+    assert save_tiny_model(path, hidden_size=96, num_layers=3, seed=7) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == built, "same shape: reused"
+    (path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4, "head_dim": 24}))
+    save_tiny_model(path, hidden_size=96, num_layers=3, seed=7)
+    assert json.loads((path / "config.json").read_text())["head_dim"] == 32
+    save_tiny_model(path, hidden_size=64, num_layers=2)
+    assert json.loads((path / "config.json").read_text())["hidden_size"] == 64, "another width: rebuilt"

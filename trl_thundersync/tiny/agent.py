@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigurationError
-from .model import build_tiny_model, build_tiny_tokenizer
+from .model import build_tiny_model, build_tiny_tokenizer, built_shape, folder_has_shape
 
 # Bump whenever a change to the recipe below (data, batching, optimizer, steps) changes the built weights: a folder
-# is reused only if its warm_start.json names this recipe, steps and seed (the build cache key).
+# is reused only if its warm_start.json names this recipe, steps and seed (the build cache key) and its config.json
+# has the shape `build_tiny_model` gives now (`model.folder_has_shape`: heads, head size, width, depth).
 # 1: padded batches of 8 transcripts with 8 prompts. 2: 8 transcripts sharing one prompt, forwarded once.
 RECIPE = 2
 LOOKUP_SHARE = 1.0  # share of the lookup build's warm-start steps on the lookup suite (the others: tool use)
@@ -47,6 +48,7 @@ LOOKUP_FOLLOW = 1.0  # share of the lookup warm start's episodes that follow the
 # one, half of its actions the reactive rule's. With no following (0.0) RL at lr 1e-3 lost the tool-call format
 # within 3 steps; with a quarter, the reward rose more slowly than this build's within the quickstart's budget.
 THERMOSTAT_FOLLOW = 0.5  # share of the thermostat warm start's actions that follow the rule (`thermostat_episode`)
+TINY_AGENT_LAYERS = 2  # depth of every tiny agent build
 MARKER = "warm_start.json"  # written last: a folder without it (or with another key) is rebuilt
 
 _COMMANDS = (
@@ -371,11 +373,12 @@ def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, pro
     same = record is not None and all(record.get(k) == v for k, v in key.items())
     if (same and record.get("lookup", False) == lookup and record.get("thermostat", False) == thermostat
             and record.get("hidden_size", 64) == hidden_size
-            and record.get("thermostat_distances") == key.get("thermostat_distances")):
+            and record.get("thermostat_distances") == key.get("thermostat_distances")
+            and folder_has_shape(path, built_shape(hidden_size, TINY_AGENT_LAYERS))):
         return path
     (path / MARKER).unlink(missing_ok=True)  # a half-rebuilt folder must not pass for a built one
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed)
+    model = build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=TINY_AGENT_LAYERS, seed=seed)
     losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup,
                         lookup_follow=lookup_follow, lookup_share=lookup_share,
                         thermostat_follow=thermostat_follow if thermostat else None,

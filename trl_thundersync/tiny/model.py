@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import json
 from pathlib import Path
 
 SPECIAL_TOKENS = (
@@ -84,13 +85,41 @@ def build_tiny_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, seed
     return model_from_config(Qwen3Config(**tiny_shape(tokenizer, hidden_size, num_layers)), tokenizer, seed)
 
 
+HEAD_DIM = 32  # the smallest head size vLLM's CPU attention serves (`rollout/vllm_shapes.py`); 16 or 24 kill it
+
+
+def attention_shape(hidden_size: int) -> dict:
+    """Heads of the tiny models: `hidden_size // HEAD_DIM` query heads (at least one) of HEAD_DIM each, half as many
+    KV heads (one when the count is odd). Width 64 → 2 heads, 1 KV head: the same projection sizes and the same
+    grouped-query ratio (2 query heads per KV head) as the earlier 4 heads of 16 with 2 KV heads, so the grouped
+    path (HF's `repeat_kv`, vLLM's GQA) stays exercised; width 128 → 4 heads, 2 KV (unchanged); 96 → 3 heads, 1 KV."""
+    heads = max(1, hidden_size // HEAD_DIM)
+    return dict(num_attention_heads=heads, num_key_value_heads=heads // 2 if heads % 2 == 0 else 1,
+                head_dim=HEAD_DIM)
+
+
 def tiny_shape(tokenizer, hidden_size: int, num_layers: int) -> dict:
-    """The config fields every tiny model here shares: vocabulary and special ids of `tokenizer`, 4 heads (2 KV),
-    tied embeddings, no dropout."""
+    """The config fields every tiny model here shares: vocabulary and special ids of `tokenizer`, the heads of
+    `attention_shape` (a head size a CPU vLLM serves), tied embeddings, no dropout."""
     return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=hidden_size // 4, max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=None,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, attention_dropout=0.0)
+                num_hidden_layers=num_layers, **attention_shape(hidden_size), max_position_embeddings=2048,
+                tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id, attention_dropout=0.0)
+
+
+def built_shape(hidden_size: int, num_layers: int) -> dict:
+    """The config fields that tell a tiny model folder's shape (`folder_has_shape` compares them)."""
+    return dict(hidden_size=hidden_size, num_hidden_layers=num_layers, **attention_shape(hidden_size))
+
+
+def folder_has_shape(path: str | Path, shape: dict) -> bool:
+    """Whether the model folder at `path` has a config.json whose fields equal `shape`'s: a folder cached by an
+    older builder (e.g. head size 16, which a CPU vLLM cannot serve) does not, and is rebuilt."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return all(config.get(key) == value for key, value in shape.items())
 
 
 def model_from_config(config, tokenizer, seed: int):
@@ -106,15 +135,18 @@ def model_from_config(config, tokenizer, seed: int):
 
 
 def save_tiny_model(path: str | Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
-    """Create (or reuse) a tiny model folder at `path` and return it."""
+    """Create (or reuse, if it has this shape) a tiny model folder at `path` and return it."""
     return save_model_folder(path, lambda tokenizer: build_tiny_model(tokenizer, hidden_size=hidden_size,
-                                                                      num_layers=num_layers, seed=seed))
+                                                                      num_layers=num_layers, seed=seed),
+                             shape=built_shape(hidden_size, num_layers))
 
 
-def save_model_folder(path: str | Path, build) -> Path:
-    """Write the tiny tokenizer and `build(tokenizer)`'s model to `path`, unless a model folder is already there."""
+def save_model_folder(path: str | Path, build, shape: dict | None = None) -> Path:
+    """Write the tiny tokenizer and `build(tokenizer)`'s model to `path`, unless a model folder is already there
+    (and, given `shape`, has that shape: `folder_has_shape`; otherwise it is overwritten)."""
     path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+    if ((path / "config.json").exists() and (path / "tokenizer.json").exists()
+            and (shape is None or folder_has_shape(path, shape))):
         return path
     tokenizer = build_tiny_tokenizer()
     model = build(tokenizer)

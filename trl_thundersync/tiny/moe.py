@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+MOE_HIDDEN, MOE_LAYERS = 32, 2  # the tiny MoE model's width and depth
 
-def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, num_experts: int = 4,
+
+def build_tiny_moe_model(tokenizer, hidden_size: int = MOE_HIDDEN, num_layers: int = MOE_LAYERS, num_experts: int = 4,
                          experts_per_token: int = 2, router_aux_loss_coef: float = 0.001, seed: int = 0):
     """A Qwen3-MoE causal LM sized for a CPU test: every layer sparse, `num_experts` experts, top-k routing."""
     from transformers import Qwen3MoeConfig
@@ -34,11 +36,11 @@ def build_tiny_moe_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, 
 
 
 def save_tiny_moe_model(path: str | Path, router_aux_loss_coef: float = 0.001, seed: int = 0) -> Path:
-    """Create (or reuse) a tiny MoE model folder at `path` and return it."""
-    from .model import save_model_folder
+    """Create (or reuse, if it has this shape) a tiny MoE model folder at `path` and return it."""
+    from .model import built_shape, save_model_folder
 
     return save_model_folder(path, lambda tokenizer: build_tiny_moe_model(
-        tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed))
+        tokenizer, router_aux_loss_coef=router_aux_loss_coef, seed=seed), shape=built_shape(MOE_HIDDEN, MOE_LAYERS))
 
 
 def main(argv: list[str] | None = None) -> None:
