@@ -77,6 +77,7 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
     with several processes: every rank gets its own engine over them, and only rank 0 publishes)."""
     from ..rollout.publish_role import distributed_role
     from ..rollout.vllm_client import VLLMServerEngine
+    from ..rollout.vllm_shapes import check_servable
     from ..serve.launcher import ServerOptions, start_embedded_engine
 
     urls = a.server_urls()
@@ -103,6 +104,8 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
                               nccl_options=nccl, publish_first=True,  # publish_first: a server may outlive a run
                               request_fields=fields, importance_sampling=correction, **common)
     try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first (rank 0 pushes)
+        if vllm:  # a CPU vLLM loads a model it cannot serve, then dies on the first request: refuse it here
+            check_servable(urls, getattr(target.policy, "config", None), timeout=a.rollout_request_timeout)
         seconds = engine.publish(target.policy, target.policy_version)
     except BaseException:
         engine.close()
