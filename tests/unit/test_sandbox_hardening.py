@@ -20,6 +20,7 @@ import trl_thundersync.envs.runtimes.bwrap as sandbox_module
 from trl_thundersync.envs.environments.shell_env import ShellTaskEnv
 from trl_thundersync.envs.runtimes.api import SandboxError, SandboxLimits
 from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+from trl_thundersync.envs.runtimes.mounts import hidden_mount_args, outermost_paths
 from trl_thundersync.envs.runtimes.workspace import create_workspace, quota_enforced, release_workspace
 from trl_thundersync.envs.tasks.grading import GradeReport
 from trl_thundersync.envs.tasks.suites import tasks_root
@@ -129,9 +130,10 @@ def test_root_only_proc_entries_are_masked_and_net_sysctls_are_the_sandboxes(san
 # ---------------------------------------------------------------- task answers are not readable inside
 
 
-def fake_install(prefix: Path) -> Path:
-    """A wheel-like install of this package's task data under `prefix` (site-packages of a venv); its package dir."""
-    package = prefix / "lib" / "python3.11" / "site-packages" / "trl_thundersync"
+def fake_install(prefix: Path, site: str = "lib/python3.11/site-packages") -> Path:
+    """A wheel-like install of this package's task data under `prefix` (`site`: its site-packages, default a venv's);
+    its package dir."""
+    package = prefix / site / "trl_thundersync"
     terminal = package / "envs" / "tasks" / "terminal" / "count_lines"
     terminal.mkdir(parents=True)
     (terminal / "solution.sh").write_text("echo the answer\n")
@@ -180,6 +182,46 @@ def test_hidden_paths_argument_covers_files_and_directories(workspace: Path, tmp
         assert box.run(f"cat {data / 'answers' / 'a.txt'}").exit_code != 0
         assert box.run(f"cat {data / 'key.txt'}").stdout == ""
         assert box.run(f"cat {data / 'public.txt'}").stdout == "public"
+
+
+def test_only_the_outermost_covers_are_kept() -> None:
+    paths = ["/p/tasks/swe/bug/solution", "/p/tasks/swe", "/p/tasks/swe-extra", "/p/tasks/swe",
+             "/p/tasks/terminal/t/test_outputs.py", "/p/tasks/terminal", "/q"]
+    assert outermost_paths(paths) == ("/p/tasks/swe", "/p/tasks/swe-extra", "/p/tasks/terminal", "/q")
+    assert outermost_paths(["/p/tasks/swe/bug", "/"]) == ("/",)
+    assert outermost_paths([]) == ()
+
+
+def test_answer_paths_inside_the_covered_task_data_get_no_cover_of_their_own(tmp_path: Path) -> None:
+    """The wheel layout: each task's answers lie inside the covered task data folders, whichever order they come in."""
+    tasks = fake_install(tmp_path / "venv") / "envs" / "tasks"
+    bound = (str(tmp_path / "venv"),)
+    folders = [str(tasks / "swe"), str(tasks / "terminal")]
+    answers = [str(tasks / "swe/bug/solution"), str(tasks / "terminal/count_lines/test_outputs.py")]
+    outer = tuple(arg for folder in folders for arg in ("--tmpfs", folder, "--remount-ro", folder))
+    assert hidden_mount_args([*folders, *answers], bound) == outer
+    assert hidden_mount_args([*answers, *folders], bound) == outer
+    assert hidden_mount_args(answers, bound) == (  # alone, each answer path is covered itself
+        "--tmpfs", answers[0], "--remount-ro", answers[0], "--ro-bind", "/dev/null", answers[1])
+
+
+@pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "local/lib/python3.11/dist-packages",
+                                  "lib/python3/dist-packages"], ids=["venv", "usr-local", "debian-system"])
+def test_an_installed_copys_task_answers_are_hidden_and_commands_still_run(workspace: Path, tmp_path: Path,
+                                                                            site: str) -> None:
+    """The wheel-install regression: with a task's own answer paths passed as `hidden_paths` (as the environments
+    do) under the installed task data, bubblewrap failed to make their mount points in the read-only outer cover and
+    no command ran. Venv, /usr/local and Debian system site-packages layouts, bound like an interpreter prefix."""
+    root = tmp_path / "prefix"
+    tasks = fake_install(root, site) / "envs" / "tasks"
+    answers = [tasks / "swe/bug/solution", tasks / "terminal/count_lines/test_outputs.py"]
+    with BwrapSandbox(workspace, LIMITS, extra_ro_binds=[root], hidden_paths=answers) as box:
+        assert box.run("echo ran").stdout == "ran\n"
+        for secret in (answers[0] / "fix.py", answers[1], tasks / "terminal/count_lines/solution.sh"):
+            result = box.run(f"cat {secret}")
+            assert result.exit_code != 0 and result.stdout == "", secret
+        assert box.run(f"ls -A {tasks / 'swe'} {tasks / 'terminal'}").stdout.split() == [
+            f"{tasks / 'swe'}:", f"{tasks / 'terminal'}:"]  # the outer covers, empty
 
 
 # ---------------------------------------------------------------- long commands are the agent's, not an infra error

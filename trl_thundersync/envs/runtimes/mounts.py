@@ -10,7 +10,8 @@
 - `hidden_mount_args()`: empty read-only covers over paths that must not be readable inside although they lie
   under a bound path: by default `task_data_dirs()`, the bundled suites' answers (reference solutions, hidden
   verifiers) of every copy of this package under a bound path (a wheel or system install puts them under
-  site-packages, which is part of an interpreter prefix).
+  site-packages, which is part of an interpreter prefix). A cover under another cover is dropped: the outer one
+  hides it already, and bwrap cannot make its mount point inside the outer, read-only one.
 """
 
 from __future__ import annotations
@@ -126,15 +127,27 @@ def hidden_mount_args(hidden: Iterable[str], bound: Iterable[str]) -> tuple[str,
     """Empty read-only covers for each existing `hidden` path that lies under a `bound` path (the rest are absent).
 
     Paths are compared after resolving symlinks on the host; each cover goes where the path appears inside, i.e.
-    under the bound path as bwrap mounts it (bound paths keep their host spelling inside).
+    under the bound path as bwrap mounts it (bound paths keep their host spelling inside). Only the outermost covers
+    are kept: one under another cover is hidden already, and bwrap could not mount it anyway (its mount point lies
+    in the outer cover, an empty read-only tmpfs). In a wheel install the environments' per-task answer paths lie
+    under the covered task data folders (`task_data_dirs`), so this is the common case, not a corner.
     """
     roots = [(b, os.path.realpath(b)) for b in bound]
-    args: list[str] = []
+    covers: dict[str, bool] = {}  # path inside -> is a directory
     for path in dict.fromkeys(os.path.realpath(h) for h in hidden):
         if not os.path.lexists(path):
             continue
         for inside_root, real_root in roots:
             if _under(path, real_root):
                 inside = os.path.normpath(os.path.join(inside_root, os.path.relpath(path, real_root)))
-                args += _mask_args(inside, os.path.isdir(path))
-    return tuple(args)
+                covers[inside] = os.path.isdir(path)
+    return tuple(arg for path in outermost_paths(covers) for arg in _mask_args(path, covers[path]))
+
+
+def outermost_paths(paths: Iterable[str]) -> tuple[str, ...]:
+    """`paths` without duplicates and without any path that lies under another of them, sorted."""
+    kept: list[str] = []
+    for path in sorted(set(paths), key=lambda p: (p.count("/"), p)):  # parents before their descendants
+        if not any(_under(path, outer) for outer in kept):
+            kept.append(path)
+    return tuple(sorted(kept))
