@@ -15,3 +15,5 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test,deepspeed]"
 echo "setup: ready (.venv, bubblewrap $(bwrap --version 2>/dev/null | cut -d' ' -f2))"
+# Real vLLM in its own venv (.venv-vllm) where this machine can run it; says why not otherwise, never fails here.
+bash scripts/setup_vllm.sh
