@@ -373,4 +373,5 @@ class GRPOBatchLearner:
             deferred=tuple(self.off_policy.deferred),
             off_policy_dropped=tuple(self.off_policy.dropped),
             policy_values=tuple(self.tallies.policy_values),
+            sampling=tuple(self.tallies.sampling),
         )

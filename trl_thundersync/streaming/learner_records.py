@@ -11,6 +11,7 @@ import torch
 from .accumulators import BatchAccumulator
 from .advantages import RewardScaling
 from .moe_aux import RouterAuxResult
+from .sampling_difference import SamplingStats
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class SourceGradients:
     # V_i = Σ_t m_it u_i g c_it h_it: the policy loss value per unit of −A_i at ratio 1 (`source.py`; sapo's 2/τ_± at
     # the barrier); None: not computed (the barrier then takes Σ_t m_it u_i, TRL's value for grpo-like losses)
     policy_value: float | None = None
+    # how far the sampler's log-probs are from θ_k's on its loss tokens (`sampling_difference`); None: the rollout
+    # carries no sampler log-probs
+    sampling: SamplingStats | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class BatchTotals:
     deferred: tuple[tuple[int, int, torch.Tensor], ...] = ()  # (index, bucket, H_i) masked rows decided at the barrier
     off_policy_dropped: tuple[int, ...] = ()  # rows whose policy term the off-policy mask dropped (so far)
     policy_values: tuple[float | None, ...] = ()  # per trajectory index: SourceGradients.policy_value
+    sampling: tuple[SamplingStats | None, ...] = ()  # per trajectory index: SourceGradients.sampling
 
 
 @dataclass
@@ -88,12 +93,13 @@ class TrajectoryTallies:
     entropy_sums: list[float]  # SourceGradients.entropy_sum
     policy_values: list[float | None]  # SourceGradients.policy_value
     objective_rewards: list[float]  # normalize_then_sum: TRL's group-normalized R_i, NaN until its group closes
+    sampling: list[SamplingStats | None]  # SourceGradients.sampling
 
     @classmethod
     def empty(cls, batch_size: int) -> TrajectoryTallies:
         return cls(rewards=[math.nan] * batch_size, tokens=[0] * batch_size, free_values=[0.0] * batch_size,
                    kl_sums=[0.0] * batch_size, entropy_sums=[0.0] * batch_size, policy_values=[None] * batch_size,
-                   objective_rewards=[math.nan] * batch_size)
+                   objective_rewards=[math.nan] * batch_size, sampling=[None] * batch_size)
 
     def record(self, index: int, grads: SourceGradients) -> None:
         """Keep the scalars of row `index`'s backward."""
@@ -102,3 +108,4 @@ class TrajectoryTallies:
         self.kl_sums[index] = grads.kl_sum
         self.entropy_sums[index] = grads.entropy_sum
         self.policy_values[index] = grads.policy_value
+        self.sampling[index] = grads.sampling

@@ -37,6 +37,7 @@ from ..types import Rollout, ScoredRollout
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
+from .sampling_difference import SamplingStats, row_stats
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -160,7 +161,8 @@ class TrajectoryBackward:
         need_free = self.beta != 0.0 and tokens > 0
         need_entropy = self.entropy_coef is not None and tokens > 0
         if not (need_score or need_free or need_entropy):
-            return SourceGradients(None, None, tokens)
+            sampling = self._sampling_stats(rollout, ids, attention, keep, mask)
+            return SourceGradients(None, None, tokens, sampling=sampling)
 
         logps, entropies = self._forward(rollout, ids, attention, keep, mask, need_entropy)
         outputs: list[tuple[str, torch.Tensor]] = []  # (term kind, scalar to differentiate), in VJP order
@@ -176,7 +178,24 @@ class TrajectoryBackward:
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
         return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
-                               vectors.get("entropy"), entropy_sum, off_policy, value)
+                               vectors.get("entropy"), entropy_sum, off_policy, value,
+                               self._sampling_stats(rollout, ids, attention, keep, mask, logps))
+
+    def _sampling_stats(self, rollout: Rollout, ids: torch.Tensor, attention: torch.Tensor, keep: int,
+                        mask: torch.Tensor, logps: torch.Tensor | None = None) -> SamplingStats | None:
+        """The sampler-vs-learner statistics of this trajectory (`sampling_difference`); None when it carries no
+        sampler log-prob per completion token. TRL's statistics count every row, so a row whose backward needs no
+        forward (unscorable, nothing else to learn) gets one here, without gradients."""
+        sampled = rollout.sampling_logprobs
+        if sampled is None or len(sampled) != len(rollout.completion_ids):
+            return None
+        if logps is None:
+            if mask.any():
+                with torch.no_grad():
+                    logps = self.logps_fn(ids, attention, keep)
+            else:  # no loss token: only the weight of a sequence mode, from an all-zero difference, counts
+                logps = torch.zeros_like(mask)
+        return row_stats(logps, sampler_logps(rollout, self.device), mask, self.correction)
 
     def _forward(self, rollout: Rollout, ids: torch.Tensor, attention: torch.Tensor, keep: int, mask: torch.Tensor,
                  need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -42,6 +42,7 @@ from ..types import Rollout, TurnBackward, TurnEvent
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
+from .sampling_difference import SamplingStats, row_stats
 from .segment_backward import BoundaryCut, FlatGradient, FullContext
 from .source import loss_mask, policy_value
 from .turn_reference import TurnReference
@@ -201,7 +202,7 @@ class TurnScoreBackward:
         tokens = int(mask.sum().item())
         if tokens == 0:  # nothing scored (e.g. a masked truncation): the turns' work is not needed
             self.discard(index)
-            return SourceGradients(None, None, 0)
+            return SourceGradients(None, None, 0, sampling=self._sampling_stats(None, rollout, mask))
         state = self.open.get(index)
         reason = self.fallbacks.get(index) or self._mismatch(state, rollout)
         if reason is None and self.correction is not None and not self.token_mode and (
@@ -217,7 +218,15 @@ class TurnScoreBackward:
                            mask.unsqueeze(0)) if self.off_policy_sampling else 0.0
         self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy})
         self.discard(index)
-        return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl)
+        return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl,
+                       sampling=self._sampling_stats(state, rollout, mask))
+
+    def _sampling_stats(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> SamplingStats | None:
+        """`source.TrajectoryBackward`'s sampler-vs-learner statistics, from the turns' recorded log-probs."""
+        sampled = rollout.sampling_logprobs
+        if sampled is None or len(sampled) != len(rollout.completion_ids):
+            return None
+        return row_stats(self._laid_out(state, rollout), sampler_logps(rollout), mask.unsqueeze(0), self.correction)
 
     def _bind(self, state: _Open, rollout: Rollout, tokens: int, sequence_weight: float) -> SourceGradients:
         weight = self.normalization.sequence_weight(tokens)

@@ -12,9 +12,12 @@ metrics are computed from the whole batch by the same formulas TRL applies to it
 By design per process (like TRL's own `step_time`): the timings (`thundersync/*_seconds`,
 `thundersync/learner_idle_fraction`) and the rollout engine's own counters (`rollout/*`). The memory high-water
 marks (`thundersync/stats_peak_mb`, `stats_bound_mb`, `buffered_peak`) are the maximum over processes — the number
-that decides whether a run fits — and `thundersync/turn_fallbacks` the sum. Not logged (TRL computes them in its
-loss forward, which the streamed pass does not report): `entropy` (logged with the entropy bonus only),
-`sampling/*` (the vLLM importance-sampling diagnostics) and `vespo/phi_seq_mean`.
+that decides whether a run fits — and `thundersync/turn_fallbacks` the sum. TRL's `sampling/*` diagnostics (how far
+the sampler's log-probs are from the learner's; `streaming/sampling_difference.py`) keep TRL's own reduction, a mean
+of per-process means, so `sampling/sampling_logp_difference/mean` and `sampling/importance_sampling_ratio/mean` depend
+on the number of processes as TRL's do; they are logged whenever the rollouts carry sampler log-probs, the ratio's
+keys only with the vLLM importance-sampling correction. Not logged (TRL computes them in its loss forward, which the
+streamed pass does not report): `entropy` (logged with the entropy bonus only) and `vespo/phi_seq_mean`.
 
 Run the tests: `pytest tests/unit/test_grpo_metrics.py tests/integration/test_distributed_metrics.py`.
 """
@@ -31,7 +34,9 @@ import torch
 from ..envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
 from ..streaming.batch_metrics import reward_metrics
 from ..streaming.normalization import micro_batch_of
+from ..streaming.sampling_difference import SamplingStats, merge, sampling_metrics
 from ..types import AgentStats
+from .grpo_settings import sampling_correction
 
 # One process's payload in, every process's payloads out, in rank order (`accelerate.utils.gather_object`).
 GatherLogs = Callable[["ProcessBatchLog"], list["ProcessBatchLog"]]
@@ -59,6 +64,7 @@ class MetricSettings:
     loss_type: str  # TRL's loss_type: which clip-ratio metrics TRL logs
     epsilon_high: float  # TRL's ε_high (cispo: the clip of the importance weight)
     sequence_level: bool  # importance_sampling_level == "sequence": TRL's masked means count rows, not tokens
+    importance_sampling: bool = False  # TRL's vLLM importance-sampling correction is on: log its ratio's range
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class ProcessBatchLog:
     stats_bound_bytes: int  # this process's bound of the same
     peak_held: int  # most trajectories holding a release buffer at once
     turn_fallbacks: int  # turn-released trajectories recomputed whole
+    sampling: SamplingStats | None = None  # sampler-vs-learner log-probs over its rows (None: no row carries any)
 
 
 def micro_batch_counts(scored_tokens: Sequence[int], advantages: Sequence[float], kl_sums: Sequence[float],
@@ -134,6 +141,9 @@ def batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> 
     out = {name: [value] for name, value in reward_metrics(per_func, reward_names, rewards).items()}
     out["frac_reward_zero_std"] = [sum(log.zero_std_rows for log in logs) / len(rewards)]
     out.update(micro_batch_metrics(logs, settings))
+    if all(log.sampling is not None for log in logs):
+        sampled = sampling_metrics([log.sampling for log in logs], settings.importance_sampling)
+        out.update({name: [value] for name, value in sampled.items()})
     if settings.lengths:
         model_tokens = [n for log in logs for n in log.model_tokens]
         truncated = [t for log in logs for t in log.truncated]
@@ -200,6 +210,7 @@ def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float],
     reported = {name: (float(sum(values)), len(values)) for name, values in trainer._pending_metrics.items() if values}
     trainer._pending_extra_rows.clear()
     trainer._pending_metrics.clear()
+    sampled = [row for row in totals.sampling if row is not None]
     return ProcessBatchLog(
         rewards_per_func=tuple(tuple(s.rewards_per_func) for s in scored), rewards=tuple(s.reward for s in scored),
         advantages=tuple(advantages), prompt_tokens=tuple(len(s.rollout.prompt_ids) for s in scored),
@@ -208,7 +219,7 @@ def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float],
         agent=tuple(s.rollout.agent for s in scored if s.rollout.agent is not None), prompts=tuple(prompts),
         completions=tuple(s.rollout.completion for s in scored), extra=extra, reported=reported,
         peak_stats_bytes=totals.peak_stats_bytes, stats_bound_bytes=stats_bound, peak_held=totals.peak_held,
-        turn_fallbacks=totals.turn_fallbacks,
+        turn_fallbacks=totals.turn_fallbacks, sampling=merge(sampled) if sampled else None,
     )
 
 
@@ -216,7 +227,8 @@ def metric_settings(trainer: Any, lengths: bool) -> MetricSettings:
     """The trainer's `MetricSettings`."""
     return MetricSettings(tuple(trainer.reward_func_names), lengths, trainer._release(), trainer.beta != 0.0,
                           trainer.loss_type, float(trainer.epsilon_high),
-                          trainer.importance_sampling_level == "sequence")
+                          trainer.importance_sampling_level == "sequence",
+                          importance_sampling=sampling_correction(trainer.args) is not None)
 
 
 def record_batch(trainer: Any, local: ProcessBatchLog, gather: GatherLogs) -> None:
