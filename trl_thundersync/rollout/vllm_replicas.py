@@ -25,6 +25,7 @@ from ..errors import AbortedSampleError, ConfigurationError, RolloutError, Stale
 from .server_info import ServerLimits, read_limits
 from .vllm_api import (
     Cancellation,
+    DeadEngineError,
     EngineClosed,
     HTTPReply,
     check_base_url,
@@ -110,8 +111,14 @@ class Replica:
         self.requests = self.tokens = self.retries = self.restarts = 0
         self.busy_seconds, self.busy_since = 0.0, 0.0  # time with ≥ 1 request in flight; start of the current span
         self.dead: str | None = None  # why it was declared dead
+        self.engine_died = False  # declared dead because vLLM answered that its engine core died
         self.epoch = 0  # bumped by every recovery, so that concurrent failures recover once
         self.recovery = threading.Lock()  # one request at a time waits for a restart
+
+    def refuse_if_dead(self) -> None:
+        """Raise why this replica was declared dead (`DeadEngineError` if its vLLM engine died); nothing if alive."""
+        if self.dead is not None:
+            raise (DeadEngineError if self.engine_died else RolloutError)(self.dead)
 
     def begin(self) -> None:
         if self.in_flight == 0:
@@ -140,13 +147,17 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def await_health(url: str, timeout: float, *, cancel: Cancellation | None = None,
-                 exited: Callable[[], str | None] | None = None) -> HTTPReply:
+                 exited: Callable[[], str | None] | None = None,
+                 given_up: Callable[[], None] | None = None) -> HTTPReply:
     """Poll `GET /health` until it answers 200; `RolloutError` naming the URL after `timeout` seconds, at once when
-    `cancel` is set, and `ServerExited` as soon as `exited()` reports that the server's process ended."""
+    `cancel` is set, and `ServerExited` as soon as `exited()` reports that the server's process ended. `given_up()`
+    is called at every poll and raises to end the wait (the replica was declared dead meanwhile)."""
     deadline, last, told = time.monotonic() + timeout, "no answer", False
     while True:
         if cancel is not None and cancel.is_set:
             raise RolloutError(f"the engine was closed while waiting for rollout server {url}")
+        if given_up is not None:
+            given_up()
         ended = exited() if exited is not None else None
         if ended is not None:
             raise ServerExited(f"rollout server {url} {ended}")
@@ -177,7 +188,7 @@ def bring_back(replica: Replica, timeout: float, *, cancel: Cancellation, superv
     at once instead (at most `max_restarts` times; `lock` guards the replica's counters and URL)."""
     exited = None if supervisor is None else (lambda: supervisor.exit_status(replica.index))
     try:
-        return await_health(replica.url, timeout, cancel=cancel, exited=exited)
+        return await_health(replica.url, timeout, cancel=cancel, exited=exited, given_up=replica.refuse_if_dead)
     except ServerExited as exc:
         if replica.restarts >= max_restarts:
             raise RolloutError(f"{exc}\nIt was not restarted: {replica.restarts} restart(s) so far, "
@@ -188,7 +199,7 @@ def bring_back(replica: Replica, timeout: float, *, cancel: Cancellation, superv
     url = supervisor.restart(replica.index)
     with lock:
         replica.url = url
-    return await_health(url, timeout, cancel=cancel, exited=exited)
+    return await_health(url, timeout, cancel=cancel, exited=exited, given_up=replica.refuse_if_dead)
 
 
 def check_engine_options(base_urls: Sequence[str] | str, sampling: Any, *, max_concurrency: int, retries: int,
