@@ -9,16 +9,18 @@
         → /bin/sh -c COMMAND   (a command over 128 KiB or with a NUL byte: evaluated by /bin/sh from the memfd)
 
 Commands run as uid/gid 1000 without capabilities in new user, pid, ipc, uts, cgroup and (unless `limits.network`)
-network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin, /etc and the
-interpreter's prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the
-project's packages) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most `tmp_bytes`; the
+network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin, /etc and the interpreter's
+prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the project's packages;
+a user site, `pip install --user`, is not bound, so pytest, which the graders run inside with `python3 -I`, must be
+installed under a prefix) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most `tmp_bytes`; the
 workspace is bound read-write at `workdir`, the working directory. /proc is the sandbox's own, but its host-global
-entries are covered (`mounts.proc_cover_args`): as root the sandbox uid is host uid 0 to permission checks,
-so each one holding anything writable (/proc/sys, sysrq-trigger, irq, bus, pressure, mtrr, ...) is bound read-only
-and each one other users may not read (kmsg, kcore, timer_list, slabinfo, ...) is masked. Task answers are covered
-by empty read-only mounts wherever they lie under a bound path: this package's bundled suites (a wheel puts their
-reference solutions and hidden verifiers under site-packages) and the caller's `hidden_paths`. The environment is
-cleared, then HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir first) and the caller's `env` are set.
+entries are covered (`mounts.proc_cover_args`): as root the sandbox uid is host uid 0 to permission checks, so each one
+holding anything writable (/proc/sys, sysrq-trigger, irq, bus, pressure, mtrr, ...) is bound read-only and each one
+other users may not read (kmsg, kcore, timer_list, slabinfo, ...) is masked. Task answers are covered by empty read-only
+mounts wherever they lie under a bound path: this package's bundled suites (a wheel puts their reference solutions and
+hidden verifiers under site-packages) and the caller's `hidden_paths` (only the outermost covers: one inside another is
+hidden already). The environment is cleared, then HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir
+first) and the caller's `env` are set.
 
 The launcher sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC and RLIMIT_CORE=0. The kernel does not enforce
 RLIMIT_NPROC for host uid 0, and for a root caller bubblewrap maps the sandbox uid to host uid 0; so as root each
@@ -48,7 +50,9 @@ bubblewrap 0.8, cgroup v1):
   test_root_only_proc_entries_are_masked_and_net_sysctls_are_the_sandboxes);
 - reading task answers: the bundled suites' solutions and verifiers and any `hidden_paths`, wherever installed under
   a bound path (H test_task_data_under_a_bound_prefix_is_hidden, test_the_installed_task_data_is_unreadable_inside,
-  test_hidden_paths_argument_covers_files_and_directories);
+  test_hidden_paths_argument_covers_files_and_directories,
+  test_an_installed_copys_task_answers_are_hidden_and_commands_still_run; from a wheel in a fresh venv and in a user
+  site: tests/integration/test_wheel_install.py);
 - fork bombs: pids cgroup as root, else RLIMIT_NPROC (S test_process_limit_is_enforced, test_fork_bomb_is_contained);
 - runaway CPU (S test_cpu_time_limit), memory per process (S test_memory_limit), memory of the whole tree, as root
   (H test_memory_of_the_whole_tree_is_capped), file size (S test_file_size_limit), output
