@@ -97,3 +97,13 @@ class ReplicaRestartedError(StalePolicyError):
     def __init__(self, message: str, *, url: str) -> None:
         super().__init__(message)
         self.url = url
+
+
+class ServerBaseWeightsError(StalePolicyError):
+    """A LoRA publication found a rollout server whose base weights are not the checkpoint it was started with: its
+    `/weight_info` label (`label`) names a full-weight publication (another run's `policy-<run>-v<k>`), so adapters
+    trained on the policy's base would sample from other weights."""
+
+    def __init__(self, message: str, *, url: str, label: str) -> None:
+        super().__init__(message)
+        self.url, self.label = url, label

@@ -97,6 +97,7 @@ def test_the_adapter_and_version_routes_refuse_what_vllm_refuses(server, tiny_mo
     assert _call(server.url, "GET", "/weight_info") == (200, {"weight_version": "run-v3"})
     assert _call(server.url, "POST", "/update_weight_version", {"new_version": 3})[0] == 400
     assert _call(server.url, "POST", "/no_such_route", {}) == (404, {"detail": "Not Found"})  # FastAPI's answer
+    _call(server.url, "POST", "/update_weight_version", {"new_version": "default"})  # LoRA tests check the base label
 
 
 def test_an_adapter_folder_the_server_cannot_read_is_reported_with_its_own_text(server, tiny_model_path, tokenizer,

@@ -211,7 +211,8 @@ def test_the_publish_dir_field_is_refused_where_nothing_is_written(tmp_path):
     from trl_thundersync import ThunderSyncGRPOConfig
 
     with pytest.raises(ConfigurationError, match="vllm_publish_dir=.*NCCL"):
-        cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server", vllm_publish_dir=str(tmp_path))
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server", vllm_weight_publisher="nccl",
+                   vllm_publish_dir=str(tmp_path))
     with pytest.raises(ConfigurationError, match="publishes to no server"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, rollout_engine="local_process", vllm_publish_dir=str(tmp_path))
     (tmp_path / "file").write_text("")

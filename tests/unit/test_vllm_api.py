@@ -230,12 +230,12 @@ def test_publisher_selection():
         make_publisher("rsync", [0])
 
 
-def test_vllm_servers_without_vllm_installed_fail_with_the_install_hint():
+def test_nccl_without_vllm_installed_fails_with_the_install_hint():
     try:
         import vllm  # noqa: F401
     except ImportError:
         with pytest.raises(ConfigurationError, match=r'pip install "trl-thundersync\[vllm\]"'):
-            make_publisher("auto", [None, None], {"device": "cpu", "group_port": 51300})
+            make_publisher("nccl", [None, None], {"device": "cuda", "group_port": 51300})
     else:
         pytest.skip("vLLM is installed here")
 

@@ -28,12 +28,18 @@ Strategies:
   `GET /v1/models`. Requests then name the adapter, and vLLM echoes it in every response, so each sample carries
   the version that produced it. The previous adapter is unloaded after the switch, the last one at `close()`.
   vLLM opens `lora_path` on its own filesystem: for a server on another host, `directory` must be a folder both
-  machines mount at the same path (the config's `vllm_publish_dir`).
+  machines mount at the same path (the config's `vllm_publish_dir`). Before its first adapter, and before every
+  batch, it reads the server's weight label (`GET /weight_info`): a base other than the checkpoint the server
+  started with (`base_label`, vLLM's "default"), e.g. `policy-<run>-v2` left by a full-weight run, is refused with
+  `ServerBaseWeightsError` — adapters trained on the policy's base would sample from other weights.
+- `CheckpointReloadPublisher` (`vllm_reload.py`; vLLM, full weights, CPU or GPU, no NCCL): a checkpoint folder
+  loaded by vLLM's dev-mode `POST /collective_rpc` `reload_weights`.
 - `TRLNCCLPublisher` (vLLM, full weights, GPU): TRL 1.16's own weight-transfer client
   (`trl.generation.vllm_client.VLLMClient`: `/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights` with an NCCL broadcast, `/finish_weight_update`), then `/reset_prefix_cache` (retried while
   vLLM answers `{"success": false}`). The tensors are streamed in the model's dtype from its device (a LoRA policy
-  is merged one layer at a time: `weights.policy_tensors`). It cannot restore a restarted replica.
+  is merged one layer at a time: `weights.policy_tensors`). It cannot restore a restarted replica. It needs a CUDA
+  device (TRL's client refuses any other): refused at construction, naming the alternatives.
 """
 
 from __future__ import annotations
@@ -47,16 +53,28 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigurationError, RolloutError, UnsupportedOptionError
-from .server_acks import RESTARTING, Acknowledgements, adapter_load_error, new_run_id, reset_prefix_cache
+from ..errors import ConfigurationError, RolloutError, ServerBaseWeightsError, UnsupportedOptionError
+from .server_acks import (
+    RESTARTING,
+    Acknowledgements,
+    adapter_load_error,
+    new_run_id,
+    read_weight_version,
+    reset_prefix_cache,
+    route_absent,
+)
 from .tempdir import OwnedTempDir
 from .vllm_api import error_message, http_call, lora_name, parse_model_ids
 from .weights import policy_state_dict, policy_tensors, unwrap_model
 
-__all__ = ["HTTPWeightFile", "LoRAAdapterPublisher", "TRLNCCLPublisher", "WeightPublisher", "reset_prefix_cache"]
+__all__ = ["ArtifactDir", "HTTPWeightFile", "LoRAAdapterPublisher", "TRLNCCLPublisher", "WeightPublisher",
+           "reset_prefix_cache"]
 
 logger = logging.getLogger(__name__)
 _CLOSE_TIMEOUT_S = 10.0  # per server, for unloading the last adapter at close()
+SERVER_START_LABEL = "default"  # the weight label vLLM (and the embedded server) report before any publication
+_FULL_WEIGHT_CHOICES = ("'reload' (a checkpoint folder loaded through vLLM's dev-mode /collective_rpc, CPU or GPU), "
+                        "'nccl' (TRL's NCCL transfer, GPU) or 'lora' (adapters, a PEFT policy)")
 
 
 @runtime_checkable
@@ -78,7 +96,7 @@ class WeightPublisher(Protocol):
     def close(self) -> None: ...
 
 
-class _ArtifactDir:
+class ArtifactDir:
     """Where a publisher writes its artifacts: a private temporary folder (an `OwnedTempDir`, made at the first
     publication and removed however this process ends), inside `directory` when one is given (a folder the
     servers can read; the private folder is made readable by other users, since a server may run as one)."""
@@ -110,7 +128,7 @@ class HTTPWeightFile:
 
     def __init__(self, directory: str | Path | None = None, *, timeout: float = 600.0, prefix: str = "policy",
                  run_id: str | None = None) -> None:
-        self._dir = _ArtifactDir(directory, "weights")
+        self._dir = ArtifactDir(directory, "weights")
         self.timeout = timeout
         self.prefix = f"{prefix}-{run_id or new_run_id()}"
         self._acks = Acknowledgements(timeout)
@@ -130,6 +148,11 @@ class HTTPWeightFile:
             raise RolloutError(f"push of version {version} before prepare()")
         payload = {"path": str(self._path.resolve()), "policy_version": version}
         reply = http_call(url, "POST", "/thundersync/update_weights", payload, timeout=self.timeout)
+        if route_absent(reply):
+            raise ConfigurationError(
+                f"vllm_weight_publisher='http' loads full weights through the embedded server's POST "
+                f"/thundersync/update_weights, which {url} does not serve (a vLLM server?); for vLLM use "
+                f"{_FULL_WEIGHT_CHOICES}")
         if reply.status != 200:
             raise RolloutError(f"{url} refused the weights of version {version}: HTTP {reply.status} "
                                f"{error_message(reply)}")
@@ -165,9 +188,11 @@ class LoRAAdapterPublisher:
     concurrent = True
 
     def __init__(self, directory: str | Path | None = None, *, prefix: str = "policy", timeout: float = 600.0,
-                 run_id: str | None = None) -> None:
-        self._dir = _ArtifactDir(directory, "lora")
+                 run_id: str | None = None, base_label: str = SERVER_START_LABEL) -> None:
+        self._dir = ArtifactDir(directory, "lora")
         self.prefix, self.timeout = f"{prefix}-{run_id or new_run_id()}", timeout
+        self.base_label = base_label  # the weight label of a server holding the checkpoint it was started with
+        self._unlabelled: set[str] = set()  # servers without /weight_info (base not checkable; logged once each)
         self._path: Path | None = None  # adapter folder (adapter_config.json + weights) of the latest version
         self._version: int | None = None
         self._previous: Path | None = None
@@ -191,6 +216,8 @@ class LoRAAdapterPublisher:
     def push(self, url: str, version: int) -> None:
         if self._path is None or self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
+        if url not in self._loaded:
+            self._check_base(url)  # later batches: confirm() checks it again
         name, path = lora_name(self.prefix, version), str(self._path.resolve())
         payload = {"lora_name": name, "lora_path": path, "load_inplace": False}
         reply = http_call(url, "POST", "/v1/load_lora_adapter", payload, timeout=self.timeout)
@@ -215,6 +242,7 @@ class LoRAAdapterPublisher:
         name = lora_name(self.prefix, version)
         if url not in self._loaded:
             return None  # nothing was published there (yet): the engine samples the base model
+        self._check_base(url)
         if name not in self._served(url):
             return f"no longer lists adapter {name!r} in /v1/models (it restarted since the adapter was loaded)"
         return None
@@ -249,6 +277,23 @@ class LoRAAdapterPublisher:
         elif self._loaded.get(url) is not None and lora_name(self.prefix, self._loaded[url]) == name:
             del self._loaded[url]
 
+    def _check_base(self, url: str) -> None:
+        """Refuse a server whose base weights a full-weight publication replaced (its `/weight_info` label)."""
+        label = read_weight_version(url, self.timeout)
+        if label is None:
+            if url not in self._unlabelled:
+                self._unlabelled.add(url)
+                logger.warning("%s has no GET /weight_info (vLLM < 0.27, or VLLM_SERVER_DEV_MODE unset): its base "
+                               "weights cannot be checked before LoRA adapters are loaded on it", url)
+            return
+        if label != self.base_label:
+            raise ServerBaseWeightsError(
+                f"{url} serves base weights labelled {label!r} (GET /weight_info), not the checkpoint it was "
+                f"started with ({self.base_label!r}): a full-weight publication replaced them (another run's "
+                "vllm_weight_publisher='reload' or 'nccl'), so this run's LoRA adapters would sample from other "
+                "weights than the policy's. Restart the server (it loads its checkpoint again) or give this run "
+                "its own server", url=url, label=label)
+
     def _served(self, url: str) -> list[str]:
         reply = http_call(url, "GET", "/v1/models", timeout=self.timeout)
         if reply.status in RESTARTING:
@@ -268,6 +313,7 @@ class TRLNCCLPublisher:
                  connection_timeout: float = 240.0, client_factory: Callable[..., Any] | None = None,
                  timeout: float = 600.0, prefix: str = "policy", run_id: str | None = None) -> None:
         if client_factory is None:
+            _require_cuda(device)
             client_factory = _trl_vllm_client_class()
         self.device, self.dtype, self.group_port = device, dtype, group_port
         self.connection_timeout, self.timeout = connection_timeout, timeout
@@ -317,10 +363,28 @@ class TRLNCCLPublisher:
     def _client(self, url: str) -> Any:
         if url not in self._clients:
             port = self.group_port + len(self._clients)  # one rendezvous port per replica
-            client = self._factory(base_url=url, group_port=port, connection_timeout=self.connection_timeout)
-            client.init_communicator(device=self.device)
+            try:
+                client = self._factory(base_url=url, group_port=port, connection_timeout=self.connection_timeout)
+                client.init_communicator(device=self.device)
+            except NotImplementedError as exc:  # TRL 1.16 on a device NCCL cannot use
+                raise ConfigurationError(f"vllm_weight_publisher='nccl' cannot publish from device {self.device!r}: "
+                                         f"{exc}; use {_FULL_WEIGHT_CHOICES}") from exc
+            except Exception as exc:  # TRL's client raises bare Exception (HTTP) and whatever NCCL raises
+                raise RolloutError(f"TRL's NCCL client could not open a weight-transfer group with {url} (group "
+                                   f"port {port}): {type(exc).__name__}: {exc}") from exc
             self._clients[url] = client
         return self._clients[url]
+
+
+def _require_cuda(device: Any) -> None:
+    """TRL's NCCL client publishes from a CUDA device only; anything else is refused before a server is called."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigurationError(f"TRLNCCLPublisher: device={device!r} is not a torch device") from exc
+    if kind != "cuda":
+        raise ConfigurationError(f"vllm_weight_publisher='nccl' sends weights over NCCL from a CUDA device, but the "
+                                 f"learner's device is {device!r}; use {_FULL_WEIGHT_CHOICES}")
 
 
 def _trl_vllm_client_class() -> Callable[..., Any]:
@@ -329,8 +393,8 @@ def _trl_vllm_client_class() -> Callable[..., Any]:
         from trl.generation.vllm_client import VLLMClient
     except ImportError as exc:
         raise ConfigurationError(
-            "publishing full weights to vLLM needs vLLM and TRL's weight-transfer client: "
-            'pip install "trl-thundersync[vllm]" (GPU machines only); on CPU use the embedded server '
-            "(python -m trl_thundersync.serve), or LoRA adapters (publisher='lora')"
+            "vllm_weight_publisher='nccl' needs vLLM and TRL's weight-transfer client in the trainer's environment: "
+            'pip install "trl-thundersync[vllm]" (GPU machines only); without them use vllm_weight_publisher='
+            "'reload' (a checkpoint folder the servers read) or 'lora' (adapters)"
         ) from exc
     return VLLMClient

@@ -16,12 +16,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import AbortedSampleError, ConfigurationError, RolloutError, StalePolicyError
+from .publisher_choice import make_publisher  # noqa: F401  (re-exported: the engine imports it from here)
 from .server_info import ServerLimits, read_limits
 from .vllm_api import (
     Cancellation,
@@ -34,7 +35,7 @@ from .vllm_api import (
     parse_max_model_len,
     parse_model_ids,
 )
-from .vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher, WeightPublisher
+from .vllm_publish import WeightPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -240,27 +241,6 @@ def connect_all(replicas: Sequence[Replica], timeout: float, *, cancel: Cancella
     if errors:
         raise RolloutError("; ".join(errors) + f"; {_START_HINT}")
     return [f.result() for f in futures]
-
-
-def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None],
-                   nccl_options: Mapping[str, Any] | None = None) -> WeightPublisher:
-    """'auto' → `HTTPWeightFile` for embedded servers (they report a version), `TRLNCCLPublisher` for vLLM.
-
-    `nccl_options` are keyword arguments of `TRLNCCLPublisher` (device, dtype, group_port, ...), used if it is chosen.
-    """
-    if not isinstance(spec, str):
-        return spec
-    if spec == "auto":
-        embedded = [v is not None for v in reported]
-        if all(embedded):
-            return HTTPWeightFile()
-        if any(embedded):
-            raise ConfigurationError("publisher='auto' cannot mix embedded servers and vLLM servers; pass one")
-        spec = "nccl"
-    factories = {"http": HTTPWeightFile, "lora": LoRAAdapterPublisher, "nccl": TRLNCCLPublisher}
-    if spec not in factories:
-        raise ConfigurationError(f"publisher={spec!r} is not one of {['auto', *factories]} or a WeightPublisher")
-    return TRLNCCLPublisher(**(nccl_options or {})) if spec == "nccl" else factories[spec]()
 
 
 def push_all(replicas: Sequence[Replica], publisher: WeightPublisher, version: int) -> list[str]:

@@ -79,6 +79,26 @@ def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return {name: _fp32_clone(t) for name, t in _merged_lora_tensors(model, merged_dtype=torch.float32)}
 
 
+def tied_output_embedding(model: Any) -> tuple[str, str] | None:
+    """`(output embedding weight name, input embedding weight name)` when the policy ties them (its config's
+    `tie_word_embeddings`, or one shared tensor), else None. A checkpoint that stores only the input embedding
+    relies on the loader to tie them again; vLLM's in-place reload does not (its `lm_head` then stays stale)."""
+    inner = _transformers_model(unwrap_model(model))
+    try:
+        output, embed = inner.get_output_embeddings(), inner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if output is None or embed is None:
+        return None
+    shared = getattr(output, "weight", None) is getattr(embed, "weight", object())
+    if not (shared or getattr(getattr(inner, "config", None), "tie_word_embeddings", False)):
+        return None
+    names = {id(module): name for name, module in inner.named_modules(remove_duplicate=False)}
+    if id(output) not in names or id(embed) not in names:
+        return None
+    return f"{names[id(output)]}.weight", f"{names[id(embed)]}.weight"
+
+
 def policy_tensors(model: Any, *, specs: bool = False) -> Iterator[tuple[Any, ...]]:
     """The same weights as `policy_state_dict`, streamed in the model's own dtype from its own device (what a GPU
     broadcast to vLLM sends): `(name, tensor)`, one at a time. A plain model's tensors are its own parameters

@@ -13,8 +13,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
+import torch
 from trl import GRPOConfig
 
 from ..errors import ConfigurationError, UnsupportedOptionError
@@ -22,7 +23,7 @@ from ..rollout.vllm_api import check_base_url
 from .config_checks import require_choice
 
 RolloutEngine = Literal["auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server"]
-WeightPublisher = Literal["auto", "nccl", "lora", "http"]
+WeightPublisher = Literal["auto", "nccl", "reload", "lora", "http"]
 WEIGHT_PUBLISHERS: tuple[WeightPublisher, ...] = get_args(WeightPublisher)
 SERVER_ENGINES: tuple[RolloutEngine, ...] = ("embedded_server", "vllm_server")
 
@@ -53,9 +54,13 @@ class RolloutFields:
         default="auto",
         metadata={
             "help": "How θ_{k+1} reaches the servers after each optimizer step: 'nccl' (TRL's weight-transfer "
-            "client, full weights, GPU), 'lora' (the adapter hot-loaded as `policy-<run id>-v{k}`; needs a PEFT "
-            "policy and servers started with --enable-lora), 'http' (a safetensors file, embedded servers); 'auto': "
-            "'http' for embedded servers, 'nccl' for vLLM."
+            "client, full weights, vLLM, GPU), 'reload' (full weights written as a checkpoint folder that vLLM "
+            "reloads through its dev-mode /collective_rpc, then confirmed by /weight_info; CPU or GPU, no NCCL; "
+            "needs VLLM_SERVER_DEV_MODE=1 and vLLM >= 0.32), 'lora' (the adapter hot-loaded as "
+            "`policy-<run id>-v{k}`; needs a PEFT policy and servers started with --enable-lora), 'http' (a "
+            "safetensors file, embedded servers only); 'auto': 'http' for embedded servers; for vLLM 'reload' when "
+            "vllm_publish_dir is set, else 'nccl' where it can work (a CUDA learner with vLLM and TRL's client "
+            "installed), else 'reload'. The choice is logged."
         },
     )
     vllm_publish_dir: str | None = field(
@@ -63,7 +68,8 @@ class RolloutFields:
         metadata={
             "help": "Folder the rollout servers can read, where the published artifacts are written instead of the "
             "trainer's temp folder: the LoRA adapters (vllm_weight_publisher='lora'; vLLM opens `lora_path` on its "
-            "own filesystem) and the full-weight files of 'http'. Needed when a server runs on another host: a "
+            "own filesystem), the checkpoint folders of 'reload' and the full-weight files of 'http'. Needed when a "
+            "server runs on another host: a "
             "shared filesystem mounted at the same path on both machines, readable by the server's user. Each run "
             "writes into its own subfolder, removed when the run ends. None: the trainer's temp folder (servers on "
             "this machine). Not used by 'nccl'."
@@ -144,6 +150,7 @@ class RolloutFields:
         if self.learner_num_threads is not None and self.learner_num_threads < 1:
             raise ConfigurationError(f"learner_num_threads={self.learner_num_threads} must be ≥ 1 (or None)")
         require_choice(self, "vllm_weight_publisher", WeightPublisher)
+        self._check_publisher_servers()
         self._check_publish_dir()
         if self.rollout_num_servers < 1 or self.rollout_retries < 0 or self.rollout_server_restarts < 0:
             raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1, "
@@ -174,21 +181,40 @@ class RolloutFields:
                                      "vLLM servers, or rollout_engine='embedded_server' for embedded ones")
 
 
-    def resolved_weight_publisher(self) -> str:
-        """The publisher 'auto' stands for: 'http' for embedded servers, 'nccl' for vLLM (use_vllm)."""
+    def resolved_weight_publisher(self, device: Any = None) -> str:
+        """The publisher `vllm_weight_publisher` stands for with the learner on `device` (None: CUDA when this
+        config can use it); 'auto' as `rollout.publisher_choice.auto_publisher` decides."""
         if self.vllm_weight_publisher != "auto":
             return self.vllm_weight_publisher
-        return "nccl" if self.use_vllm else "http"
+        from ..rollout.publisher_choice import auto_publisher
+
+        if device is None:
+            device = "cpu" if getattr(self, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+        return auto_publisher(vllm=bool(self.use_vllm), device=device, directory=self.vllm_publish_dir is not None)[0]
+
+    def _check_publisher_servers(self) -> None:
+        """A publisher the configured servers cannot load from is refused here, naming the field."""
+        publisher = self.vllm_weight_publisher
+        if publisher == "http" and self.use_vllm:
+            raise ConfigurationError(
+                "vllm_weight_publisher='http' loads full weights through the embedded server's "
+                "/thundersync/update_weights, which vLLM servers (use_vllm=True) do not have; use 'reload' (a "
+                "checkpoint folder loaded through vLLM's dev-mode /collective_rpc, CPU or GPU), 'nccl' (GPU), "
+                "'lora' (adapters) or 'auto'")
+        if publisher == "reload" and not self.use_vllm:
+            raise ConfigurationError("vllm_weight_publisher='reload' loads checkpoints through vLLM's "
+                                     "/collective_rpc; the embedded servers (use_vllm=False) load them with 'http' "
+                                     "(or 'auto')")
 
     def _check_publish_dir(self) -> None:
         """A publish folder that NCCL would ignore, or that is not a writable folder, is refused naming the field."""
         folder = self.vllm_publish_dir
         if folder is None:
             return
-        if self.resolved_weight_publisher() == "nccl":
-            raise ConfigurationError(f"vllm_publish_dir={folder!r} is set, but the weights go to vLLM over NCCL "
-                                     "(vllm_weight_publisher='nccl', or 'auto' with use_vllm=True), which writes "
-                                     "no files; set vllm_weight_publisher='lora' to hot-load LoRA adapters from it")
+        if self.vllm_weight_publisher == "nccl":
+            raise ConfigurationError(f"vllm_publish_dir={folder!r} is set, but vllm_weight_publisher='nccl' sends "
+                                     "the weights over NCCL and writes no files; set vllm_weight_publisher='reload' "
+                                     "(full-weight checkpoints in that folder), 'lora' (adapters) or 'auto'")
         if self.rollout_engine in ("local_process", "local_thread", "trl"):
             raise ConfigurationError(f"vllm_publish_dir={folder!r} is set, but rollout_engine="
                                      f"{self.rollout_engine!r} publishes to no server")

@@ -13,6 +13,7 @@ the model and the servers can hold); without, `as_rollout_engine` gives it `star
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from ..rollout.engine import TurnGenerator
 from ..rollout.request_fields import request_fields
 from ..types import SamplingParams
 from .rollout_config import SERVER_ENGINES, RolloutFields
+
+logger = logging.getLogger(__name__)
 
 MetricSink = Callable[[str, float], None]  # (metric name, value) appended to the trainer's train metrics
 EMBEDDED_MAX_IN_FLIGHT = 16  # rollout_max_in_flight=None for the embedded engine and embedded servers
@@ -83,7 +86,7 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
     urls = a.server_urls()
     replicas = len(urls) if urls else a.rollout_num_servers
     per_server = a.rollout_max_in_flight or (EMBEDDED_MAX_IN_FLIGHT if urls is None else None)  # None: the servers'
-    common = dict(publisher=_publisher(a), max_concurrency=per_server and per_server * replicas,
+    common = dict(publisher=_publisher(a, target.device), max_concurrency=per_server and per_server * replicas,
                   request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
                   restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version,
                   role=distributed_role(target.process_index, target.num_processes))
@@ -114,14 +117,17 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
     return engine
 
 
-def _publisher(a: RolloutFields) -> Any:
-    """`vllm_weight_publisher`, or with `vllm_publish_dir` the publisher writing there (config-checked: not NCCL)."""
+def _publisher(a: RolloutFields, device: torch.device) -> Any:
+    """`vllm_weight_publisher`, or with `vllm_publish_dir` the publisher writing there (config-checked: not NCCL);
+    'auto' is resolved by the engine (`publisher_choice.make_publisher`, from the servers it finds and `device`)."""
     if a.vllm_publish_dir is None:
         return a.vllm_weight_publisher
-    from ..rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher
+    from ..rollout.publisher_choice import build_publisher
 
-    lora = a.resolved_weight_publisher() == "lora"
-    return (LoRAAdapterPublisher if lora else HTTPWeightFile)(a.vllm_publish_dir, timeout=a.rollout_request_timeout)
+    name = a.resolved_weight_publisher(device)
+    if a.vllm_weight_publisher == "auto":
+        logger.info("vllm_weight_publisher='auto' chose %r: vllm_publish_dir is set", name)
+    return build_publisher(name, directory=a.vllm_publish_dir, timeout=a.rollout_request_timeout)
 
 
 def set_learner_threads(target: RolloutTarget, args: RolloutFields, engine_mode: str, rollout_threads: int,
