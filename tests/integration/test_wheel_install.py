@@ -16,7 +16,8 @@ own site-packages without running the `.pth` files in it (this checkout's editab
 binds only the interpreter's prefixes, not that directory, and the graders run pytest inside it: so pytest and its
 dependencies, at this environment's versions, are installed into the fresh venv itself, as `pip install` would.
 Skipped without bubblewrap unless THUNDERSYNC_REQUIRE_SANDBOX is set (CI), where a missing sandbox fails.
-About 40-60 s on two quiet cores, most of it the validation.
+About 20 s (build, venvs, installs, tool calls) plus the validation, which takes as long as
+tests/integration/test_task_suites.py (84 s with the two cores shared and loaded, 134 s in all).
 Run: python -m pytest tests/integration/test_wheel_install.py -q
 """
 
