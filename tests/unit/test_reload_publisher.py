@@ -196,6 +196,15 @@ def test_a_folder_the_server_cannot_read_names_the_shared_folder(stub, tmp_path)
     assert stub.engine_dead
 
 
+def test_a_server_on_another_host_is_refused_before_the_temp_folder_is_sent(tmp_path):
+    publisher = CheckpointReloadPublisher()  # no vllm_publish_dir: the trainer's temp folder
+    publisher.prepare(_tied_policy(), 1)
+    with pytest.raises(ConfigurationError, match=r"http://192.0.2.1:8000 \(another host\) cannot read.*set "
+                                                 "vllm_publish_dir"):
+        publisher.push("http://192.0.2.1:8000", 1)  # TEST-NET-1: never this machine, and never contacted
+    publisher.close()
+
+
 def test_a_server_without_dev_mode_is_refused_naming_it(tmp_path):
     server = VLLMDevStub(version_routes=False)
     try:

@@ -30,19 +30,23 @@ there, and the label confirms the rest (logged once). The server hashes all its 
 copy per publication and replica); `check_content=False` skips it.
 
 Trap, measured: a `weights_path` the server cannot read (another host's path, a typo) makes vLLM 0.32's worker
-fail, and its engine does not survive: the server exits. The folder is therefore written and checked here first,
-and the error says that the server must be restarted.
+fail, and its engine does not survive: the server exits. So without `vllm_publish_dir` (the trainer's temp folder)
+a server on another host is refused before anything is sent (`is_this_machine`), and the error of a failed reload
+says that the server must be restarted. A reload also points the server's `model_config.model` at the folder;
+every reload here names its folder, so the folders can be removed once retired.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from ..errors import RolloutError
+from ..errors import ConfigurationError, RolloutError
 from .server_acks import Acknowledgements, new_run_id, reset_prefix_cache, route_absent
 from .vllm_api import error_message, http_call, lora_name
 from .vllm_publish import ArtifactDir
@@ -73,6 +77,24 @@ def write_checkpoint(model: Any, folder: Path) -> Path:
     return path
 
 
+def is_this_machine(url: str) -> bool:
+    """Whether the server at `url` runs on this machine: its host resolves to an address a socket here can bind
+    (loopback, or one of this machine's interfaces). Unresolvable hosts count as local: the request fails anyway."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    try:
+        addresses = {(info[0], info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return True
+    for family, address in addresses:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, 0))
+            except OSError:
+                continue
+            return True
+    return False
+
+
 class CheckpointReloadPublisher:
     """Full weights to vLLM servers through a checkpoint folder and dev-mode `POST /collective_rpc reload_weights`."""
 
@@ -82,6 +104,8 @@ class CheckpointReloadPublisher:
     def __init__(self, directory: str | Path | None = None, *, timeout: float = 600.0, prefix: str = "policy",
                  run_id: str | None = None, check_content: bool = True) -> None:
         self._dir = ArtifactDir(directory, "checkpoints")
+        self._shared = directory is not None  # False: the trainer's temp folder, readable on this machine only
+        self._local: set[str] = set()  # servers found to run on this machine
         self.timeout, self.check_content = timeout, check_content
         self.prefix = f"{prefix}-{run_id or new_run_id()}"
         self._acks = Acknowledgements(timeout)
@@ -103,6 +127,13 @@ class CheckpointReloadPublisher:
         if self._folder is None or self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
         label = lora_name(self.prefix, version)
+        if not self._shared and url not in self._local:
+            if not is_this_machine(url):
+                raise ConfigurationError(
+                    f"vllm_weight_publisher='reload' writes checkpoints to this machine's temp folder, which {url} "
+                    "(another host) cannot read, and vLLM's engine does not survive a failed reload: set "
+                    "vllm_publish_dir to a folder both machines mount at the same path")
+            self._local.add(url)
         self._reload(url, version)
         reset_prefix_cache(url, self.timeout)
         if self.check_content:
