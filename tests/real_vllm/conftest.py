@@ -4,9 +4,10 @@ Every test here is marked `vllm` (and `spawn`, `model`). Without a vLLM installa
 one where the machine can run it; `THUNDERSYNC_VLLM_PYTHON` names another) the layer is skipped with that reason;
 CI sets `THUNDERSYNC_REQUIRE_VLLM=1`, which turns the skip into a failure.
 
-One server per session (`real_vllm`), started at the first test that asks for it, serving the tiny agent the package's
-own builder made (head size 32: vLLM's CPU attention supports no smaller one). Tests that need a server of their own
-(a restart, TRL's `trl vllm-serve`, an engine that dies) start it with `start_server`, which every test may call once.
+One server for the layer (`real_vllm`, started at the first test that asks for it and stopped after the folder's
+last test), serving the quickstart's tiny agent as the package's own builder makes it (head size 32: vLLM's CPU
+attention supports no smaller one). `restart_session_server` replaces it on the same port (a restart, into TRL's
+`trl vllm-serve`); tests that need a server of their own (an engine that dies) start it with `start_server`.
 For a quick loop while writing tests, point the layer at a server already running:
 `THUNDERSYNC_REAL_VLLM_URL=http://127.0.0.1:8400 THUNDERSYNC_REAL_VLLM_MODEL=/path/to/its/model`.
 """
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
+from trl_thundersync.rollout.vllm_api import http_call
 from trl_thundersync.rollout.vllm_launch import VLLMInstall, VLLMServerProcess, find_vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +54,7 @@ def vllm_install() -> VLLMInstall:
     return install
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def served_model_path(tmp_path_factory) -> str:
     """The quickstart's tiny agent (`save_tiny_agent_model(thermostat=True)`, the builder `examples/thermostat_grpo.py`
     uses; about a minute): it calls tools, so runs with environments have turns to train on, and vLLM's CPU
@@ -72,16 +75,34 @@ class RealServer:
     process: VLLMServerProcess | None  # None when the server was given by THUNDERSYNC_REAL_VLLM_URL
 
 
-@pytest.fixture(scope="session")
+_SESSION_SERVERS: list[VLLMServerProcess] = []  # the session server, and any that replaced it (restart tests)
+
+
+@pytest.fixture(scope="package")  # stopped when this folder's tests are done: ~3 GiB and a busy core
 def real_vllm(vllm_install, served_model_path):
     if os.environ.get("THUNDERSYNC_REAL_VLLM_URL"):
         yield RealServer(os.environ["THUNDERSYNC_REAL_VLLM_URL"].rstrip("/"), served_model_path, None)
         return
-    server = VLLMServerProcess(vllm_install, served_model_path, port=free_port()).start()
+    server = VLLMServerProcess(vllm_install, served_model_path, port=free_port())
+    _SESSION_SERVERS.append(server)
     try:
+        server.start()
         yield RealServer(server.url, served_model_path, server)
     finally:
-        server.stop()
+        for started in _SESSION_SERVERS:
+            started.stop()
+
+
+def restart_session_server(real_vllm: RealServer, **fields) -> VLLMServerProcess:
+    """Stop the session server and start another on its port and model (`fields`: VLLMServerProcess's, e.g.
+    `serve_kwargs={"launcher": "trl"}`); later tests use the new one through the same URL."""
+    if real_vllm.process is None:
+        pytest.skip("THUNDERSYNC_REAL_VLLM_URL names a server this session did not start: it cannot restart it")
+    current = _SESSION_SERVERS[-1]
+    current.stop()
+    server = VLLMServerProcess(current.install, real_vllm.model, port=current.port, **fields)
+    _SESSION_SERVERS.append(server)
+    return server.start()
 
 
 @pytest.fixture
@@ -97,3 +118,19 @@ def start_server(vllm_install):
     yield start
     for server in started:
         server.stop()
+
+
+def restore_base(real_vllm, tmp: Path) -> None:
+    """Reload the served model's own weights (its tied output embedding written out, see vllm_reload) and label."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_thundersync.rollout.vllm_reload import write_checkpoint
+
+    folder = tmp / "base-checkpoint"
+    write_checkpoint(AutoModelForCausalLM.from_pretrained(real_vllm.model, dtype=torch.float32), folder)
+    reply = http_call(real_vllm.url, "POST", "/collective_rpc",
+                      {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}, timeout=120)
+    assert reply.status == 200, reply.body
+    assert http_call(real_vllm.url, "POST", "/reset_prefix_cache", timeout=60).status == 200
+    reply = http_call(real_vllm.url, "POST", "/update_weight_version", {"new_version": "default"}, timeout=60)
+    assert reply.status == 200, reply.body

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.real_vllm.conftest import REPO
+from tests.real_vllm.conftest import REPO, restore_base
 from trl_thundersync.rollout.vllm_api import http_call
 
 SCRIPT_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -40,22 +39,6 @@ def weight_label(url: str) -> str:
     reply = http_call(url, "GET", "/weight_info", timeout=30)
     assert reply.status == 200, reply.body
     return reply.json()["weight_version"]
-
-
-def restore_base(real_vllm, tmp: Path) -> None:
-    """Reload the served model's own weights (its tied output embedding written out, see vllm_reload) and label."""
-    from transformers import AutoModelForCausalLM
-
-    from trl_thundersync.rollout.vllm_reload import write_checkpoint
-
-    folder = tmp / "base-checkpoint"
-    write_checkpoint(AutoModelForCausalLM.from_pretrained(real_vllm.model, dtype=torch.float32), folder)
-    reply = http_call(real_vllm.url, "POST", "/collective_rpc",
-                      {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}, timeout=120)
-    assert reply.status == 200, reply.body
-    assert http_call(real_vllm.url, "POST", "/reset_prefix_cache", timeout=60).status == 200
-    reply = http_call(real_vllm.url, "POST", "/update_weight_version", {"new_version": "default"}, timeout=60)
-    assert reply.status == 200, reply.body
 
 
 @pytest.fixture(scope="module")

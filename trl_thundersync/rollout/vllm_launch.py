@@ -84,13 +84,20 @@ def find_vllm(python: str | os.PathLike | None = None, *, search_from: str | os.
 
 def serve_command(install: VLLMInstall, model: str | os.PathLike, *, port: int, host: str = "127.0.0.1",
                   dtype: str = "float32", max_model_len: int = 1024, enable_lora: bool = True,
-                  max_lora_rank: int = 16, extra_args: Sequence[str] = ()) -> list[str]:
-    """The argv of one server (vLLM's OpenAI server module, as `vllm serve` runs it)."""
+                  max_lora_rank: int = 16, extra_args: Sequence[str] = (), launcher: str = "vllm") -> list[str]:
+    """The argv of one server: vLLM's OpenAI server module, as `vllm serve` runs it (`launcher="vllm"`), or TRL's
+    `trl vllm-serve` from the same installation (`launcher="trl"`: TRL's flags, which add NCCL weight transfer,
+    processed log-probs and an unbounded `--max-logprobs`, then `vllm serve`)."""
+    lora = ["--enable-lora", "--max-lora-rank", str(max_lora_rank)] if enable_lora else []
+    if launcher == "trl":
+        trl = install.python.parent / "trl"
+        return [str(trl), "vllm-serve", "--model", str(model), "--host", host, "--port", str(port), "--dtype", dtype,
+                "--max_model_len", str(max_model_len), *lora, *extra_args]
+    if launcher != "vllm":
+        raise ConfigurationError(f"launcher={launcher!r} is not 'vllm' or 'trl'")
     argv = [str(install.python), "-m", API_SERVER_MODULE, "--model", str(model), "--host", host, "--port", str(port),
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs"]
-    if enable_lora:
-        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
-    return [*argv, *extra_args]
+    return [*argv, *lora, *extra_args]
 
 
 def serve_environment(install: VLLMInstall, *, kv_cache_gib: float = 1.0,
