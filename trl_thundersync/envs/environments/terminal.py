@@ -38,6 +38,7 @@ from ..tasks.grading import (
     PYTEST_REPORT_FLAGS,
     GradeReport,
     UngradableWorkspace,
+    copy_task_files,
     copy_tree,
     remove_path,
     seta_reward,
@@ -81,7 +82,7 @@ class TerminalTaskEnv(PytestGradedEnv):
 
     def _prepare_workspace(self, workspace: Path) -> None:
         if self.task.files_dir is not None:
-            copy_tree(self.task.files_dir, workspace)
+            copy_task_files(self.task.files_dir, workspace)
 
     def _setup_in_sandbox(self, sandbox: Sandbox) -> None:
         for command in self.task.setup:

@@ -90,6 +90,20 @@ def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True, ignore=_skip_special, dirs_exist_ok=True)
 
 
+_BYTECODE = shutil.ignore_patterns("__pycache__", "*.pyc")
+
+
+def _skip_special_and_bytecode(directory: str, names: list[str]) -> set[str]:
+    return {*_skip_special(directory, names), *_BYTECODE(directory, names)}
+
+
+def copy_task_files(src: Path, dst: Path) -> None:
+    """Copy a task's own files (a starting tree, a solution overlay, input files) into `dst` like `copy_tree`, but
+    without `__pycache__` folders and `.pyc` files: pip compiles an installed wheel's .py files, bundled task data
+    included, so an installed copy holds bytecode the checkout does not (and a task never ships any)."""
+    shutil.copytree(src, dst, symlinks=True, ignore=_skip_special_and_bytecode, dirs_exist_ok=True)
+
+
 def copy_workspace(src: Path, dst: Path, limits: GradingLimits, deadline: float) -> None:
     """Copy an agent's workspace into the existing directory `dst`, within `limits` and before `deadline`
     (time.monotonic()); raises `UngradableWorkspace` as soon as a bound is passed.

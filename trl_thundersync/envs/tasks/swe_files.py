@@ -19,7 +19,7 @@ import tarfile
 from pathlib import Path
 
 from ..errors import TaskSetupError
-from .grading import copy_tree, remove_path, restore_file
+from .grading import copy_task_files, remove_path, restore_file
 from .records import SWETask
 
 HARNESS_NAMES = frozenset({
@@ -31,7 +31,7 @@ HARNESS_NAMES = frozenset({
 def materialize_start(task: SWETask, dst: Path) -> None:
     """Write the task's starting repository into `dst` (an existing, empty directory)."""
     if task.base_commit is None:
-        copy_tree(task.repo_dir, dst)
+        copy_task_files(task.repo_dir, dst)
         return
     archive = _git(["archive", "--format=tar", task.base_commit], cwd=task.repo_dir, what=f"export {task.task_id}")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -60,7 +60,7 @@ def materialize_reference(task: SWETask, dst: Path, grading_source: Path) -> Non
     materialize_start(task, dst)
     restore_harness(dst, grading_source, task.test_files)
     if task.solution_dir is not None:
-        copy_tree(task.solution_dir, dst)
+        copy_task_files(task.solution_dir, dst)
     if task.solution_patch is not None:
         apply_patch(dst, task.solution_patch, what=f"solution patch of {task.task_id}")
 
