@@ -1,5 +1,6 @@
 """scripts/vllm_smoke.py end to end against the embedded server (`--embedded`: the `trl_thundersync.serve`
-launcher): a batch, a full-weight publication, a LoRA load, every check passed and every step timed."""
+launcher): a batch, a full-weight publication, a LoRA load, every check passed and every step timed; the LoRA check
+alone (`--no-full-weights`). Against a real vLLM: `tests/real_vllm`."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ def test_the_smoke_script_passes_against_the_embedded_server(tiny_model_path, ca
     assert summary["server"]["logprobs_mode"] == "processed_logprobs"  # the embedded /server_info
     assert summary["server"]["max_concurrency"] == summary["server"]["max_num_seqs"] == 16
     assert summary["versions"]["trl"] and summary["versions"]["torch"]
+    assert summary["publisher"] == "HTTPWeightFile"  # what 'auto' picks for an embedded server
+
+
+def test_the_lora_check_runs_alone(tiny_model_path, capsys):
+    code = smoke.main(["--model", tiny_model_path, "--embedded", "--lora", "--no-full-weights", "--prompts", "2",
+                       "--max-tokens", "3", "--startup-timeout", "300"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and summary["checks"] == {"lora_batch_v1": True}, summary
+    assert set(summary["seconds"]) == {"start_server", "lora_connect", "publish_lora_v1", "lora_batch_v1"}

@@ -286,6 +286,11 @@ class VLLMServerEngine:
         return self._version
 
     @property
+    def publisher(self) -> WeightPublisher | None:
+        """What rank 0 publishes with (for 'auto', the publisher it chose); None on the other ranks."""
+        return self._publisher
+
+    @property
     def base_urls(self) -> tuple[str, ...]:
         return tuple(r.url for r in self._replicas)
 
