@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +25,7 @@ from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
 from trl_thundersync.envs.runtimes.mounts import hidden_mount_args, outermost_paths
 from trl_thundersync.envs.runtimes.workspace import create_workspace, quota_enforced, release_workspace
 from trl_thundersync.envs.tasks.grading import GradeReport
+from trl_thundersync.envs.tasks.pytest_channel import run_pytest
 from trl_thundersync.envs.tasks.suites import tasks_root
 from trl_thundersync.errors import ConfigurationError
 
@@ -222,6 +225,48 @@ def test_an_installed_copys_task_answers_are_hidden_and_commands_still_run(works
             assert result.exit_code != 0 and result.stdout == "", secret
         assert box.run(f"ls -A {tasks / 'swe'} {tasks / 'terminal'}").stdout.split() == [
             f"{tasks / 'swe'}:", f"{tasks / 'terminal'}:"]  # the outer covers, empty
+
+
+def user_site_install(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This interpreter with a user site (`pip install --user`, PYTHONUSERBASE=`base`) on sys.path, holding a
+    wheel-like install of this package and a module found nowhere else; its site-packages directory."""
+    packages = base / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    fake_install(packages, ".")
+    (packages / "only_in_user_site.py").write_text("VALUE = 42\n")
+    (base / "share").mkdir()
+    (base / "share" / "credentials").write_text("secret\n")  # other files of the user base
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
+    monkeypatch.setattr(site, "USER_BASE", str(base))
+    monkeypatch.setattr(site, "USER_SITE", str(packages))
+    monkeypatch.setattr(sys, "path", [*sys.path, str(packages)])  # appended: the fake package must not shadow ours
+    return packages
+
+
+def test_a_user_site_is_bound_with_its_task_data_hidden_and_the_grader_imports_from_it(
+        workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install --user`: the user site is bound read-only (not the rest of its base), commands get PYTHONUSERBASE,
+    the package's task data there is covered, and the grading runner (`python3 -I`, which skips a user site) imports
+    from it, ahead of the prefix's site-packages as the site module orders them."""
+    base = tmp_path / "user-base"
+    packages = user_site_install(base, monkeypatch)
+    tasks = packages / "trl_thundersync" / "envs" / "tasks"
+    with BwrapSandbox(workspace, LIMITS) as box:
+        assert box.run(f"cat {packages / 'only_in_user_site.py'}").stdout == "VALUE = 42\n"
+        assert box.run("echo $PYTHONUSERBASE").stdout == f"{base}\n"
+        assert box.run(f"ls -A {base}").stdout == "lib\n"  # only the mount point's parents, not share/
+        assert box.run(f"touch {packages / 'new.py'}").exit_code != 0  # read-only
+        for secret in (tasks / "terminal/count_lines/solution.sh", tasks / "swe/bug/solution/fix.py"):
+            result = box.run(f"cat {secret}")
+            assert result.exit_code != 0 and result.stdout == "", secret
+        assert box.run(f"cat {packages / 'trl_thundersync' / '__init__.py'}").ok  # the package's code stays readable
+        probe = ("import site, sys, only_in_user_site\n"
+                 "def test_the_user_site_comes_before_site_packages():\n"
+                 "    assert only_in_user_site.VALUE == 42\n"
+                 f"    user = sys.path.index({str(packages)!r})\n"
+                 "    assert all(user < sys.path.index(p) for p in site.getsitepackages() if p in sys.path)\n")
+        run = run_pytest(box, ("-q", "-p", "no:cacheprovider", "{files}/test_probe.py"), timeout_s=60,
+                         files={"test_probe.py": probe})
+        assert run.completed and list(run.outcomes.values()) == ["PASSED"], (run.fatal, run.log[-2000:])
 
 
 # ---------------------------------------------------------------- long commands are the agent's, not an infra error

@@ -10,17 +10,17 @@
 
 Commands run as uid/gid 1000 without capabilities in new user, pid, ipc, uts, cgroup and (unless `limits.network`)
 network namespaces. The root is an empty tmpfs remounted read-only; /usr, /bin, /lib*, /sbin, /etc and the interpreter's
-prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the project's packages;
-a user site, `pip install --user`, is not bound, so pytest, which the graders run inside with `python3 -I`, must be
-installed under a prefix) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most `tmp_bytes`; the
-workspace is bound read-write at `workdir`, the working directory. /proc is the sandbox's own, but its host-global
-entries are covered (`mounts.proc_cover_args`): as root the sandbox uid is host uid 0 to permission checks, so each one
-holding anything writable (/proc/sys, sysrq-trigger, irq, bus, pressure, mtrr, ...) is bound read-only and each one
-other users may not read (kmsg, kcore, timer_list, slabinfo, ...) is masked. Task answers are covered by empty read-only
-mounts wherever they lie under a bound path: this package's bundled suites (a wheel puts their reference solutions and
-hidden verifiers under site-packages) and the caller's `hidden_paths` (only the outermost covers: one inside another is
-hidden already). The environment is cleared, then HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8, PATH (interpreter's bin dir
-first) and the caller's `env` are set.
+prefixes (`sys.prefix`, `sys.base_prefix`, at their host paths, so `python3 -m pytest` runs with the project's packages)
+and the user site's site-packages when the interpreter imports from it (`mounts.user_site`, `pip install --user`; the
+grading runner adds it to its `python3 -I`) are bound read-only; /tmp and /dev/shm are fresh tmpfs mounts of at most
+`tmp_bytes`; the workspace is bound read-write at `workdir`, the working directory. /proc is the sandbox's own, but its
+host-global entries are covered (`mounts.proc_cover_args`): as root the sandbox uid is host uid 0 to permission checks,
+so each one holding anything writable (/proc/sys, sysrq-trigger, irq, bus, pressure, mtrr, ...) is bound read-only and
+each one other users may not read (kmsg, kcore, timer_list, slabinfo, ...) is masked. Task answers are covered by empty
+read-only mounts wherever they lie under a bound path: this package's bundled suites (a wheel puts their reference
+solutions and hidden verifiers under site-packages or the user site) and the caller's `hidden_paths` (only the outermost
+covers: one inside another is hidden already). The environment is cleared, then HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8,
+PATH (interpreter's bin dir first), PYTHONUSERBASE (with a bound user site) and the caller's `env` are set.
 
 The launcher sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC and RLIMIT_CORE=0. The kernel does not enforce
 RLIMIT_NPROC for host uid 0, and for a root caller bubblewrap maps the sandbox uid to host uid 0; so as root each
@@ -51,8 +51,9 @@ bubblewrap 0.8, cgroup v1):
 - reading task answers: the bundled suites' solutions and verifiers and any `hidden_paths`, wherever installed under
   a bound path (H test_task_data_under_a_bound_prefix_is_hidden, test_the_installed_task_data_is_unreadable_inside,
   test_hidden_paths_argument_covers_files_and_directories,
-  test_an_installed_copys_task_answers_are_hidden_and_commands_still_run; from a wheel in a fresh venv and in a user
-  site: tests/integration/test_wheel_install.py);
+  test_an_installed_copys_task_answers_are_hidden_and_commands_still_run,
+  test_a_user_site_is_bound_with_its_task_data_hidden_and_the_grader_imports_from_it; from a wheel in a fresh venv and
+  in a system interpreter's user site: tests/integration/test_wheel_install.py);
 - fork bombs: pids cgroup as root, else RLIMIT_NPROC (S test_process_limit_is_enforced, test_fork_bomb_is_contained);
 - runaway CPU (S test_cpu_time_limit), memory per process (S test_memory_limit), memory of the whole tree, as root
   (H test_memory_of_the_whole_tree_is_capped), file size (S test_file_size_limit), output
@@ -114,6 +115,7 @@ from .mounts import (
     proc_cover_args,
     system_mount_args,
     task_data_dirs,
+    user_site,
 )
 from .process_io import BoundedCapture, drain, feed, kill_group, wait_for_exit, was_started
 
@@ -233,7 +235,10 @@ class BwrapSandbox:
         missing = [str(p) for p in extra_ro_binds if not Path(p).exists()]
         if missing:
             raise SandboxError(f"extra_ro_binds paths do not exist: {missing}")
-        ro_binds = interpreter_paths() + tuple(str(Path(p).absolute()) for p in extra_ro_binds)
+        user = user_site()
+        self._user_env = {} if user is None else {"PYTHONUSERBASE": user.base}
+        ro_binds = (*interpreter_paths(), *([] if user is None else [user.packages]),
+                    *(str(Path(p).absolute()) for p in extra_ro_binds))
         bound = tuple(p for p in SYSTEM_PATHS if os.path.isdir(p) and not os.path.islink(p)) + ro_binds
         hidden = (*task_data_dirs(bound), *(str(Path(p).absolute()) for p in hidden_paths))
         self._mount_args = (
@@ -251,7 +256,8 @@ class BwrapSandbox:
     def _argv(self, ready_fd: int, command_fd: int, env: dict[str, str] | None) -> list[str]:
         argv = [self._bwrap, *self._mount_args]
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-        for key, value in {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}.items():
+        defaults = {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **self._user_env}
+        for key, value in {**defaults, **(env or {})}.items():
             argv += ["--setenv", key, value]
         limits = self.limits
         rlimits = (

@@ -7,11 +7,14 @@
   every one other users may not read (/proc/kmsg, /proc/kcore, /proc/timer_list, /proc/slabinfo, ...) is masked.
   Per-process entries (/proc/<pid>, self, thread-self, and links into them such as /proc/net) are the sandbox's own.
 - `interpreter_paths()`: the interpreter's prefixes, bound read-only at their host paths.
+- `user_site()`: the user site (`pip install --user`) when this interpreter imports from it, also bound read-only
+  (the package or its dependencies, pytest among them, may live only there); commands inside get its base as
+  PYTHONUSERBASE, and the grading runner, which runs `python3 -I` (no user site), adds it itself.
 - `hidden_mount_args()`: empty read-only covers over paths that must not be readable inside although they lie
   under a bound path: by default `task_data_dirs()`, the bundled suites' answers (reference solutions, hidden
   verifiers) of every copy of this package under a bound path (a wheel or system install puts them under
-  site-packages, which is part of an interpreter prefix). A cover under another cover is dropped: the outer one
-  hides it already, and bwrap cannot make its mount point inside the outer, read-only one.
+  site-packages, which is part of an interpreter prefix, or in the user site). A cover under another cover is
+  dropped: the outer one hides it already, and bwrap cannot make its mount point inside the outer, read-only one.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import site
 import stat
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 SYSTEM_PATHS = ("/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/etc")
@@ -109,16 +114,40 @@ def interpreter_paths() -> tuple[str, ...]:
     return tuple(kept)
 
 
+@dataclass(frozen=True)
+class UserSite:
+    """Where `pip install --user` puts packages for this interpreter (PYTHONUSERBASE, or ~/.local by default)."""
+
+    base: str  # the user base; PYTHONUSERBASE inside, so the sandbox's interpreter finds `packages` (not bound itself)
+    packages: str  # its site-packages directory, bound read-only at its host path
+
+
+def user_site() -> UserSite | None:
+    """The user site, when this interpreter imports from it (enabled, existing, on sys.path); else None.
+
+    Only the site-packages directory is bound, not the base: the base holds other user files (~/.local/share, ...),
+    and an interpreter finds the user site from PYTHONUSERBASE alone (same interpreter, same install scheme).
+    """
+    if not site.ENABLE_USER_SITE:  # off under -s, -I, PYTHONNOUSERSITE, and in a venv without system site-packages
+        return None
+    packages = os.path.abspath(site.getusersitepackages())
+    if not os.path.isdir(packages) or packages not in {os.path.abspath(p) for p in sys.path if p}:
+        return None
+    return UserSite(base=os.path.abspath(site.getuserbase()), packages=packages)
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 @functools.cache
 def task_data_dirs(bound: tuple[str, ...]) -> tuple[str, ...]:
-    """The bundled task data of this package and of every copy of it installed under a bound path."""
+    """The bundled task data of this package and of every copy of it installed under a bound path (a prefix, or a
+    site-packages directory itself: the user site)."""
     packages = {str(_PACKAGE_DIR)}
     for root in bound:
-        for pattern in ("lib*/python3*/*-packages/trl_thundersync", "local/lib*/python3*/*-packages/trl_thundersync"):
+        for pattern in ("trl_thundersync", "lib*/python3*/*-packages/trl_thundersync",
+                        "local/lib*/python3*/*-packages/trl_thundersync"):
             packages.update(glob.glob(os.path.join(root, pattern)))
     return tuple(sorted(os.path.join(p, data) for p in packages for data in _TASK_DATA))
 

@@ -3,7 +3,8 @@
 The package never imports this file. `pytest_channel.py` (on the host) reads it as text and feeds it to
 `python3 -I -c BOOTSTRAP` on the sandbox command's stdin, followed by a NUL byte and a JSON payload:
 
-    {"key": hex, "args": [pytest arguments], "files": {name: text}, "hide_files": bool, "cwd_on_path": bool}
+    {"key": hex, "args": [pytest arguments], "files": {name: text}, "hide_files": bool, "cwd_on_path": bool,
+     "site_dirs": [directories]}
 
 It is self-contained (standard library and pytest only) because inside a sandbox the package is not importable
 and its files are hidden. In order, before any code under test can run:
@@ -17,9 +18,11 @@ and its files are hidden. In order, before any code under test can run:
    environ,...} or ptrace it, so they cannot read the key, the channel fd or a hidden verifier from memory;
 4. `files` are written into a fresh private directory under the sandbox's /tmp (their path replaces "{files}" in
    the arguments); with `hide_files` they are unlinked as soon as collection finishes, before any test runs;
-5. pytest is imported with the isolated sys.path (the workspace is not on it yet, so no file there can shadow
-   pytest or the standard library modules it imports), then the working directory is prepended when
-   `cwd_on_path` (what `python -m pytest` does).
+5. `site_dirs` (the host's user site, `pip install --user`, which `-I` leaves out; bound read-only by the sandbox)
+   are added with their .pth files, where the site module puts a user site: before the prefix's site-packages;
+6. pytest is imported with that sys.path (the workspace is not on it yet, so no file there can shadow pytest or the
+   standard library modules it imports), then the working directory is prepended when `cwd_on_path` (what
+   `python -m pytest` does).
 
 Channel records, one `os.write` each (atomic below PIPE_BUF), each starting with a newline so that bytes anyone
 else wrote to the same pipe can never join a record: `\\n<seq> <kind> <json> <mac>\\n`, where seq counts records
@@ -138,6 +141,21 @@ def _write_files(files):
     return directory, paths
 
 
+def _add_site_dirs(directories):
+    """Add `directories` as the site module adds a user site: .pth files processed, ahead of site-packages."""
+    if not directories:
+        return
+    import site
+
+    before = list(sys.path)
+    for directory in directories:
+        site.addsitedir(directory)
+    added = [path for path in sys.path if path not in before]
+    prefix_sites = set(site.getsitepackages())
+    at = next((i for i, path in enumerate(before) if path in prefix_sites), len(before))
+    sys.path[:] = before[:at] + added + before[at:]
+
+
 def main(payload):
     spec = json.loads(payload)
     channel = _private_channel()
@@ -149,6 +167,7 @@ def main(payload):
         if spec["hide_files"]:
             reporter.hidden = paths
         args = [arg.replace("{files}", directory) if directory else arg for arg in spec["args"]]
+        _add_site_dirs(spec["site_dirs"])
         import pytest
     except Exception as error:  # the runner could not start pytest: the harness is broken, say so on the channel
         reporter.emit("fatal", f"{type(error).__name__}: {error}")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..errors import TaskFormatError
 from ..runtimes.api import Sandbox
+from ..runtimes.mounts import user_site
 from .grading import PYTEST_TESTS_RAN
 
 OUTCOMES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})  # what the runner reports
@@ -97,8 +98,9 @@ def run_pytest(
     `cwd_on_path` puts the workspace on sys.path after pytest is imported, as `python -m pytest` would.
     """
     key = secrets.token_bytes(32)
+    user = user_site()  # `python3 -I` skips it; the runner adds it when pytest or the package lives there
     payload = {"key": key.hex(), "args": list(args), "files": dict(files or {}), "hide_files": hide_files,
-               "cwd_on_path": cwd_on_path}
+               "cwd_on_path": cwd_on_path, "site_dirs": [] if user is None else [user.packages]}
     stdin = _runner_source() + b"\0" + json.dumps(payload).encode()
     command = f"exec {shlex.quote(python)} -I -c {shlex.quote(_BOOTSTRAP)}"
     result = sandbox.run(command, timeout_s=timeout_s, env={"PYTHONDONTWRITEBYTECODE": "1"}, stdin=stdin)
