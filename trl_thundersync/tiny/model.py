@@ -90,9 +90,9 @@ HEAD_DIM = 32  # the smallest head size vLLM's CPU attention serves (`rollout/vl
 
 def attention_shape(hidden_size: int) -> dict:
     """Heads of the tiny models: `hidden_size // HEAD_DIM` query heads (at least one) of HEAD_DIM each, half as many
-    KV heads (one when the count is odd). Width 64 → 2 heads, 1 KV head: the same projection sizes and the same
-    grouped-query ratio (2 query heads per KV head) as the earlier 4 heads of 16 with 2 KV heads, so the grouped
-    path (HF's `repeat_kv`, vLLM's GQA) stays exercised; width 128 → 4 heads, 2 KV (unchanged); 96 → 3 heads, 1 KV."""
+    KV heads (one when the count is odd). Width 64 → 2 heads, 1 KV head: q/k/v/o projections 64/32/32/64 wide and
+    2 query heads per KV head, so the grouped-query path (HF's `repeat_kv`, vLLM's GQA) stays exercised as in
+    released Qwen3 checkpoints; 128 → 4 heads, 2 KV; 96 → 3 heads, 1 KV; 32 → 1 head, 1 KV."""
     heads = max(1, hidden_size // HEAD_DIM)
     return dict(num_attention_heads=heads, num_key_value_heads=heads // 2 if heads % 2 == 0 else 1,
                 head_dim=HEAD_DIM)
