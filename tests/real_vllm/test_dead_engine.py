@@ -17,7 +17,7 @@ from trl_thundersync.rollout.vllm_api import DeadEngineError
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
-DEADLINE_S = 30.0  # the issue's bound; measured here: 2-4 s from the first request
+DEADLINE_S = 30.0  # the issue's bound; measured here: 0.1 s from the first request (the client waited 300 s before)
 
 
 class NoPublisher:
@@ -64,9 +64,9 @@ def test_a_dead_engine_fails_the_batch_within_seconds_naming_vllms_error(vllm_in
                               publisher=NoPublisher(), restart_timeout=300.0)
     try:
         start = time.perf_counter()
-        engine.start_batch([RolloutRequest(index=i, group=0, prompt_ids=(5, 6, 7), seed=i) for i in range(4)],
-                           policy_version=0)
         with pytest.raises(DeadEngineError, match="EngineCore encountered an issue") as failure:
+            engine.start_batch([RolloutRequest(index=i, group=0, prompt_ids=(5, 6, 7), seed=i) for i in range(4)],
+                               policy_version=0)
             list(engine.results())
         elapsed = time.perf_counter() - start
     finally:

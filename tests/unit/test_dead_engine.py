@@ -149,13 +149,13 @@ def test_a_dead_engine_fails_the_batch_at_once_naming_vllms_message(stubs):
     try:
         stub.mode, stub.dead_answers = "dead", 1
         start = time.perf_counter()
-        eng.start_batch(requests(4), policy_version=0)
         with pytest.raises(DeadEngineError, match="EngineCore encountered an issue") as failure:
+            eng.start_batch(requests(4), policy_version=0)  # raises here if an answer came before the last submit
             list(eng.results())
         assert time.perf_counter() - start < 5.0
         assert stub.url in str(failure.value) and "server's log" in str(failure.value)
         assert isinstance(failure.value, RolloutError)
-        with pytest.raises(RolloutError, match="failed earlier"):  # the engine is unusable from then on
+        with pytest.raises(DeadEngineError, match="failed earlier"):  # the engine is unusable from then on
             eng.start_batch(requests(1), policy_version=0)
     finally:
         eng.close()

@@ -138,6 +138,7 @@ class VLLMServerEngine:
         self._batch_started = 0.0
         self._publishing = self._closed = False
         self._failure: str | None = None
+        self._failure_type: type[RolloutError] = RolloutError  # DeadEngineError once a replica's engine died
         self._pool: ThreadPoolExecutor | None = None  # sized once the servers reported their limits
         self.role = role  # rank 0 publishes; followers only learn the new version (`publish_role`)
         self._publisher: WeightPublisher | None = None  # None on a follower: it never publishes
@@ -447,7 +448,9 @@ class VLLMServerEngine:
         with self._lock:
             if replica.dead is None:
                 replica.dead, replica.engine_died = reason, engine
-            self._failure = self._failure or replica.dead
+            if self._failure is None:
+                self._failure = replica.dead
+                self._failure_type = DeadEngineError if replica.engine_died else RolloutError
 
     def _revive_exited(self) -> None:
         """Before a publication: restart the owned servers whose process died while no request was on them."""
@@ -461,4 +464,4 @@ class VLLMServerEngine:
         if self._closed:
             raise RolloutError("the engine is closed")
         if self._failure is not None:
-            raise RolloutError(f"the engine failed earlier; create a new one.\n{self._failure}")
+            raise self._failure_type(f"the engine failed earlier; create a new one.\n{self._failure}")
