@@ -254,6 +254,9 @@ def full_weights(args, url: str, policy, tokenizer, sampling, timer: Timer, summ
                   "VLLM_SERVER_DEV_MODE=1; the embedded server reports its version on every answer instead)")
         else:
             check(summary, "server_confirmed_version", confirmed.endswith("-v1"), f"/weight_info says {confirmed!r}")
+            if not args.embedded:
+                print(f"  note: {url} now reports weights {confirmed!r}; a LoRA run refuses them as its base "
+                      "(ServerBaseWeightsError) until the server is restarted", flush=True)
     finally:
         engine.close()
 
