@@ -40,6 +40,12 @@ class RolloutError(ThunderSyncError):
     """The rollout engine failed, returned a malformed trajectory, or lost a trajectory of the open batch."""
 
 
+class DeadEngineError(RolloutError):
+    """A vLLM server answered that its engine core died (HTTP 500 `EngineCore encountered an issue`): the server will
+    not answer again (it exits), so the batch fails at once instead of waiting for a restart; the root cause is the
+    first error in the server's log."""
+
+
 class AbortedSampleError(RolloutError):
     """A server answered a sample with `finish_reason` "abort" or "error": it was cut short (an abort, a `/pause`, a
     failure in the engine) and is not the policy's sample, so it is refused, never trained on."""

@@ -331,3 +331,15 @@ def test_the_config_accepts_reload_with_a_publish_dir_and_refuses_what_cannot_wo
         cpu_config(ThunderSyncGRPOConfig, tmp_path, **vllm, vllm_weight_publisher="http")
     with pytest.raises(ConfigurationError, match="vllm_weight_publisher='reload' loads checkpoints"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, vllm_weight_publisher="reload")
+
+
+def test_a_lora_engine_refuses_a_replaced_base_at_start_before_its_first_batch(stub):
+    """The first batch samples the base model itself (no adapter yet): the base is checked when the engine starts."""
+    from trl_thundersync.rollout.vllm_client import VLLMServerEngine
+    from trl_thundersync.types import SamplingParams
+
+    stub.weight_version = "policy-0123abcd-v2"
+    with pytest.raises(ServerBaseWeightsError, match="labelled 'policy-0123abcd-v2'"):
+        VLLMServerEngine([stub.url], None, SamplingParams(max_new_tokens=4), publisher="lora", startup_timeout=10.0)
+    stub.weight_version = "default"
+    VLLMServerEngine([stub.url], None, SamplingParams(max_new_tokens=4), publisher="lora", startup_timeout=10.0).close()

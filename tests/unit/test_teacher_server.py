@@ -170,3 +170,21 @@ def test_transient_failures_are_sent_again_on_trls_schedule_and_bounded(server, 
     with pytest.raises(TeacherScoringError, match="HTTP 400"):
         client.score([1, 2, 3], [4, 5])
     assert len(sent) == 1
+
+
+def test_a_dead_vllm_engine_is_not_resent_and_says_so(server, monkeypatch):
+    """vLLM answers 500 `EngineCore encountered an issue` once its engine died, then exits: no resend can help."""
+    from trl_thundersync.rollout.vllm_api import ENGINE_DEAD_MESSAGE
+
+    sent = []
+
+    def call(*args, **kwargs):
+        sent.append(args[2])
+        body = {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "code": 500}}
+        return HTTPReply(500, {}, json.dumps(body).encode())
+
+    monkeypatch.setattr(teacher_server, "http_call", call)
+    client = ServerTeacher(server.url, model="tiny-teacher", retries=3)
+    with pytest.raises(TeacherScoringError, match="vLLM's engine died .*EngineCore encountered an issue"):
+        client.score([1, 2, 3], [4, 5])
+    assert len(sent) == 1

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 
 from ..errors import RolloutError, TeacherScoringError, VocabularyMismatchError
-from ..rollout.vllm_api import error_message, http_call, parse_model_ids, prompt_logprobs_payload, resend_pause
+from ..rollout.vllm_api import (
+    engine_dead,
+    error_message,
+    http_call,
+    parse_model_ids,
+    prompt_logprobs_payload,
+    resend_pause,
+)
 from .records import TeacherScores
 from .vocab_map import VocabularyMap
 
@@ -134,6 +141,10 @@ class ServerTeacher:
                     raise TeacherScoringError(f"teacher server {self.url}{path}: the answer is not JSON: {exc}"
                                               ) from exc
             failure = f"HTTP {reply.status}: {error_message(reply)}"
+            if engine_dead(reply):  # vLLM's engine died: the server is about to exit, resending cannot help
+                raise TeacherScoringError(f"teacher server {self.url}{path}: vLLM's engine died ({failure}); vLLM "
+                                          "does not restart a dead engine and the server exits: the root cause is "
+                                          "the first error in the server's log. Fix it, restart the server and the run")
             if reply.status not in _TRANSIENT:
                 raise TeacherScoringError(f"teacher server {self.url}{path}: {failure}")
         tries = f" (sent {self.retries + 1} times)" if self.retries else ""

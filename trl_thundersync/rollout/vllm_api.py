@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError, RolloutError
+from ..errors import ConfigurationError, DeadEngineError, RolloutError  # noqa: F401  (DeadEngineError: re-exported)
 from ..types import SamplingParams
 
 POLICY_VERSION_HEADER = "x-thundersync-policy-version"
@@ -198,10 +198,6 @@ def http_call(base_url: str, method: str, path: str, payload: Any = None, *, tim
 # after such an answer, or within 5 s by its watchdog). The root cause is only in the server's log. Nothing brings
 # the engine back: resending, or waiting `restart_timeout` for a restart, would only delay the failure.
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue"
-
-
-class DeadEngineError(RolloutError):
-    """A vLLM server answered that its engine core died (`engine_dead`): the server will not answer again."""
 
 
 def engine_dead(reply: HTTPReply) -> bool:

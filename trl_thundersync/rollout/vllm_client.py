@@ -156,6 +156,9 @@ class VLLMServerEngine:
                 raise StalePolicyError(f"the engine was created for policy version {policy_version}, but "
                                        + ", ".join(stale))
             startup_checks(self._replicas, tokenizer, sampling, self._extra, importance_sampling=importance_sampling)
+            if self._publisher is not None and hasattr(self._publisher, "check_base"):  # LoRA: the first batch
+                for replica in self._replicas:                                         # samples the base model
+                    self._publisher.check_base(replica.url)
             self.max_concurrency = (default_concurrency([r.limits for r in self._replicas]) if max_concurrency is None
                                     else max_concurrency)  # requests on the wire at most, over all replicas
             self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="thundersync-vllm")

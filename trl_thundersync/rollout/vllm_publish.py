@@ -217,7 +217,7 @@ class LoRAAdapterPublisher:
         if self._path is None or self._version != version:
             raise RolloutError(f"push of version {version} before prepare()")
         if url not in self._loaded:
-            self._check_base(url)  # later batches: confirm() checks it again
+            self.check_base(url)  # also at engine start (`check_base`) and before every batch (confirm)
         name, path = lora_name(self.prefix, version), str(self._path.resolve())
         payload = {"lora_name": name, "lora_path": path, "load_inplace": False}
         reply = http_call(url, "POST", "/v1/load_lora_adapter", payload, timeout=self.timeout)
@@ -242,7 +242,7 @@ class LoRAAdapterPublisher:
         name = lora_name(self.prefix, version)
         if url not in self._loaded:
             return None  # nothing was published there (yet): the engine samples the base model
-        self._check_base(url)
+        self.check_base(url)
         if name not in self._served(url):
             return f"no longer lists adapter {name!r} in /v1/models (it restarted since the adapter was loaded)"
         return None
@@ -277,8 +277,9 @@ class LoRAAdapterPublisher:
         elif self._loaded.get(url) is not None and lora_name(self.prefix, self._loaded[url]) == name:
             del self._loaded[url]
 
-    def _check_base(self, url: str) -> None:
-        """Refuse a server whose base weights a full-weight publication replaced (its `/weight_info` label)."""
+    def check_base(self, url: str) -> None:
+        """Refuse a server whose base weights a full-weight publication replaced (its `/weight_info` label). The
+        engine calls it for every replica at start, before the first batch samples from the base model."""
         label = read_weight_version(url, self.timeout)
         if label is None:
             if url not in self._unlabelled:
