@@ -109,3 +109,44 @@ def test_server_device_reads_the_device_config(monkeypatch, device_config, expec
     body = json.dumps({"vllm_config": {"device_config": device_config}}).encode()
     _serve(monkeypatch, {"http://a": HTTPReply(200, {}, body)})
     assert vllm_shapes.server_device("http://a") == expected
+
+
+@pytest.mark.parametrize("device, refused", [("cpu", True), ("cuda", False)])
+def test_a_vllm_server_engine_checks_the_policy_shape_before_publishing(monkeypatch, tmp_path, device, refused):
+    """rollout_setup: with rollout_engine='vllm_server', a policy of head size 16 is refused against a CPU server
+    before the first publication (the engine is closed), and accepted against a GPU one."""
+    import torch
+
+    from tests.fixtures.parity import cpu_config
+    from trl_thundersync import ThunderSyncGRPOConfig
+    from trl_thundersync.rollout import vllm_client
+    from trl_thundersync.trainers.rollout_setup import RolloutTarget, build_turn_generator
+    from trl_thundersync.types import SamplingParams
+
+    events = []
+
+    class Engine:
+        def __init__(self, urls, tokenizer, sampling, **kwargs):
+            events.append("connected")
+
+        def publish(self, model, version):
+            events.append("published")
+            return 0.0
+
+        def close(self):
+            events.append("closed")
+
+    monkeypatch.setattr(vllm_client, "VLLMServerEngine", Engine)
+    _serve(monkeypatch, {"http://10.0.0.5:8000": _info(device)})
+    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, use_vllm=True, vllm_mode="server",
+                      vllm_server_base_urls=["http://10.0.0.5:8000"])
+    policy = torch.nn.Linear(1, 1)
+    policy.config = _OLD
+    target = RolloutTarget(policy, None, torch.device("cpu"), 1, 0)
+    if refused:
+        with pytest.raises(UnsupportedOptionError, match="head_dim=16"):
+            build_turn_generator(target, args, SamplingParams(max_new_tokens=4), on_metric=lambda *_: None)
+        assert events == ["connected", "closed"]
+    else:
+        build_turn_generator(target, args, SamplingParams(max_new_tokens=4), on_metric=lambda *_: None)
+        assert events == ["connected", "published"]
