@@ -30,10 +30,16 @@ REQUIRE = os.environ.get("THUNDERSYNC_REQUIRE_VLLM") == "1"
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.is_relative_to(Path(__file__).parent):
-            for name in ("vllm", "spawn", "model"):
-                item.add_marker(getattr(pytest.mark, name))
+    here = [item for item in items if item.path.is_relative_to(Path(__file__).parent)]
+    for item in here:
+        for name in ("vllm", "spawn", "model"):
+            item.add_marker(getattr(pytest.mark, name))
+    last = [item for item in here if item.get_closest_marker("ends_server")]  # the server does not survive them
+    if last and len(last) < len(here):
+        for item in last:
+            items.remove(item)
+        position = items.index([item for item in here if item not in last][-1]) + 1
+        items[position:position] = last
 
 
 def free_port() -> int:

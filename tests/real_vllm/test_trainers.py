@@ -22,7 +22,8 @@ from trl_thundersync.rollout.vllm_api import http_call
 SCRIPT_ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 VLLM_FIELDS = ("--use_vllm", "true", "--vllm_mode", "server")
 LORA_FIELDS = ("--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj",
-               "--vllm_weight_publisher", "lora")  # adapters hot-loaded; "auto" merges LoRA into full weights, as TRL
+               "--lora_dropout", "0", "--vllm_weight_publisher", "lora")  # adapters hot-loaded ("auto" merges them, as
+# TRL does); no dropout, so the learner's log-probs are the policy's (TRL's 0.05 default shows up as ~1e-4 here)
 TIMEOUT_S = 600
 
 
@@ -33,6 +34,13 @@ def run_example(script: str, real_vllm, out: Path, *args: str) -> str:
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{script} failed (rc {done.returncode}):\n{output[-4000:]}"
     return output
+
+
+def largest_sampling_difference(output: str) -> float:
+    """The largest `sampling/sampling_logp_difference/max` a run logged (TRL's metric: |sampler − learner| log-prob)."""
+    found = [float(v) for v in re.findall(r"'sampling/sampling_logp_difference/max': '?([0-9.e+-]+)", output)]
+    assert found, "the run logged no sampling/sampling_logp_difference/max"
+    return max(found)
 
 
 def weight_label(url: str) -> str:
@@ -54,23 +62,32 @@ def test_toy_grpo_with_lora_adapters_on_real_vllm(real_vllm, tmp_path, restored_
     before = weight_label(real_vllm.url)
     output = run_example(*TOY[:1], real_vllm, tmp_path / "lora", *TOY[1:], *LORA_FIELDS)
     assert "done: 2 optimizer steps, policy version 2" in output
+    assert largest_sampling_difference(output) <= 1e-5  # the adapter vLLM sampled with is the learner's
     assert weight_label(real_vllm.url) == before  # adapters only: the base weights and their label are untouched
 
 
 def test_toy_grpo_with_full_weights_on_real_vllm_reports_the_runs_last_version(real_vllm, tmp_path, restored_base):
     output = run_example(*TOY[:1], real_vllm, tmp_path / "full", *TOY[1:])
     assert "done: 2 optimizer steps, policy version 2" in output
+    assert largest_sampling_difference(output) <= 1e-5  # the reloaded weights are the learner's
     assert re.fullmatch(r"policy-[0-9a-z]+-v2", weight_label(real_vllm.url)), weight_label(real_vllm.url)
 
 
-def test_a_lora_run_refuses_base_weights_another_run_replaced(real_vllm, tmp_path, restored_base):
+def test_a_lora_run_refuses_base_weights_another_run_replaced(real_vllm, restored_base):
+    """What the LoRA run of `test_toy_grpo_with_lora_adapters_on_real_vllm` does at engine start, after the
+    full-weight run: refused before its first batch (which would sample the replaced base), naming the label."""
+    from transformers import AutoTokenizer
+
+    from trl_thundersync.errors import ServerBaseWeightsError
+    from trl_thundersync.rollout.vllm_client import VLLMServerEngine
+    from trl_thundersync.types import SamplingParams
+
     label = weight_label(real_vllm.url)
     assert label != "default", "run after the full-weight test: the server must hold another run's weights"
-    argv = [sys.executable, str(REPO / "examples" / TOY[0]), "--model_name_or_path", real_vllm.model, "--output_dir",
-            str(tmp_path / "refused"), *VLLM_FIELDS, "--vllm_server_base_url", real_vllm.url, *TOY[1:], *LORA_FIELDS]
-    done = subprocess.run(argv, cwd=tmp_path, env=SCRIPT_ENV, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode != 0
-    assert label in done.stdout + done.stderr  # the refusal names the base the server holds
+    tokenizer = AutoTokenizer.from_pretrained(real_vllm.model)
+    with pytest.raises(ServerBaseWeightsError, match=re.escape(label)):
+        VLLMServerEngine([real_vllm.url], tokenizer, SamplingParams(max_new_tokens=4), publisher="lora",
+                         startup_timeout=30.0)
 
 
 def test_the_quickstart_trains_multi_turn_with_tools_on_real_vllm(real_vllm, tmp_path, restored_base):
