@@ -39,6 +39,7 @@ def test_logged_metrics_equal_stock_trl(case, tmp_path, tokenizer, tiny_model_pa
             assert theirs.keys() - ours.keys() == {"entropy"}, step
         for key in (theirs.keys() & ours.keys()):
             if not timed(key):
-                assert same(ours[key], theirs[key]), (step, key, ours[key], theirs[key])
+                tolerance = 1e-6 if key == "kl" else 1e-7  # kl ~0.01 from log-prob differences (`same`)
+                assert same(ours[key], theirs[key], tolerance), (step, key, ours[key], theirs[key])
     cispo = [h["cispo_clip_ratio"] for h in histories["trl"][:2] if "cispo_clip_ratio" in h]
     assert not cispo or max(cispo) > 0  # the case exercises a non-zero ratio

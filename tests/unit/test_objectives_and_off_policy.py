@@ -219,4 +219,6 @@ def test_turn_release_computes_the_same_off_policy_kl(mode):
         ours = turns.finish(rollout, 0)
         expected = whole(ScoredRollout(rollout, (1.0,), 1.0, 0.0), 0)
         assert ours is not None and expected.off_policy_kl != 0.0
-        assert ours.off_policy_kl == pytest.approx(expected.off_policy_kl, rel=1e-5, abs=1e-7)
+        # the statistic (~0.016) is a mean of differences of FP32 log-probs (~5, each rounded to ~5e-7) that the turn
+        # passes and the whole-trajectory pass compute in different partitions: the rounding is absolute (~3e-7 seen)
+        assert ours.off_policy_kl == pytest.approx(expected.off_policy_kl, rel=1e-5, abs=1e-6)
