@@ -5,10 +5,10 @@
     auto, vLLM servers, CUDA + TRL's client   -> "nccl"    (TRL's NCCL weight transfer; needs vLLM installed here)
     auto, vLLM servers, otherwise             -> "reload"  (CPU, or no vLLM in the trainer's environment)
 
-The choice and its reason are logged once per engine. A value that cannot work with the servers found is refused
-at engine start, naming the field and the alternatives: "http" with vLLM servers (they have no
-`/thundersync/update_weights`), "reload" with embedded servers (no `/collective_rpc`), "nccl" on a device that is
-not CUDA (TRL's client refuses it).
+The choice and its reason are logged once per engine (a warning for vLLM servers, so that it shows). A value that
+cannot work with the servers found is refused at engine start, naming the field and the alternatives: "http" with
+vLLM servers (they have no `/thundersync/update_weights`), "reload" with embedded servers (no `/collective_rpc`),
+"nccl" on a device that is not CUDA (TRL's client refuses it).
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def make_publisher(spec: WeightPublisher | str, reported: Sequence[int | None],
     device = (nccl_options or {}).get("device")
     if spec == "auto":
         spec, reason = auto_publisher(vllm=vllm, device=device, directory=False)
-        logger.info("vllm_weight_publisher='auto' chose %r: %s", spec, reason)
+        # vLLM servers: said where a user sees it (one line per engine), since the choice decides what the servers
+        # must allow (NCCL ports, or a folder they read and dev-mode /collective_rpc)
+        logger.log(logging.WARNING if vllm else logging.INFO, "vllm_weight_publisher='auto' chose %r: %s", spec, reason)
     elif spec == "http" and vllm:
         raise ConfigurationError(
             "vllm_weight_publisher='http' loads full weights through the embedded server's "
