@@ -1,11 +1,11 @@
 """The quickstart: GRPO on the thermostat tasks — multi-turn, sandboxed tool use that a tiny agent learns on two CPU
-cores in about three minutes, model build included (issue 15).
+cores in about nine minutes, the three-minute model build included (issue 15; measured 8 min 44 s).
 
 Each task hides a dial's level in a sandboxed workspace: the agent runs `./check`, then `./down` while it reads
 `status: high` and `./up` while it reads `status: low`, then `submit()` at `status: ok`
 (`trl_thundersync/envs/tasks/thermostat.py`; partial credit; the held-out tasks start farther from the target than
 any trained on). Out of the box (CPU, offline): the 64-wide tiny agent warm-started on the suite's format with half
-of its actions right (`tiny-agent-thermostat`, built on first use in about a minute), bubblewrap-sandboxed shell
+of its actions right (`tiny-agent-thermostat`, built on first use in about three minutes), bubblewrap-sandboxed shell
 tools, the embedded rollout server, gradient streaming. The training reward climbs from ~0.6 to ~0.95 within the
 first ~8 steps, and held-out success rises with it (BENCHMARKS.md "Time to quality").
 

@@ -90,9 +90,17 @@ def test_a_lora_run_refuses_base_weights_another_run_replaced(real_vllm, restore
                          startup_timeout=30.0)
 
 
-def test_the_quickstart_trains_multi_turn_with_tools_on_real_vllm(real_vllm, tmp_path, restored_base):
+@pytest.mark.parametrize("weights", ["lora", "full"])
+def test_the_quickstart_trains_multi_turn_with_tools_on_real_vllm(weights, real_vllm, tmp_path, restored_base):
+    """The README's main job (sandboxed shell tools, several turns per episode) with vLLM rollouts, 2 short steps."""
     restore_base(real_vllm, tmp_path)  # the quickstart's agent is the served model: start from its own weights
+    extra = LORA_FIELDS if weights == "lora" else ()
     output = run_example("thermostat_grpo.py", real_vllm, tmp_path / "thermostat", "--max_steps", "2",
-                         "--per_device_train_batch_size", "8", "--num_generations", "4", "--eval_samples", "0")
+                         "--per_device_train_batch_size", "8", "--num_generations", "4", "--eval_samples", "0", *extra)
     assert "2 optimizer steps" in output and "policy version 2" in output
-    assert re.fullmatch(r"policy-[0-9a-z]+-v2", weight_label(real_vllm.url))
+    assert largest_sampling_difference(output) <= 1e-4  # ~900-token contexts: the embedded server (same FP32
+    # model) shows up to 3e-5 on the quickstart; one wrong weight or dropout gives >= 1e-4 (see the toy runs)
+    turns = [float(v) for v in re.findall(r"'agent/turns_mean': '?([0-9.e+-]+)", output)]
+    assert turns and max(turns) > 1, turns  # multi-turn episodes: tool calls were made and answered
+    label = weight_label(real_vllm.url)
+    assert label == "default" if weights == "lora" else re.fullmatch(r"policy-[0-9a-z]+-v2", label), label
