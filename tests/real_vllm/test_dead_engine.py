@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from tests.real_vllm.conftest import current_session_server
 from trl_thundersync.errors import DeadEngineError
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.types import RolloutRequest, SamplingParams
@@ -45,9 +46,7 @@ def engine_core_pids(group: int) -> list[int]:
 
 @pytest.mark.ends_server
 def test_a_dead_engine_fails_the_batch_within_seconds_naming_vllms_error(real_vllm):
-    if real_vllm.process is None:
-        pytest.skip("THUNDERSYNC_REAL_VLLM_URL names a server this session did not start: it is not killed")
-    process = real_vllm.process.process
+    process = current_session_server(real_vllm).process  # after test_restart: TRL's `trl vllm-serve`
     (core,) = engine_core_pids(process.pid)  # the server runs in its own session: its process group is its pid
     tokenizer = AutoTokenizer.from_pretrained(real_vllm.model)
     engine = VLLMServerEngine([real_vllm.url], tokenizer,
