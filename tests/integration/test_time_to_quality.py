@@ -24,8 +24,9 @@ def test_a_distillation_run_logs_its_loss_and_held_out_success_before_and_after(
     result = run({"schedule": "thundersync", "seed": 0, "workload": w.to_dict(), "out_dir": str(tmp_path),
                   "model_dir": tiny_agent, "teacher_dir": tiny_agent})
     assert [p["step"] for p in result["points"]] == [1]
-    # the session's tiny agent distilled from itself: a finite generalized JSD, near 0 on every sampled turn
-    assert math.isfinite(result["points"][0]["reward"]) and 0.0 <= result["points"][0]["reward"] < 1e-3
+    # the session's tiny agent distilled from itself: a finite generalized JSD, 0 on every sampled turn up to FP32
+    # rounding (which can make it a few 1e-9 negative: -3.8e-9 seen)
+    assert math.isfinite(result["points"][0]["reward"]) and -1e-6 <= result["points"][0]["reward"] < 1e-3
     assert [h[0] for h in result["heldout"]] == [0, 1] and all(0.0 <= h[2] <= 1.0 for h in result["heldout"])
     row = analyse([result], level=None, window=1, heldout_level=0.0)["rows"][0]
     assert row["seconds_to_level"] is None and row["step_to_heldout"] == 0, "level 0 is reached before training"
