@@ -149,6 +149,8 @@ def _engine(servers, base_file, tokenizer, sampling, **kwargs) -> VLLMServerEngi
     for server in servers:
         assert server.post("/thundersync/update_weights", {"path": base_file, "policy_version": version}) \
             ["policy_version"] == version
+        if kwargs.get("publisher") == "lora":  # the weights it started with again: the label a LoRA run expects
+            server.post("/update_weight_version", {"new_version": "default"})
     return VLLMServerEngine([s.url for s in servers], tokenizer, sampling, policy_version=version, **kwargs)
 
 

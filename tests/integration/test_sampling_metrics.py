@@ -34,8 +34,9 @@ def train(path, tokenizer, out, **overrides) -> list[dict]:
 
 @pytest.mark.parametrize("correction", [True, False])
 def test_each_step_logs_the_sampler_vs_learner_difference(correction, tmp_path, tokenizer, tiny_model_path):
-    """With TRL's vLLM fields and the importance-sampling correction on (TRL's default) the ratio's range is logged
-    too, as TRL logs it; without it only the difference."""
+    """With TRL's vLLM fields and the importance-sampling correction on (TRL's default) the difference and the ratio's
+    range are logged as TRL logs them; without the correction TRL logs neither, and the difference is logged under
+    `thundersync/sampling/...`."""
     servers = EmbeddedServers.start(load_model(tiny_model_path), tokenizer, replicas=1,
                                     options=ServerOptions(max_in_flight=4))
     try:
@@ -44,9 +45,12 @@ def test_each_step_logs_the_sampler_vs_learner_difference(correction, tmp_path, 
     finally:
         servers.close()
     assert len(logs) == 2
+    # TRL logs sampling/* only with its correction on; without it the same numbers are ours, under thundersync/
+    difference = DIFFERENCE if correction else tuple(f"thundersync/{key}" for key in DIFFERENCE)
     for step in logs:
-        assert set(DIFFERENCE) <= step.keys()
-        assert 0.0 <= step[DIFFERENCE[0]] <= step[DIFFERENCE[1]] < 1e-5, step  # one FP32 model on both sides
+        assert set(difference) <= step.keys()
+        assert correction or not set(DIFFERENCE) & step.keys()  # no TRL key TRL would not log
+        assert 0.0 <= step[difference[0]] <= step[difference[1]] < 1e-5, step  # one FP32 model on both sides
         if correction:
             assert step[RATIO[0]] <= step[RATIO[1]] <= step[RATIO[2]]
             assert all(abs(step[key] - 1.0) < 1e-5 for key in RATIO), step

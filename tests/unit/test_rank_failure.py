@@ -87,3 +87,23 @@ def test_a_finished_run_stops_watching():
     store.set(g._key, "rank 1 of 2 failed at optimizer step 5: RuntimeError: later")
     time.sleep(0.2)
     assert exits == [] and g.peer_failure is None
+
+
+def test_the_stop_works_whatever_sigint_handler_a_library_left(capsys):
+    """A library that ignores SIGINT (or only sets a flag) must not let a blocking call outlive the stop; the
+    handler is put back afterwards."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        store = HashStore()
+        g = guard(0, store, [])
+        cause = "rank 1 of 2 failed at optimizer step 2: RuntimeError: boom"
+        started = time.monotonic()
+        with pytest.raises(PeerProcessError, match="rank 0 of 2 stopped"), g:
+            threading.Timer(0.1, store.set, (g._key, cause)).start()
+            time.sleep(30)
+        assert time.monotonic() - started < 5
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

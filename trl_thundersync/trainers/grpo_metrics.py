@@ -143,6 +143,8 @@ def batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> 
     out.update(micro_batch_metrics(logs, settings))
     if all(log.sampling is not None for log in logs):
         sampled = sampling_metrics([log.sampling for log in logs], settings.importance_sampling)
+        if not settings.importance_sampling:  # TRL logs sampling/* only with use_vllm and its correction on
+            sampled = {f"thundersync/{name}": value for name, value in sampled.items()}
         out.update({name: [value] for name, value in sampled.items()})
     if settings.lengths:
         model_tokens = [n for log in logs for n in log.model_tokens]

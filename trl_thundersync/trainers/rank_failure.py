@@ -79,6 +79,7 @@ class RankFailureGuard:
         self._key = ""
         self._done = threading.Event()  # set when the run ends here (the watcher stops looking)
         self.peer_failure: str | None = None  # what another process posted, once the watcher saw it
+        self._previous_sigint: Any = None  # the SIGINT handler before __enter__ (restored at __exit__)
 
     def __enter__(self) -> RankFailureGuard:
         global _runs
@@ -93,11 +94,18 @@ class RankFailureGuard:
         if self._store is None:
             self._store = _job_store()
         if self._store is not None:
+            # the watcher stops this process with SIGINT, which must raise KeyboardInterrupt in the main thread: a
+            # handler some library left (SIG_IGN, or one that only sets a flag) would let a blocking call go on
+            if threading.current_thread() is threading.main_thread():
+                self._previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
             threading.Thread(target=self._watch, name="thundersync-rank-failure", daemon=True).start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._done.set()
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
         if exc is None or self.world_size <= 1:
             return False
         if isinstance(exc, KeyboardInterrupt) and self.peer_failure is not None:  # the watcher's interrupt
