@@ -24,8 +24,8 @@ The version each sample reports is checked (the embedded server's header, the ad
 the server itself confirms is read from `GET /weight_info` (vLLM >= 0.27 in dev mode) and printed, or reported as
 not available. `--serve` starts vLLM's OpenAI server module from `--vllm-python` (default: `rollout.vllm_launch`'s
 search: $THUNDERSYNC_VLLM_PYTHON, ./.venv-vllm, else this interpreter) with `--dtype` and a memory bound (CPU:
-VLLM_CPU_KVCACHE_SPACE=`--kv-cache-gib`; GPU: `--gpu-memory-utilization`), and prints the last lines of its log if it
-exits. The last line is a JSON summary; the exit code is 0 when every check passed.
+`--kv-cache-memory-bytes` from `--kv-cache-gib`; GPU: `--gpu-memory-utilization`), and prints the last lines of
+its log if it exits. The last line is a JSON summary; the exit code is 0 when every check passed.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="the policy's and --serve's dtype (default: float32 on --device cpu, else bfloat16)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="--serve on a CPU build: the KV cache size "
-                        "(VLLM_CPU_KVCACHE_SPACE; without it vLLM reserves 92%% of the RAM)")
+                        "(--kv-cache-memory-bytes; without it vLLM reserves 92%% of the RAM)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="--serve on a GPU build: the "
                         "share of GPU memory vLLM takes (the policy shares the GPU)")
     parser.add_argument("--group-port", type=int, default=51216, help="NCCL rendezvous port (TRL's vllm_group_port)")
@@ -118,12 +118,13 @@ def vllm_server(args: argparse.Namespace):
     from trl_thundersync.rollout.vllm_launch import VLLMServerProcess, find_vllm
 
     install = find_vllm(args.vllm_python, search_from=REPO) or find_vllm(sys.executable)
-    extra = [] if install.cpu else ["--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}",
-                                    "--max-logprobs", "-1", "--weight-transfer-config", '{"backend": "nccl"}']
+    extra = [] if install.cpu else ["--max-logprobs", "-1", "--weight-transfer-config", '{"backend": "nccl"}']
     return VLLMServerProcess(install, args.model, port=args.port, host="0.0.0.0",
-                             startup_timeout=args.startup_timeout, kv_cache_gib=args.kv_cache_gib,
+                             startup_timeout=args.startup_timeout,
+                             kv_cache_gib=args.kv_cache_gib if install.cpu else None,
                              serve_kwargs={"dtype": args.dtype, "enable_lora": args.lora, "max_lora_rank": 64,
-                                           "extra_args": extra})
+                                           "gpu_memory_utilization": None if install.cpu else
+                                           args.gpu_memory_utilization, "extra_args": extra})
 
 
 class Timer:
@@ -176,8 +177,9 @@ def start_server(args: argparse.Namespace, policy: Any, tokenizer: Any, stack: l
     from trl_thundersync.rollout.vllm_launch import serve_command, serve_environment
 
     server = vllm_server(args)
-    env = serve_environment(server.install, kv_cache_gib=args.kv_cache_gib, base={})  # what it adds to ours
-    command = serve_command(server.install, args.model, port=args.port, host=server.host, **server.serve_kwargs)
+    env = serve_environment(server.install, base={})  # what it adds to ours
+    command = serve_command(server.install, args.model, port=args.port, host=server.host,
+                            kv_cache_gib=server.kv_cache_gib, **server.serve_kwargs)
     print("starting: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(command), flush=True)
     stack.append(server.stop)
     server.start()  # raises with the log's last lines if it exits before it is ready

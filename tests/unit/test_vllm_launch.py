@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fake_vllm import fake_vllm_install
 from trl_thundersync.errors import ConfigurationError, RolloutError
 from trl_thundersync.rollout.vllm_launch import (
     ENV_PYTHON,
@@ -40,10 +45,37 @@ def test_trls_launcher_runs_trl_vllm_serve_from_the_same_install():
 
 
 def test_the_cpu_build_gets_a_bounded_kv_cache_and_dev_mode():
-    env = serve_environment(CPU, kv_cache_gib=2, base={})
+    env = serve_environment(CPU, base={"VLLM_CPU_KVCACHE_SPACE": "40"})  # a user's legacy setting would override
     assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                   "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_CI_ENV": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    assert "VLLM_CPU_KVCACHE_SPACE" not in serve_environment(GPU, base={})
+                   "VLLM_CPU_CI_ENV": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert serve_environment(CPU, base={}, kv_cache_env_gib=2)["VLLM_CPU_KVCACHE_SPACE"] == "2"  # trl vllm-serve
+    argv = " ".join(serve_command(CPU, "/m", port=1, kv_cache_gib=0.5))
+    assert f"--kv-cache-memory-bytes {1 << 29}" in argv  # fractions of a GiB, which the variable cannot say
+    gpu = " ".join(serve_command(GPU, "/m", port=1, gpu_memory_utilization=0.3, max_model_len=None))
+    assert "--gpu-memory-utilization 0.3" in gpu and "--max-model-len" not in gpu  # None: the model's own length
+
+
+def test_an_installation_is_named_by_its_venv_its_interpreter_or_its_vllm_command(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_PYTHON, raising=False)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = fake_vllm_install(venv / "bin")
+    assert find_vllm(venv).python == fake.python and find_vllm(venv).cpu
+    assert find_vllm(fake.python).python == fake.python
+    script = venv / "bin" / "vllm"  # a pip console script, and pip's /bin/sh trampoline for long paths
+    script.write_text(f"#!{fake.python}\nimport sys\n")
+    script.chmod(0o755)
+    assert find_vllm(script).python == fake.python
+    script.write_text("#!/bin/sh\n'''exec' \"" + str(fake.python) + "\" \"$0\" \"$@\"\n' '''\n")
+    assert find_vllm(script).python == fake.python
+    monkeypatch.setenv("PATH", f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert find_vllm("vllm").python == fake.python
+    (tmp_path / "work" / ".venv-vllm" / "bin").mkdir(parents=True)
+    fake_vllm_install(tmp_path / "work" / ".venv-vllm" / "bin")
+    assert find_vllm(search_from=tmp_path / "work") is not None
+    monkeypatch.setenv("THUNDERSYNC_VLLM", "0")  # as for setup_vllm.sh: no automatic search
+    assert find_vllm(search_from=tmp_path / "work") is None
+    assert find_vllm(venv) is not None  # a named installation still counts
 
 
 def test_an_interpreter_named_explicitly_must_import_vllm(monkeypatch, tmp_path):
@@ -66,3 +98,56 @@ def test_a_server_that_exits_before_it_is_ready_reports_its_log(tmp_path):
                                log_path=tmp_path / "server.log")
     with pytest.raises(RolloutError, match="exited with code 3 before it was ready(.|\n)*no such model"):
         server.start()
+
+
+@pytest.mark.spawn
+def test_a_taken_port_is_retried_on_another_and_a_full_cache_names_the_setting(tmp_path):
+    install = fake_vllm_install(tmp_path)
+    server = VLLMServerProcess(install, tmp_path / "port-taken-once", port=0, startup_timeout=60,
+                               log_path=tmp_path / "once.log")
+    with server:
+        assert server.alive() and server.port != 0
+    server = VLLMServerProcess(install, tmp_path / "port-taken", port=0, startup_timeout=60,
+                               log_path=tmp_path / "taken.log")
+    with pytest.raises(RolloutError, match=r"could not bind its port \(3 free ports tried\)"):
+        server.start()
+    server = VLLMServerProcess(install, tmp_path / "cache", port=0, startup_timeout=60, log_path=tmp_path / "c.log",
+                               kv_cache_setting="rollout_vllm_kv_cache_gib")
+    with pytest.raises(RolloutError, match="exited with code 1 .*KV cache: raise or lower rollout_vllm_kv_cache_gib"):
+        server.start()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not reaped yet
+
+
+@pytest.mark.spawn
+def test_the_server_and_its_engine_process_stop_when_the_trainer_is_killed(tmp_path):
+    """The guard: a SIGKILLed trainer leaves no vLLM API server or engine core behind."""
+    script = "\n".join([
+        "from pathlib import Path",
+        "from tests.fixtures.fake_vllm import fake_vllm_install",
+        "from trl_thundersync.rollout.vllm_launch import VLLMServerProcess",
+        f"install = fake_vllm_install(Path({str(tmp_path)!r}))",
+        f"VLLMServerProcess(install, Path({str(tmp_path / 'serve')!r}), port=0, startup_timeout=60).start()",
+        "print('ready', flush=True)",
+        "import time; time.sleep(600)"])
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert trainer.stdout.readline().strip() == "ready"
+        server, engine = map(int, (tmp_path / "serve" / "pids").read_text().split())
+        assert not _gone(server) and not _gone(engine)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+        deadline = time.monotonic() + 30
+        while not (_gone(server) and _gone(engine)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(server) and _gone(engine)
+    finally:
+        trainer.kill()

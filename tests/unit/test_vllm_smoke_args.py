@@ -60,15 +60,17 @@ def test_the_started_server_gets_the_dtype_and_a_memory_bound(cpu, monkeypatch):
                              "/opt/vllm/bin/python", *device])
     server = smoke.vllm_server(args)
     assert asked == ["/opt/vllm/bin/python"]
-    command = vllm_launch.serve_command(install, "M", port=server.port, host=server.host, **server.serve_kwargs)
-    env = vllm_launch.serve_environment(install, kv_cache_gib=server.kv_cache_gib, base={})
+    command = vllm_launch.serve_command(install, "M", port=server.port, host=server.host,
+                                        kv_cache_gib=server.kv_cache_gib, **server.serve_kwargs)
+    env = vllm_launch.serve_environment(install, base={})
     joined = " ".join(command)
     assert command[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--model M" in joined and "--port 8001" in joined and "--enable-lora" in joined
     assert "--logprobs-mode processed_logprobs" in joined
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     if cpu:
-        assert "--dtype float32" in joined and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert "--dtype float32" in joined and f"--kv-cache-memory-bytes {1 << 30}" in joined
+        assert "VLLM_CPU_KVCACHE_SPACE" not in env  # the legacy variable would override the flag
         assert "--gpu-memory-utilization" not in joined and "weight-transfer" not in joined  # no CPU backend
     else:
         assert "--dtype bfloat16" in joined and "--gpu-memory-utilization 0.5" in joined
