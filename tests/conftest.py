@@ -12,6 +12,11 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
+# rollout_engine='auto' picks managed vLLM servers when it finds a vLLM installation (trainers/rollout_choice.py).
+# The suite's tests pin what they test against; the automatic search is off here (and in the processes they start),
+# so 'auto' means the embedded server. The real-vLLM layer names its installation (tests/real_vllm/conftest.py).
+TEST_VLLM_PYTHON = os.environ.pop("THUNDERSYNC_VLLM_PYTHON", None)  # a developer's own vLLM, for the real layer
+os.environ["THUNDERSYNC_VLLM"] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def vllm_install() -> VLLMInstall:
-    install = find_vllm(search_from=REPO)
+    from tests.conftest import TEST_VLLM_PYTHON  # tests/conftest.py turned the automatic search off
+
+    venv = REPO / ".venv-vllm"
+    named = TEST_VLLM_PYTHON or (venv if (venv / "bin" / "python").exists() else None)
+    install = find_vllm(named) if named else None
     if install is None:
         reason = ("no vLLM installation: run `bash scripts/setup_vllm.sh` (Linux x86_64) or set "
                   "THUNDERSYNC_VLLM_PYTHON to an interpreter that imports vllm")

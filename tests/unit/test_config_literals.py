@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = (ThunderSyncGRPOConfig, ThunderSyncGKDConfig)
 # GKD accepts every RolloutEngine but TRL's own batch generation
 ACCEPTED = {(ThunderSyncGKDConfig, "rollout_engine"): ("auto", "local_process", "local_thread", "embedded_server",
-                                                        "vllm_server")}
+                                                        "vllm_server", "managed_vllm")}
 
 
 def literal_fields(cls) -> dict[str, tuple]:

@@ -188,7 +188,8 @@ def fake_trainer(trl_generation: bool = False):
     return SimpleNamespace(_metrics={"train": defaultdict(list)}, _logs=logs, reward_func_names=list(NAMES),
                            state=SimpleNamespace(num_input_tokens_seen=100), _release=lambda: "content",
                            _uses_trl_generation=lambda: trl_generation, beta=0.1, loss_type="grpo",
-                           epsilon_high=0.2, importance_sampling_level="token", args=SimpleNamespace(use_vllm=False))
+                           epsilon_high=0.2, importance_sampling_level="token", args=SimpleNamespace(
+                               use_vllm=False, samples_from_vllm=lambda: False))
 
 
 def test_every_rank_records_what_one_process_records():

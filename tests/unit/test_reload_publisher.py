@@ -330,7 +330,10 @@ def test_the_config_accepts_reload_with_a_publish_dir_and_refuses_what_cannot_wo
     with pytest.raises(ConfigurationError, match=r"vllm_weight_publisher='http' .* use 'reload'"):
         cpu_config(ThunderSyncGRPOConfig, tmp_path, **vllm, vllm_weight_publisher="http")
     with pytest.raises(ConfigurationError, match="vllm_weight_publisher='reload' loads checkpoints"):
-        cpu_config(ThunderSyncGRPOConfig, tmp_path, vllm_weight_publisher="reload")
+        cpu_config(ThunderSyncGRPOConfig, tmp_path, vllm_weight_publisher="reload", rollout_engine="embedded_server")
+    # rollout_engine='auto' may pick managed vLLM servers (decided with the model, trainers/rollout_choice.py)
+    config = cpu_config(ThunderSyncGRPOConfig, tmp_path, vllm_weight_publisher="reload", rollout_engine="managed_vllm")
+    assert config.resolved_weight_publisher("cpu") == "reload"
 
 
 def test_a_lora_engine_refuses_a_replaced_base_at_start_before_its_first_batch(stub):

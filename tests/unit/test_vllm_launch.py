@@ -57,6 +57,7 @@ def test_the_cpu_build_gets_a_bounded_kv_cache_and_dev_mode():
 
 def test_an_installation_is_named_by_its_venv_its_interpreter_or_its_vllm_command(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_PYTHON, raising=False)
+    monkeypatch.delenv("THUNDERSYNC_VLLM", raising=False)  # tests/conftest.py turns the automatic search off
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     fake = fake_vllm_install(venv / "bin")

@@ -173,12 +173,17 @@ def test_a_field_newer_than_the_servers_release_is_refused(vllm):
 
 def _trainer(engine_kind, **fields):
     fields = {"generation_kwargs": None, "vllm_structured_outputs_regex": None, **fields}
-    args = SimpleNamespace(**fields, resolved_rollout_engine=lambda _: engine_kind)
+    fields = {"loss_type": "grpo", "vllm_importance_sampling_correction": True, **fields}
+    args = SimpleNamespace(**fields, resolved_rollout_engine=lambda _: engine_kind,
+                           samples_from_vllm=lambda: engine_kind in ("vllm_server", "managed_vllm"))
     return SimpleNamespace(args=args, _uses_trl_generation=lambda: False)
 
 
 def test_the_trainer_checks_the_fields_for_vllm_and_refuses_them_for_the_embedded_engines():
     refuse_dropped_generation_fields(_trainer("vllm_server", generation_kwargs={"min_tokens": 2}))  # forwarded
+    refuse_dropped_generation_fields(_trainer("managed_vllm", generation_kwargs={"min_tokens": 2}))  # real vLLM too
+    with pytest.raises(UnsupportedOptionError, match="loss_type='vespo' and rollout_engine='managed_vllm'"):
+        refuse_dropped_generation_fields(_trainer("managed_vllm", loss_type="vespo"))
     with pytest.raises(ConfigurationError, match="best_of"):
         refuse_dropped_generation_fields(_trainer("vllm_server", generation_kwargs={"best_of": 2}))
     for kind in ("local_process", "embedded_server"):

@@ -217,6 +217,7 @@ class VLLMServerProcess:
     log_path: Path | None = None  # default: a temp file, kept after stop() for the caller to read
     kv_cache_setting: str = "kv_cache_gib"  # how errors name the KV cache size (a config field, for a trainer)
     on_wait: Callable[[float], None] | None = None  # called with the seconds waited, about once a second
+    extra_env: dict = field(default_factory=dict)  # set in the server's environment last (e.g. OMP_NUM_THREADS)
     process: subprocess.Popen | None = field(default=None, init=False)  # the guard, leader of the server's group
 
     @property
@@ -249,6 +250,7 @@ class VLLMServerProcess:
                              kv_cache_gib=None if trl else kv, **self.serve_kwargs)
         guard = [sys.executable, "-m", "trl_thundersync.rollout.vllm_guard", "--parent", str(os.getpid()), "--"]
         env = serve_environment(self.install, kv_cache_env_gib=max(1, round(kv)) if trl and kv else None)
+        env.update(self.extra_env)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([*guard, *argv], stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)

@@ -98,6 +98,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             self._teacher = self._mapped_local_teacher(teacher_model) if teacher_model is not None else \
                 self._server_teacher()
         check_engine(self.accelerator, self.args)  # the training engines the learner placement covers
+        self.args.settle_rollout_engine(self.model.config)  # 'auto': managed vLLM where it can serve the model
         if self._agentic:
             from trl.chat_template_utils import add_response_schema
 

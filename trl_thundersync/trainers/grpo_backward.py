@@ -52,7 +52,7 @@ def off_policy_sampling(trainer: Any) -> bool:
     itself (KL 0, nothing is ever masked)."""
     if trainer.args.off_policy_mask_threshold is None:
         return False
-    return bool(trainer.args.use_vllm) or trainer._uses_trl_generation()
+    return trainer.args.samples_from_vllm() or trainer._uses_trl_generation()
 
 
 def reference_logps_fn(trainer: Any, module: Any):

@@ -37,8 +37,13 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
     if trainer._uses_trl_generation():
         return
     engine = args.resolved_rollout_engine(False)
-    if engine == "vllm_server":
+    if args.samples_from_vllm():
         request_fields(args.generation_kwargs, args.vllm_structured_outputs_regex)
+        if args.vllm_importance_sampling_correction and args.loss_type == "vespo":  # 'auto' chose vLLM
+            raise UnsupportedOptionError(
+                f"vllm_importance_sampling_correction=True with loss_type='vespo' and rollout_engine={engine!r}: TRL "
+                "folds the ratio into VESPO's gamma weights, which is not streamed; set it to False or pick another "
+                "loss_type")
         return
     for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
         value = getattr(args, name)

@@ -180,7 +180,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
                                      "must be 'sum_then_normalize' or 'normalize_then_sum' (as in trl.GRPOTrainer)")
         if self.delta is not None and self.delta < 1.0:
             refuse("delta", self.delta, "a two-sided clip below 1 cuts the on-policy gradient; use None or ≥ 1")
-        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
+        vllm = self.use_vllm or self.rollout_engine == "managed_vllm"  # 'auto': checked again once it is settled
+        if vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
             refuse("vllm_importance_sampling_correction", self.vllm_importance_sampling_correction,
                    "with loss_type='vespo' TRL folds the ratio into VESPO's gamma weights, which is not streamed; set "
                    "it to False or pick another loss_type")

@@ -41,7 +41,7 @@ def replay_step(trainer: Any, model, inputs, num_items_in_batch):
     TRL's class is bound at import, not looked up as `trl.GRPOTrainer` here: scripts that rebind that name to the
     drop-in (`trl.GRPOTrainer = ThunderSyncGRPOTrainer`) would otherwise recurse into this step."""
     built_with = trainer.use_vllm
-    trainer.use_vllm = trainer.args.use_vllm
+    trainer.use_vllm = trainer.args.samples_from_vllm()  # managed vLLM too: its samples carry vLLM log-probs
     try:
         return TRLGRPOTrainer.training_step(trainer, model, inputs, num_items_in_batch)
     finally:

@@ -23,7 +23,7 @@ def loss_normalization(args: Any, batch_size: int, num_processes: int = 1) -> Lo
 
 def sampling_correction(args: Any) -> SamplingCorrection | None:
     """The vLLM importance-sampling correction TRL would apply for this config, or None when it applies none."""
-    if not (args.use_vllm and args.vllm_importance_sampling_correction):
+    if not (args.samples_from_vllm() and args.vllm_importance_sampling_correction):
         return None
     return SamplingCorrection(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
                               args.vllm_importance_sampling_clip_max)

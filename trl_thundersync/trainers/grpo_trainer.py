@@ -79,6 +79,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                              environment_factory=environment_factory)
         finally:
             args.use_vllm = use_vllm
+        # 'auto' becomes one engine, decided with the model in hand (logged): managed vLLM where it can serve it
+        args.settle_rollout_engine(self.model.config, uses_rollout_func=rollout_func is not None)
         check_distributed(self)
         if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(

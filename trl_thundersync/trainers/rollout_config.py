@@ -22,10 +22,12 @@ from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
 from .config_checks import require_choice
 
-RolloutEngine = Literal["auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server"]
+RolloutEngine = Literal["auto", "local_process", "local_thread", "trl", "embedded_server", "vllm_server",
+                        "managed_vllm"]
 WeightPublisher = Literal["auto", "nccl", "reload", "lora", "http"]
 WEIGHT_PUBLISHERS: tuple[WeightPublisher, ...] = get_args(WeightPublisher)
-SERVER_ENGINES: tuple[RolloutEngine, ...] = ("embedded_server", "vllm_server")
+SERVER_ENGINES: tuple[RolloutEngine, ...] = ("embedded_server", "vllm_server", "managed_vllm")
+VLLM_ENGINES: tuple[RolloutEngine, ...] = ("vllm_server", "managed_vllm")  # samples drawn by real vLLM
 
 
 @dataclass(kw_only=True)  # keyword-only: positional arguments stay TRL's (output_dir first)
@@ -37,9 +39,13 @@ class RolloutFields:
             "engine in a thread (fights the learner for the GIL; for measurements); 'embedded_server': "
             "`rollout_num_servers` embedded HTTP servers (python -m trl_thundersync.serve) started for the run, or "
             "the ones at `vllm_server_base_urls`, driven by the vLLM client; 'vllm_server': vLLM servers "
-            "(use_vllm=True, vllm_mode='server'); 'trl' (GRPO only): TRL's own batch generation (used automatically "
-            "for rollout_func); 'auto' picks 'vllm_server' with use_vllm=True, else 'trl' for rollout_func, else "
-            "'embedded_server' (the default: the production client code over HTTP, servers started for the run)."
+            "the user started (use_vllm=True, vllm_mode='server'); 'managed_vllm': `rollout_num_servers` real "
+            "`vllm serve` processes started for the run from the vLLM installation `rollout_vllm` and stopped with "
+            "it, with vLLM's sampling semantics (as use_vllm=True: generation_kwargs, the importance-sampling "
+            "correction); 'trl' (GRPO only): TRL's own batch generation (used automatically for rollout_func); "
+            "'auto' picks 'vllm_server' with use_vllm=True, else 'trl' for rollout_func, else 'managed_vllm' when a "
+            "vLLM installation is found that can serve the model, else 'embedded_server' (the production client "
+            "code over HTTP, servers started for the run); the choice and its reason are logged."
         },
     )
     vllm_server_base_urls: list[str] | None = field(
@@ -76,7 +82,26 @@ class RolloutFields:
         },
     )
     rollout_num_servers: int = field(
-        default=1, metadata={"help": "embedded_server without URLs: how many servers (replicas) to start."}
+        default=1, metadata={"help": "embedded_server without URLs, and managed_vllm: how many servers (replicas) "
+                             "to start."}
+    )
+    rollout_vllm: str | None = field(
+        default=None,
+        metadata={"help": "managed_vllm: the vLLM installation its servers start from: a venv folder, its Python "
+                  "interpreter, or a `vllm` command. None: $THUNDERSYNC_VLLM_PYTHON, else the .venv-vllm that "
+                  "scripts/setup_vllm.sh makes, looked for in the working directory and its parents "
+                  "(THUNDERSYNC_VLLM=0 turns that search off)."},
+    )
+    rollout_vllm_kv_cache_gib: float = field(
+        default=1.0,
+        metadata={"help": "managed_vllm on a CPU build of vLLM: GiB of memory each server takes for its KV cache "
+                  "(--kv-cache-memory-bytes; without a bound vLLM reserves most of the RAM). On a GPU build "
+                  "vllm_gpu_memory_utilization sets the share of GPU memory instead."},
+    )
+    rollout_vllm_args: list[str] | None = field(
+        default=None,
+        metadata={"help": "managed_vllm: more `vllm serve` arguments, appended to the ones the trainer sets "
+                  "(e.g. ['--max-num-seqs', '64'])."},
     )
     rollout_request_timeout: float = field(
         default=600.0, metadata={"help": "Seconds one generation request (one turn) may take on a server."}
@@ -117,17 +142,41 @@ class RolloutFields:
         },
     )
 
+    def settle_rollout_engine(self, model_config: Any, *, uses_rollout_func: bool = False):
+        """Decide what `rollout_engine` stands for with this model (`trainers.rollout_choice`), once per trainer,
+        before it builds anything; 'auto' logs its choice. Returns the `RolloutChoice`."""
+        from .rollout_choice import choose_rollout_engine, log_choice
+
+        choice = choose_rollout_engine(self, model_config, uses_rollout_func=uses_rollout_func)
+        self.__dict__["_rollout_choice"] = choice  # not a dataclass field: never serialized with the config
+        if self.rollout_engine == "auto":
+            log_choice(choice)
+        return choice
+
+    @property
+    def rollout_choice(self):
+        """The `RolloutChoice` a trainer settled (`settle_rollout_engine`), or None before one did."""
+        return self.__dict__.get("_rollout_choice")
+
     def resolved_rollout_engine(self, uses_rollout_func: bool = False) -> str:
-        """The engine `rollout_engine='auto'` stands for."""
+        """The engine `rollout_engine='auto'` stands for: the settled choice; before a trainer settled it, what can
+        be told without the model ('embedded_server' standing for whichever server engine it will pick)."""
         if self.rollout_engine != "auto":
             return self.rollout_engine
+        if self.rollout_choice is not None:
+            return self.rollout_choice.engine
         if self.use_vllm:
             return "vllm_server"
         return "trl" if uses_rollout_func else "embedded_server"
 
+    def samples_from_vllm(self) -> bool:
+        """Whether real vLLM draws the samples (servers the user started, or managed ones): TRL's `use_vllm`
+        semantics then apply — generation_kwargs forwarded, the importance-sampling correction, sampling/* metrics."""
+        return bool(self.use_vllm) or self.resolved_rollout_engine(False) == "managed_vllm"
+
     def server_urls(self) -> list[str] | None:
         """Rollout server URLs: `vllm_server_base_urls`, else (use_vllm) TRL's single-server fields; None: start
-        embedded servers."""
+        servers for the run (embedded or managed vLLM)."""
         if self.vllm_server_base_urls:
             return list(self.vllm_server_base_urls)
         if not self.use_vllm:
@@ -152,6 +201,10 @@ class RolloutFields:
         require_choice(self, "vllm_weight_publisher", WeightPublisher)
         self._check_publisher_servers()
         self._check_publish_dir()
+        if not self.rollout_vllm_kv_cache_gib > 0:
+            raise ConfigurationError(f"rollout_vllm_kv_cache_gib={self.rollout_vllm_kv_cache_gib} must be > 0")
+        if self.rollout_vllm_args is not None and not all(isinstance(a, str) for a in self.rollout_vllm_args):
+            raise ConfigurationError(f"rollout_vllm_args={self.rollout_vllm_args!r} must be a list of strings")
         if self.rollout_num_servers < 1 or self.rollout_retries < 0 or self.rollout_server_restarts < 0:
             raise ConfigurationError(f"rollout_num_servers={self.rollout_num_servers} must be ≥ 1, "
                                      f"rollout_retries={self.rollout_retries} ≥ 0 and "
@@ -168,11 +221,17 @@ class RolloutFields:
         self._check_server_addresses()
         engine = self.rollout_engine
         if self.use_vllm and engine not in ("auto", "vllm_server"):
-            raise ConfigurationError(f"use_vllm=True generates on vLLM servers, but rollout_engine={engine!r}; "
-                                     "leave rollout_engine='auto' (or set use_vllm=False)")
+            raise ConfigurationError(f"use_vllm=True generates on vLLM servers the user started, but rollout_engine="
+                                     f"{engine!r}; leave rollout_engine='auto' (or set use_vllm=False"
+                                     + (", which managed_vllm needs: it starts its own servers)" if
+                                        engine == "managed_vllm" else ")"))
         if engine == "vllm_server" and not self.use_vllm:
             raise ConfigurationError("rollout_engine='vllm_server' needs use_vllm=True and vllm_mode='server' (TRL's "
                                      "fields); for the embedded server use rollout_engine='embedded_server'")
+        if urls and engine == "managed_vllm":
+            raise ConfigurationError("vllm_server_base_urls is set but rollout_engine='managed_vllm' starts its own "
+                                     "servers; for servers at given URLs set use_vllm=True (vLLM) or "
+                                     "rollout_engine='embedded_server'")
         if urls and engine not in ("auto", *SERVER_ENGINES):
             raise ConfigurationError(f"vllm_server_base_urls is set but rollout_engine={engine!r} does not use "
                                      "servers; set rollout_engine='embedded_server' or use_vllm=True")
@@ -190,21 +249,27 @@ class RolloutFields:
 
         if device is None:
             device = "cpu" if getattr(self, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
-        return auto_publisher(vllm=bool(self.use_vllm), device=device, directory=self.vllm_publish_dir is not None)[0]
+        if self.resolved_rollout_engine(False) == "managed_vllm":
+            from ..rollout.vllm_managed import managed_publisher
+
+            return managed_publisher(self.vllm_weight_publisher, directory=self.vllm_publish_dir is not None)[0]
+        return auto_publisher(vllm=self.samples_from_vllm(), device=device,
+                              directory=self.vllm_publish_dir is not None)[0]
 
     def _check_publisher_servers(self) -> None:
         """A publisher the configured servers cannot load from is refused here, naming the field."""
-        publisher = self.vllm_weight_publisher
-        if publisher == "http" and self.use_vllm:
+        publisher, managed = self.vllm_weight_publisher, self.rollout_engine == "managed_vllm"
+        if publisher == "http" and (self.use_vllm or managed):
             raise ConfigurationError(
                 "vllm_weight_publisher='http' loads full weights through the embedded server's "
                 "/thundersync/update_weights, which vLLM servers (use_vllm=True) do not have; use 'reload' (a "
                 "checkpoint folder loaded through vLLM's dev-mode /collective_rpc, CPU or GPU), 'nccl' (GPU), "
                 "'lora' (adapters) or 'auto'")
-        if publisher == "reload" and not self.use_vllm:
+        if publisher == "reload" and not (self.use_vllm or self.rollout_engine in ("auto", "managed_vllm")):
             raise ConfigurationError("vllm_weight_publisher='reload' loads checkpoints through vLLM's "
-                                     "/collective_rpc; the embedded servers (use_vllm=False) load them with 'http' "
-                                     "(or 'auto')")
+                                     f"/collective_rpc; rollout_engine={self.rollout_engine!r} has no vLLM servers "
+                                     "(embedded servers load 'http'); use 'auto', or rollout_engine='managed_vllm' "
+                                     "or use_vllm=True")
 
     def _check_publish_dir(self) -> None:
         """A publish folder that NCCL would ignore, or that is not a writable folder, is refused naming the field."""
@@ -257,3 +322,5 @@ class TRLVLLMServerFields:
     vllm_server_port: int = _grpo_field("vllm_server_port")
     vllm_server_timeout: float = _grpo_field("vllm_server_timeout")
     vllm_group_port: int = _grpo_field("vllm_group_port")
+    vllm_gpu_memory_utilization: float = _grpo_field("vllm_gpu_memory_utilization")  # managed_vllm on a GPU
+    vllm_max_model_length: int | None = _grpo_field("vllm_max_model_length")  # managed_vllm's --max-model-len

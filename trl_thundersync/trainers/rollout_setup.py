@@ -85,12 +85,19 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
 
     urls = a.server_urls()
     replicas = len(urls) if urls else a.rollout_num_servers
-    per_server = a.rollout_max_in_flight or (EMBEDDED_MAX_IN_FLIGHT if urls is None else None)  # None: the servers'
+    managed = a.resolved_rollout_engine(False) == "managed_vllm"
+    embedded = urls is None and not managed
+    per_server = a.rollout_max_in_flight or (EMBEDDED_MAX_IN_FLIGHT if embedded else None)  # None: the servers'
     common = dict(publisher=_publisher(a, target.device), max_concurrency=per_server and per_server * replicas,
                   request_timeout=a.rollout_request_timeout, retries=a.rollout_retries,
                   restart_timeout=a.rollout_restart_timeout, policy_version=target.policy_version,
                   role=distributed_role(target.process_index, target.num_processes))
-    if urls is None:  # embedded servers started from the policy as it is now
+    supervisor = None  # managed vLLM servers started by rank 0
+    if managed:
+        set_learner_threads(target, a, "process", a.rollout_num_threads * replicas, on_metric)
+        supervisor, urls = _start_managed_servers(target, a, common["role"], on_metric)
+        common["publisher"] = _managed_publisher(a, target.device)
+    elif embedded:  # embedded servers started from the policy as it is now
         set_learner_threads(target, a, "process", a.rollout_num_threads * replicas, on_metric)
         options = ServerOptions(max_in_flight=per_server, num_threads=a.rollout_num_threads,
                                 startup_timeout=a.vllm_server_timeout)
@@ -99,13 +106,19 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
                                      **common)  # LoRA: adapter published
     nccl = {"device": target.device, "group_port": a.vllm_group_port,
             "connection_timeout": a.vllm_server_timeout}  # TRL's weight-transfer client, as TRL configures it
-    vllm = a.resolved_rollout_engine(False) == "vllm_server"  # TRL's generation fields reach real vLLM only
+    vllm = a.samples_from_vllm()  # TRL's generation fields reach real vLLM only
     fields = request_fields(getattr(a, "generation_kwargs", None),
                             getattr(a, "vllm_structured_outputs_regex", None)) if vllm else None
     correction = vllm and bool(getattr(a, "vllm_importance_sampling_correction", False))
-    engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
-                              nccl_options=nccl, publish_first=True,  # publish_first: a server may outlive a run
-                              request_fields=fields, importance_sampling=correction, **common)
+    try:
+        engine = VLLMServerEngine(urls, target.tokenizer, sampling, startup_timeout=a.vllm_server_timeout,
+                                  nccl_options=nccl, publish_first=True,  # publish_first: a server may outlive a run
+                                  request_fields=fields, importance_sampling=correction, supervisor=supervisor,
+                                  max_restarts=a.rollout_server_restarts, **common)
+    except BaseException:
+        if supervisor is not None:
+            supervisor.close()
+        raise
     try:  # servers started elsewhere hold their own weights: load θ at the trainer's version first (rank 0 pushes)
         if vllm:  # a CPU vLLM loads a model it cannot serve, then dies on the first request: refuse it here
             check_servable(urls, getattr(target.policy, "config", None), timeout=a.rollout_request_timeout)
@@ -115,6 +128,66 @@ def _server_engine(target: RolloutTarget, a: RolloutFields, sampling: SamplingPa
         raise
     on_metric("thundersync/publish_seconds", seconds)
     return engine
+
+
+def _start_managed_servers(target: RolloutTarget, a: RolloutFields, role: Any,
+                           on_metric: MetricSink) -> tuple[Any, list[str]]:
+    """`rollout_num_servers` real `vllm serve` processes started by rank 0 from the policy as it is now
+    (`rollout.vllm_managed`); every rank gets their URLs. Returns (the supervisor on rank 0 else None, URLs)."""
+    from ..rollout.publish_role import run_on_main
+    from ..rollout.vllm_launch import find_vllm
+    from ..rollout.vllm_managed import ManagedVLLMOptions, ManagedVLLMServers, managed_publisher
+
+    choice = a.rollout_choice
+    install = choice.install if choice is not None and choice.install is not None else find_vllm(a.rollout_vllm)
+    if install is None:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError("rollout_engine='managed_vllm' found no vLLM installation: run "
+                                 "scripts/setup_vllm.sh or set rollout_vllm")
+    lora = managed_publisher(a.vllm_weight_publisher)[0] == "lora"
+    options = ManagedVLLMOptions(
+        install, kv_cache_gib=a.rollout_vllm_kv_cache_gib, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+        max_model_len=a.vllm_max_model_length, lora_rank=_lora_rank(target.policy) if lora else None,
+        launcher="trl" if a.vllm_weight_publisher == "nccl" else "vllm",
+        extra_args=tuple(a.rollout_vllm_args or ()), startup_timeout=a.vllm_server_timeout,
+        num_threads=a.rollout_num_threads)
+    servers = None
+
+    def start() -> tuple[str, ...]:
+        nonlocal servers
+        servers = ManagedVLLMServers.start(target.policy, target.tokenizer, options, replicas=a.rollout_num_servers,
+                                           without_adapters=lora)
+        return tuple(servers.urls)
+
+    urls = list(run_on_main(role, f"starting {a.rollout_num_servers} managed vLLM server(s)", start))
+    if servers is not None:
+        on_metric("thundersync/rollout_server_start_seconds", servers.start_seconds)
+    return servers, urls
+
+
+def _lora_rank(policy: Any) -> int:
+    """The rank of the PEFT policy's active adapter (the servers' --max-lora-rank must hold it)."""
+    configs = getattr(policy, "peft_config", None) or {}
+    config = configs.get(getattr(policy, "active_adapter", "default")) or next(iter(configs.values()), None)
+    if config is None or not isinstance(getattr(config, "r", None), int):
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError("vllm_weight_publisher='lora' needs a PEFT LoRA policy (peft_config=LoraConfig(...))")
+    return config.r
+
+
+def _managed_publisher(a: RolloutFields, device: torch.device) -> Any:
+    """The publisher of managed servers (`vllm_managed.managed_publisher`; 'auto' → 'reload'), logged."""
+    from ..rollout.publisher_choice import build_publisher
+    from ..rollout.vllm_managed import managed_publisher
+
+    name, reason = managed_publisher(a.vllm_weight_publisher, directory=a.vllm_publish_dir is not None)
+    if a.vllm_weight_publisher == "auto":
+        logger.warning("vllm_weight_publisher='auto' chose %r: %s", name, reason)
+    if name == "nccl":
+        return name  # the engine builds TRL's NCCL client with its nccl_options
+    return build_publisher(name, directory=a.vllm_publish_dir, timeout=a.rollout_request_timeout)
 
 
 def _publisher(a: RolloutFields, device: torch.device) -> Any:
