@@ -176,9 +176,11 @@ class HeldOutArguments:
     eval_every: int | None = field(default=None, metadata={"help": "Also evaluate after every N optimizer steps "
                                                                    "(default: only before and after training)."})
 
-    def evaluator(self, suite: str, temperature: float) -> Callable[[Any, Any], float] | None:
+    def evaluator(self, suite: str, temperature: float,
+                  generator: Callable[[], Any] | None = None) -> Callable[[Any, Any], float] | None:
         """`(model, tokenizer) -> held-out success` on `suite` (`suite_eval.evaluate_suite`), or None when
-        eval_samples is 0."""
+        eval_samples is 0. `generator`: returns the run's turn generator (`trainer.evaluation_generator`), which then
+        samples the episodes (None from it: the model's own `generate`)."""
         if self.eval_samples < 0 or (self.eval_every is not None and self.eval_every < 1):
             raise ConfigurationError(f"eval_samples={self.eval_samples} must be >= 0 and eval_every="
                                      f"{self.eval_every} >= 1")
@@ -187,8 +189,9 @@ class HeldOutArguments:
         from .suite_eval import evaluate_suite
 
         samples = self.eval_samples
-        return lambda model, tokenizer: evaluate_suite(model, tokenizer, suite, split="heldout", samples=samples,
-                                                       temperature=temperature).success
+        return lambda model, tokenizer: evaluate_suite(
+            model, tokenizer, suite, split="heldout", samples=samples, temperature=temperature,
+            generator=generator() if generator is not None else None).success
 
 
 @dataclass

@@ -145,12 +145,15 @@ def run_learning_example(suite_arguments: type, eval_suite: str, **defaults: Any
     suite_args, heldout_args, training_args, model_args = parser.parse_args_and_config()
     suite = suite_args.load_suite()
     model = resolve_model(model_args.model_name_or_path, suite_args.tiny_model_dir, training_args)
-    evaluate = heldout_args.evaluator(eval_suite, training_args.temperature)
-    curve = LearningCurve(evaluate=evaluate, every=max(1, heldout_args.eval_every or training_args.max_steps))
+    curve = LearningCurve(every=max(1, heldout_args.eval_every or training_args.max_steps))
     trainer = ThunderSyncGRPOTrainer(
         model=model, reward_funcs=[], args=training_args, train_dataset=suite.dataset,
         peft_config=get_peft_config(model_args), environment_factory=suite.environment_factory, callbacks=[curve],
     )
+    # held-out episodes are sampled by the run's own rollout engine (its vLLM or embedded servers, at the current
+    # policy version, concurrently); the first evaluation starts it, so its start-up is not counted as training time
+    curve.evaluate = heldout_args.evaluator(eval_suite, training_args.temperature,
+                                            generator=trainer.evaluation_generator)
     trainer.train()
     trainer.save_model(training_args.output_dir)
     print(f"done: {trainer.state.global_step} optimizer steps on {len(suite.tasks)} {suite.name} tasks; "

@@ -35,6 +35,10 @@ def test_the_serve_command_carries_the_flags_our_client_and_publishers_need():
                  "--logprobs-mode processed_logprobs", "--enable-lora", "--max-lora-rank 16"):
         assert flag in joined, flag
     assert "--enable-lora" not in serve_command(CPU, "/m", port=1, enable_lora=False)
+    # vLLM 0.32's CPU runner kills its engine when it prefills a seeded request in chunks: whole prefills on a CPU
+    assert "--no-enable-chunked-prefill --max-num-batched-tokens 2048" in joined
+    assert "--max-num-batched-tokens 4096" in " ".join(serve_command(CPU, "/m", port=1, max_model_len=4096))
+    assert "chunked" not in " ".join(serve_command(GPU, "/m", port=1))
 
 
 def test_trls_launcher_runs_trl_vllm_serve_from_the_same_install():

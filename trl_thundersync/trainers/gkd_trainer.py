@@ -286,6 +286,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         engine built around it is returned. The trainer owns the generator from then on (publishes to it, closes
         it)."""
         check_turn_generator(False, built=self._engine is not None)
+        self._turn_generator = generator
         self._engine = as_rollout_engine(generator)  # closed by close() even if the agent loop cannot be built
         if self._agentic:
             self._engine = agent_engine(generator, self.args, tokenizer=self.processing_class, tools=self.tools,

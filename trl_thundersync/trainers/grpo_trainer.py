@@ -308,6 +308,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         trainer owns the generator from then on (publishes to it, closes it). Not with `rollout_func` or
         `rollout_engine='trl'`, which generate with TRL's own batch generation."""
         check_turn_generator(self._uses_trl_generation(), built=self._engine is not None)
+        self._turn_generator = generator
         self._engine = self._agent_engine(generator) if self._agentic() else as_rollout_engine(generator)
         return self._engine
 

@@ -87,6 +87,21 @@ class StreamingLifecycle:
     def _rollout_engine(self) -> RolloutEngine:
         raise NotImplementedError
 
+    _turn_generator = None  # the generator `use_turn_generator` was given (or the one the config's fields built)
+
+    def evaluation_generator(self):
+        """The `TurnGenerator` this run samples with (built on first use, like `rollout_engine`), serving the current
+        policy version between batches: evaluations sample held-out episodes with it (`suite_eval.evaluate_suite`),
+        on the same servers and with the same sampling settings as training. None where TRL's own batch generation
+        samples (rollout_func, rollout_engine='trl')."""
+        uses_trl = getattr(self, "_uses_trl_generation", None)
+        if uses_trl is not None and uses_trl():
+            return None
+        if self._engine is None and getattr(self, "accelerator", None) is not None and self.is_in_train:
+            self._learner_placement()  # first, as for a batch: the engine starts from the placement's full weights
+        self._rollout_engine()
+        return self._turn_generator
+
     def _learner_placement(self):
         """Where the learner work runs and how the direction reaches the engine (`placement/`), built on first use:
         inside `train`, after `accelerator.prepare` wrapped the model."""

@@ -148,7 +148,8 @@ def _start_managed_servers(target: RolloutTarget, a: RolloutFields, role: Any,
     lora = managed_publisher(a.vllm_weight_publisher)[0] == "lora"
     options = ManagedVLLMOptions(
         install, kv_cache_gib=a.rollout_vllm_kv_cache_gib, gpu_memory_utilization=a.vllm_gpu_memory_utilization,
-        max_model_len=a.vllm_max_model_length, lora_rank=_lora_rank(target.policy) if lora else None,
+        max_model_len=a.vllm_max_model_length or _context_length(target.policy),
+        lora_rank=_lora_rank(target.policy) if lora else None,
         launcher="trl" if a.vllm_weight_publisher == "nccl" else "vllm",
         extra_args=tuple(a.rollout_vllm_args or ()), startup_timeout=a.vllm_server_timeout,
         num_threads=a.rollout_num_threads)
@@ -164,6 +165,14 @@ def _start_managed_servers(target: RolloutTarget, a: RolloutFields, role: Any,
     if servers is not None:
         on_metric("thundersync/rollout_server_start_seconds", servers.start_seconds)
     return servers, urls
+
+
+def _context_length(policy: Any) -> int | None:
+    """The policy's own context length (`max_position_embeddings`), which the servers then serve; None: unknown."""
+    config = getattr(policy, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    length = getattr(text, "max_position_embeddings", None)
+    return length if isinstance(length, int) and length > 0 else None
 
 
 def _lora_rank(policy: Any) -> int:
