@@ -67,6 +67,7 @@ _UNIT_MODULE_MARKS = {
     "test_task_envs.py": ("sandbox",),
     "test_sandbox.py": ("sandbox",),
     "test_sandbox_hardening.py": ("sandbox",),
+    "test_suite_eval.py": ("sandbox", "model"),
     "test_sandbox_cgroup.py": ("sandbox",),
     "test_sandbox_launcher.py": ("sandbox",),
 }

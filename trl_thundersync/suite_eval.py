@@ -117,7 +117,7 @@ def _episodes_on(generator: Any, episodes: list, episode: Callable, seed: int, r
         def sample(context, budget, turn):
             request = RolloutRequest(index=number, group=number, prompt_ids=tuple(context),
                                      seed=(seed * 1_000_003 + number * 1_009 + turn) % (2**31 - 1))
-            result = generator.submit(request, key=("heldout", number, turn), max_new_tokens=budget).result()
+            result = generator.submit(request, key=(("heldout", number), turn), max_new_tokens=budget).result()
             return result.completion_ids, result.sampling_logprobs or (), result.policy_version
         return sample
 
