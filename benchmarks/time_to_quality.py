@@ -66,6 +66,7 @@ class QualityWorkload:
     objective: str = "gjsd"  # gkd only: ThunderSyncGKDConfig.objective
     agent_max_turns: int = 6  # gkd only: the paper protocol's turn cap
     max_new_tokens: int = 48  # gkd only: tokens per turn
+    rollout_engine: str = "embedded_server"  # ThunderSync runs' rollout_engine ("managed_vllm": real vLLM servers)
 
     @classmethod
     def for_suite(cls, suite: str, trainer: str = "grpo", **overrides: Any) -> QualityWorkload:
@@ -113,7 +114,7 @@ def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teac
         gradient_checkpointing=False, disable_tqdm=True, logging_steps=1, per_device_train_batch_size=w.batch,
         max_steps=w.steps, learning_rate=w.learning_rate, seed=seed, temperature=w.temperature, lmbda=1.0,
         objective=w.objective, max_new_tokens=w.max_new_tokens, agent_max_turns=w.agent_max_turns,
-        schedule=schedule, learner_num_threads=1, rollout_num_threads=1)
+        schedule=schedule, learner_num_threads=1, rollout_num_threads=1, rollout_engine=w.rollout_engine)
     return ThunderSyncGKDTrainer(model=load_model(model_dir), teacher_model=load_model(teacher_dir), args=args,
                                  train_dataset=suite.dataset, environment_factory=suite.environment_factory,
                                  callbacks=[curve])
@@ -139,7 +140,7 @@ def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir:
     from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
 
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_config_fields(w, seed), schedule=schedule,
-                      learner_num_threads=1, rollout_num_threads=1)
+                      learner_num_threads=1, rollout_num_threads=1, rollout_engine=w.rollout_engine)
     return ThunderSyncGRPOTrainer(model=load_model(model_dir), reward_funcs=[], args=args, train_dataset=data,
                                   environment_factory=factory, callbacks=[curve])
 
@@ -158,14 +159,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)
 
+    built: list[Any] = []
+
     def heldout(model, tokenizer) -> float:
+        # managed vLLM runs sample the held-out episodes on their own servers (the first evaluation starts them,
+        # before the clock: server start-up is not time to quality); the others with the model's `generate`
+        on_vllm = w.rollout_engine == "managed_vllm" and hasattr(built[0], "evaluation_generator")
         return evaluate_suite(model, tokenizer, w.suite, split="heldout", samples=w.eval_samples, seed=0,
-                              temperature=w.temperature).success
+                              temperature=w.temperature,
+                              generator=built[0].evaluation_generator() if on_vllm else None).success
 
     curve = LearningCurve(evaluate=heldout if w.eval_samples > 0 else None, every=w.eval_every, metric=w.metric)
     started = time.perf_counter()
     trainer = build(spec["schedule"], w, spec["seed"], spec["model_dir"], Path(spec["out_dir"]), curve,
                     teacher_dir=spec.get("teacher_dir"))
+    built.append(trainer)
     trainer.train()
     if hasattr(trainer, "close"):
         trainer.close()
@@ -299,6 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="optimizer steps per run (default: the suite's workload)")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (default: the suite's)")
     p.add_argument("--eval-samples", type=int, help="episodes per held-out task per evaluation (default: the suite's)")
+    p.add_argument("--rollout-engine", choices=("embedded_server", "managed_vllm"),
+                   help="rollout_engine of the ThunderSync runs (default embedded_server; managed_vllm: real vLLM "
+                   "servers from .venv-vllm, held-out episodes sampled on them)")
     p.add_argument("--level", type=float, default=0.85, help="training-reward level (trailing mean; grpo only)")
     p.add_argument("--heldout-level", type=float, default=0.8, help="held-out success level")
     p.add_argument("--window", type=int, default=5, help="trailing-mean window (steps)")
@@ -320,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     work = Path(args.work)
     overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every),
-                                   ("eval_samples", args.eval_samples)) if v is not None}
+                                   ("eval_samples", args.eval_samples), ("rollout_engine", args.rollout_engine))
+                 if v is not None}
     w = QualityWorkload.for_suite(args.suite, args.trainer, **overrides)
     schedules = (args.schedules or ",".join(GKD_SCHEDULES if w.trainer == "gkd" else SCHEDULES)).split(",")
     if w.trainer == "gkd" and "trl" in schedules:
