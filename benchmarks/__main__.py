@@ -7,6 +7,13 @@
     python -m benchmarks --preset quick-grading         # + 1.2 s grading; reward vs content release
     python -m benchmarks --preset quick --release reward,content,turn --grading-latency 2
     python -m benchmarks --balance 2 --latency-cv 1 --batch 32 --turns 3 --repeats 3 --name mine
+    python -m benchmarks --preset thermostat-vllm       # real generation, the main job's workload (~30 min)
+
+`--preset thermostat-vllm` is not a synthetic point: it runs `python -m benchmarks.realgen --workload thermostat`
+(`benchmarks/realgen.py`) with stock TRL, sync and thundersync on the embedded server, and sync and thundersync on
+managed vLLM servers (`rollout_engine="managed_vllm"`), interleaved, 2 repeats of 5 steps; `--repeats`, `--steps`,
+`--schedules`, `--seed`, `--out`, `--work-dir` and `--rollout-engine` pass through, the synthetic knobs do not apply.
+`--rollout-engine` applies to such realgen presets only (the synthetic points script their generation).
 
 Each run (one schedule, one repeat) is its own process (`bench.run_one`), so peak RSS is per schedule and runs
 share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so machine noise hits every schedule, and
@@ -69,6 +76,31 @@ def presets() -> dict[str, tuple[list[Workload], int, tuple[str, ...]]]:
         "smoke": ([Workload(name="smoke", batch=4, group=2, turns=1, concurrency=2, latency_mean=0.02,
                             balance=None, hidden=32, layers=1, steps=2)], 1, SCHEDULES),
     }
+
+
+# Presets that run `benchmarks.realgen` (real generation) instead of a synthetic point: name → its arguments.
+REALGEN_PRESETS: dict[str, tuple[str, ...]] = {
+    "thermostat-vllm": ("--workload", "thermostat", "--schedules",
+                        "trl,sync@embedded,thundersync@embedded,sync@vllm,thundersync@vllm", "--steps", "5",
+                        "--repeats", "2"),
+}
+
+
+def realgen_argv(preset: str, args: argparse.Namespace) -> list[str]:
+    """The `benchmarks.realgen` command line of a realgen preset, with the options that apply to it passed through
+    (given ones replace the preset's)."""
+    argv = list(REALGEN_PRESETS[preset])
+    given = {"--repeats": args.repeats, "--steps": args.steps, "--seed": args.seed, "--out": args.out,
+             "--work-dir": args.work_dir, "--rollout-engine": args.rollout_engine,
+             "--schedules": ",".join(args.schedules) if args.schedules else None}
+    for flag, value in given.items():
+        if value is None:
+            continue
+        if flag in argv:
+            argv[argv.index(flag) + 1] = str(value)
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 # --- running -------------------------------------------------------------------------------------------------------
@@ -211,8 +243,11 @@ def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(presets()), default=None,
-                   help="a predefined point or sweep (default: quick, with any knob below overriding it)")
+    p.add_argument("--preset", choices=sorted([*presets(), *REALGEN_PRESETS]), default=None,
+                   help="a predefined point or sweep (default: quick, with any knob below overriding it); "
+                        "thermostat-vllm runs benchmarks.realgen on the main job's workload (see above)")
+    p.add_argument("--rollout-engine", help="realgen presets: rollout_engine of the schedules that do not name one "
+                   "(auto, embedded_server, managed_vllm, ...; vllm / embedded for short)")
     p.add_argument("--name", help="output name (default: the preset's)")
     p.add_argument("--out", help="JSON path (default outputs/bench/<name>.json); plots are written beside it")
     p.add_argument("--work-dir", help="runs, traces and logs (default <out stem>-runs beside the JSON)")
@@ -244,6 +279,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)
     args = p.parse_args(argv)
+    if args.preset in REALGEN_PRESETS:
+        if args.schedules:
+            args.schedules = tuple(s.strip() for s in args.schedules.split(","))
+        return args  # realgen checks its own arguments
+    if args.rollout_engine is not None:
+        p.error("--rollout-engine applies to the realgen presets (e.g. thermostat-vllm); the synthetic points script "
+                "their generation")
     if args.schedules:
         args.schedules = tuple(s.strip() for s in args.schedules.split(","))
         for name in args.schedules:
@@ -269,6 +311,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.preset in REALGEN_PRESETS:
+        from .realgen import main as realgen_main
+
+        return realgen_main(realgen_argv(args.preset, args))
     preset = args.preset or "quick"
     points, repeats, schedules = presets()[preset]
     overrides = {k: getattr(args, k) for k in _KNOBS if getattr(args, k) is not None}

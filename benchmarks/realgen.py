@@ -1,35 +1,41 @@
-"""Benchmark with real generation: the warm-started tiny agent on the bundled SWE repair tasks (issue 10).
+"""Benchmark with real generation: a warm-started tiny agent on real sandboxed tasks (issues 10 and 25).
 
-    python -m benchmarks.realgen          # ~8 min on 2 CPU cores (+ ~2-5 min once for the tiny agents)
+    python -m benchmarks.realgen          # SWE, ~8 min on 2 CPU cores (+ ~2-5 min once for the tiny agents)
     python -m benchmarks.realgen --schedules sync,thundersync:content --steps 3 --repeats 1
+    python -m benchmarks.realgen --workload thermostat --steps 5   # the main job: trl, sync/thundersync on the
+                                                                   # embedded server and on managed vLLM
     python -m benchmarks.realgen --reuse  # only redo the analysis of the runs already in the work dir
 
-The workload of `examples/swe_grpo.py`: the tool-calling tiny agent (`tiny/agent.py`, built once in the work
-dir), the bundled SWE-style repair tasks with bubblewrap-sandboxed shell tools, the environment's pass/fail reward
-(it runs the task's tests: real grading after the last turn) plus the example's small length penalty, TRL 1.16's tool
-loop (`agent_protocol="trl"`, `max_tool_calling_iterations=5`), 16 trajectories per step in groups of 8, and real
-generation through the default engine (`rollout_engine="auto"` → one embedded vLLM-API server process, one torch
-thread; the learner gets the other). Nothing is scripted: R, L and ρ are what the model and the tasks make of them.
+Workloads (`--workload`, `benchmarks/realgen_workloads.py`): `swe` (default) is `examples/swe_grpo.py`'s — the
+tool-calling tiny agent, the bundled SWE-style repair tasks with bubblewrap-sandboxed shell tools, the environment's
+pass/fail reward (it runs the task's tests: real grading after the last turn) plus the example's small length
+penalty, TRL's tool loop (≤ 5 tool rounds, 256 tokens), 16 trajectories per step in groups of 8, one torch thread per
+side; `thermostat` is the main job's, `examples/thermostat_grpo.py` (its suite, model and config values, read from
+the file). Generation is real: `--rollout-engine` (default `auto`: managed vLLM where a vLLM installation can serve
+the model, else one embedded server process), or per schedule with `@engine`. Nothing is scripted: R, L and ρ are
+what the model and the tasks make of them.
 
 Schedules (`--schedules`, comma-separated; one process per run, interleaved, first step of each run dropped):
-- `sync`, `thundersync:<release>` for release ∈ reward, content, turn: `ThunderSyncGRPOTrainer`;
+- `sync`, `thundersync:<release>` for release ∈ reward, content, turn (plain `thundersync`: content, the config's
+  default): `ThunderSyncGRPOTrainer`; `@vllm`, `@embedded` or `@<rollout_engine>` picks the run's engine
+  (`sync@vllm,thundersync@vllm,sync@embedded,...` compares engines in one run);
 - `trl`: stock `trl.GRPOTrainer` with the same `environment_factory`, reward functions and config (its own tool loop
   and generation: `transformers` `generate` in the trainer process, no server), traced as one rollout item and one
   learner item per step like `bench/run_one.py` does;
-- `gkd`: `ThunderSyncGKDTrainer` (schedule thundersync, objective "opd", lmbda 1, the same TRL tool loop and token
-  budget, a second tiny agent warm-started with another seed as teacher, as `examples/swe_opd.py`) on the same tasks:
-  only for the learner-tail comparison (its step does different work, so it gets no speedup vs the GRPO sync run).
+- `gkd` (swe only): `ThunderSyncGKDTrainer` (schedule thundersync, objective "opd", lmbda 1, the same TRL tool loop
+  and token budget, a second tiny agent warm-started with another seed as teacher, as `examples/swe_opd.py`) on the
+  same tasks: only for the learner-tail comparison (its step does different work, so it gets no speedup).
 
-Reported per schedule (statistics from `bench/stats.py`, tables from `bench/report.py`, then one realgen table):
-step wall, speedup vs sync, R, L, ρ = L/R, the bound (1 + ρ)/max(1, ρ) with ρ from the sync runs and the
-measurement as a fraction of it, learner tail (s and % of the step), the generation slowdown during overlap (each
-turn that ran with the learner busy against the same (step, trajectory, turn) of the sync runs: median relative
-and absolute), and the trace-replay prediction of the schedule's release point (`trace.model.predict_release` on
-the sync traces); then per GRPO schedule the episodes as both trainers log them (`completions/mean_length`: model
-tokens per trajectory, tool results excluded, TRL's definition; `tools/call_frequency`) at step 1, where every
-schedule samples from the same initial weights, and over all steps. Writes `<out>.json` and a side-by-side timeline
-of one step per schedule.
-"""
+Reported per schedule (statistics from `bench/stats.py`, tables from `bench/report.py`, per engine, then one realgen
+table): step wall, speedup vs the sync runs of the same engine, stock TRL's step wall over it, R, L, ρ = L/R, the
+bound (1 + ρ)/max(1, ρ) with ρ from that engine's sync runs and the measurement as a fraction of it, learner tail
+(s and % of the step), the generation slowdown during overlap (each turn that ran with the learner busy against the
+same (step, trajectory, turn) of the sync runs: median relative and absolute), and the trace-replay prediction of
+the schedule's release point (`trace.model.predict_release` on that engine's sync traces) with measured/predicted;
+then per GRPO schedule the episodes as both trainers log them (`completions/mean_length`: model tokens per
+trajectory, tool results excluded, TRL's definition; `tools/call_frequency`) at step 1, where every schedule samples
+from the same initial weights, and over all steps. Writes `<out>.json` and a side-by-side timeline of one step per
+schedule."""
 
 from __future__ import annotations
 
@@ -43,25 +49,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .realgen_summaries import episode_log, episode_rows, format_episode_rows, summarize_distill
+from .realgen_workloads import (
+    ENGINE_ALIASES,
+    ENGINES,
+    WORKLOADS,
+    RealgenWorkload,
+    RunSchedule,
+    build_gkd,
+    build_grpo,
+    build_trl_trainer,
+    parse_schedule,
+    prepare_models,
+    thermostat_workload,
+)
+
 GRPO_SCHEDULES = ("sync", "thundersync:reward", "thundersync:content", "thundersync:turn", "trl")
 DEFAULT_SCHEDULES = GRPO_SCHEDULES + ("gkd",)
-
-
-@dataclasses.dataclass(frozen=True)
-class RealgenWorkload:
-    """Knobs of the real-generation workload (defaults: the issue-10 user workload)."""
-
-    steps: int = 4  # optimizer steps per run; the first is warm-up
-    batch: int = 16
-    group: int = 8
-    max_completion_length: int = 256  # tokens per trajectory (TRL's budget: all turns and tool results)
-    max_tool_calling_iterations: int = 5
-    seed: int = 0
-    num_tasks: int | None = None  # first N bundled tasks (None: all)
-    grading_workers: int | None = None  # ThunderSyncGRPOConfig.grading_workers of the ThunderSync schedules
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+# the thermostat default: the main job's engines side by side with stock TRL (issue 25)
+THERMOSTAT_SCHEDULES = ("trl", "sync@embedded", "thundersync@embedded", "sync@vllm", "thundersync@vllm")
 
 
 def bound(rho: float) -> float:
@@ -75,67 +81,11 @@ def bound(rho: float) -> float:
 # --- one run (child process) ----------------------------------------------------------------------------------------
 
 
-def _tasks(w: RealgenWorkload):
-    from trl_thundersync.envs.tasks import load_swe_suite
-
-    tasks = load_swe_suite()
-    if w.num_tasks:
-        tasks = dict(list(tasks.items())[: w.num_tasks])
-    return tasks
-
-
-def _grpo_common(w: RealgenWorkload) -> dict[str, Any]:
-    from trl_thundersync.agentic import LENGTH_PENALTY  # the examples' weight of `shorter_is_better`
-
-    return dict(per_device_train_batch_size=w.batch, num_generations=w.group, max_steps=w.steps,
-                max_completion_length=w.max_completion_length,
-                max_tool_calling_iterations=w.max_tool_calling_iterations, learning_rate=1e-5, seed=w.seed,
-                logging_steps=1, disable_tqdm=True, reward_weights=[LENGTH_PENALTY])
-
-
-def build_grpo(w: RealgenWorkload, schedule: str, release: str, model: str, out_dir: Path):
-    from tests.fixtures.parity import cpu_config, load_model
-    from trl_thundersync.agentic import shorter_is_better
-    from trl_thundersync.envs.environments.swe import SWERepairEnv
-    from trl_thundersync.envs.tasks import swe_dataset
-    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
-
-    tasks = _tasks(w)
-    args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_grpo_common(w), schedule=schedule, release=release,
-                      learner_num_threads=1, rollout_num_threads=1, grading_workers=w.grading_workers)
-    return ThunderSyncGRPOTrainer(model=load_model(model), reward_funcs=[shorter_is_better], args=args,
-                                  train_dataset=swe_dataset(tasks), environment_factory=lambda: SWERepairEnv(tasks))
-
-
-def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
-    from tests.fixtures.parity import load_model
-    from trl_thundersync.envs.environments.swe import SWERepairEnv
-    from trl_thundersync.envs.tasks import swe_dataset
-    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
-    from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
-
-    tasks = _tasks(w)
-    # cpu_config's base has GRPO-only fields (num_generations, max_completion_length): the same CPU settings here
-    args = ThunderSyncGKDConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        gradient_checkpointing=False, per_device_train_batch_size=w.batch, max_steps=w.steps, learning_rate=1e-5,
-        seed=w.seed, logging_steps=1, disable_tqdm=True, lmbda=1.0, objective="opd", schedule="thundersync",
-        agent_protocol="trl", max_new_tokens=w.max_completion_length,
-        max_tool_calling_iterations=w.max_tool_calling_iterations, learner_num_threads=1, rollout_num_threads=1)
-    return ThunderSyncGKDTrainer(model=load_model(model), teacher_model=load_model(teacher), args=args,
-                                 train_dataset=swe_dataset(tasks), environment_factory=lambda: SWERepairEnv(tasks))
-
-
 def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     """Stock `trl.GRPOTrainer` on the same environment, rewards and config; a step trace written per step (one
     rollout item = TRL's generation call incl. its tool loop, one learner item = scoring + loss + backward)."""
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    from tests.fixtures.parity import cpu_config, load_model
-    from trl_thundersync.agentic import shorter_is_better
-    from trl_thundersync.envs.environments.swe import SWERepairEnv
-    from trl_thundersync.envs.tasks import swe_dataset
     from trl_thundersync.trace.flops import ModelShape, learner_flops
     from trl_thundersync.trace.recorder import TraceWriter
     from trl_thundersync.trace.records import StepTrace, TraceEvent
@@ -167,10 +117,7 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
             self.marks.update(step=(start, time.perf_counter()))
             return loss
 
-    tasks = _tasks(w)
-    args = cpu_config(GRPOConfig, out_dir, **_grpo_common(w))
-    trainer = TimedGRPOTrainer(model=load_model(model), reward_funcs=[shorter_is_better], args=args,
-                               train_dataset=swe_dataset(tasks), environment_factory=lambda: SWERepairEnv(tasks))
+    trainer = build_trl_trainer(w, TimedGRPOTrainer, model, out_dir)
     shape = ModelShape.from_config(trainer.model.config)
     writer = TraceWriter(out_dir / TRACE_FILE)
 
@@ -210,84 +157,68 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from .run_one import TRACE_FILE, RunMeter, StepTimer
-    from .workload import split_schedule
 
     w = RealgenWorkload(**spec["workload"])
-    schedule = spec["schedule"]
+    schedule = parse_schedule(spec["schedule"], w.rollout_engine)
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / TRACE_FILE).unlink(missing_ok=True)
     hf_logging.set_verbosity_error()
-    torch.set_num_threads(1)
+    if w.workload == "swe":  # issue 10's one torch thread per side; thermostat keeps the example's defaults
+        torch.set_num_threads(1)
     timer = StepTimer()
     meter = RunMeter()
-    release = None
-    if schedule == "gkd":
+    if schedule.base == "gkd":
         trainer = build_gkd(w, spec["model_dir"], spec["teacher_dir"], out_dir)
-    elif schedule == "trl":
+    elif schedule.base == "trl":
         trainer = build_trl(w, spec["model_dir"], out_dir, timer)
     else:
-        trainer_schedule, release = split_schedule(schedule)
-        trainer = build_grpo(w, trainer_schedule, release, spec["model_dir"], out_dir)
+        trainer = build_grpo(w, schedule, spec["model_dir"], out_dir)
     measured = meter.train(trainer, timer)
-    return {"schedule": schedule, "release": release, "workload": w.to_dict(), "trace": str(out_dir / TRACE_FILE),
-            **measured, "episodes": episode_log(trainer.state.log_history)}
-
-
-# the episode figures both GRPO trainers log per step, with TRL's definitions (lengths: model tokens, tool mask 1)
-EPISODE_KEYS = ("completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-                "tools/call_frequency")
-
-
-def episode_log(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Per logged training step, the `EPISODE_KEYS` values (steps without completion metrics are skipped)."""
-    return [{k: float(h[k]) for k in EPISODE_KEYS if k in h} for h in log_history if "completions/mean_length" in h]
-
-
-def episode_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per GRPO schedule, from its runs' `episodes`: model tokens per trajectory at step 1 (the initial weights, the
-    same for every schedule: episodes must agree there) and over all steps (mean and range of the step means), tool
-    calls per trajectory. Runs without `episodes` (reports older than this field) are skipped."""
-    rows = []
-    for name, results in runs.items():
-        steps = [r["episodes"] for r in results if r.get("episodes") and name != "gkd"]
-        if not steps:
-            continue
-        first = [s[0]["completions/mean_length"] for s in steps]
-        every = [e["completions/mean_length"] for s in steps for e in s]
-        calls = [e["tools/call_frequency"] for s in steps for e in s if "tools/call_frequency" in e]
-        rows.append({"schedule": name, "runs": len(steps), "step1_model_tokens": statistics.fmean(first),
-                     "model_tokens": statistics.fmean(every), "model_tokens_min": min(every),
-                     "model_tokens_max": max(every), "tool_calls": statistics.fmean(calls) if calls else None})
-    return rows
-
-
-def format_episode_rows(rows: list[dict[str, Any]]) -> list[str]:
-    head = ("| schedule | runs | model tokens / trajectory, step 1 | all steps: mean (range of step means) | "
-            "tool calls / trajectory |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        lines.append(f"| {r['schedule']} | {r['runs']} | {r['step1_model_tokens']:.1f} | {r['model_tokens']:.1f} "
-                     f"({r['model_tokens_min']:.1f}–{r['model_tokens_max']:.1f}) | {_f(r['tool_calls'], '.2f')} |")
-    return lines
+    resolved = getattr(trainer.args, "resolved_rollout_engine", None)
+    return {"schedule": schedule.name, "release": schedule.base.partition(":")[2] or None, "workload": w.to_dict(),
+            "rollout_engine": resolved() if resolved is not None else "trl", "torch_threads": torch.get_num_threads(),
+            "trace": str(out_dir / TRACE_FILE), **measured, "episodes": episode_log(trainer.state.log_history)}
 
 
 # --- the benchmark (parent) -----------------------------------------------------------------------------------------
 
 
-def prepare_models(work: Path) -> tuple[Path, Path]:
-    """The tiny agent student (seed 0) and teacher (seed 1), built once in `work` (about a minute each)."""
-    from trl_thundersync.tiny.agent import save_tiny_agent_model
-
-    return save_tiny_agent_model(work / "tiny-agent"), save_tiny_agent_model(work / "tiny-agent-teacher", seed=1)
-
-
-def run_child(schedule: str, w: RealgenWorkload, run_dir: Path, models: tuple[Path, Path]) -> dict[str, Any]:
+def run_child(schedule: str, w: RealgenWorkload, run_dir: Path, models: tuple[str, str | None]) -> dict[str, Any]:
     from .child import spawn_run
 
-    spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": str(models[0]),
-            "teacher_dir": str(models[1]), "result": str(run_dir / "result.json")}
+    spec = {"schedule": schedule, "workload": w.to_dict(), "out_dir": str(run_dir), "model_dir": models[0],
+            "teacher_dir": models[1], "result": str(run_dir / "result.json")}
     return spawn_run("benchmarks.realgen", "--child", spec, run_dir, "log.txt", f"realgen run {schedule}")
+
+
+def engine_groups(schedules: list[RunSchedule]) -> dict[str, dict[str, str]]:
+    """Engine label → {base name: schedule name}: each engine's sync and ThunderSync runs are compared among
+    themselves (speedup and replay prediction from that engine's sync runs). `trl` and `gkd` join the only group
+    when there is one (the single-engine report as before), else form the group "" of their own."""
+    groups: dict[str, dict[str, str]] = {}
+    for s in schedules:
+        if s.base not in ("trl", "gkd"):
+            groups.setdefault(s.label or "", {})[s.base] = s.name
+    others = {s.base: s.name for s in schedules if s.base in ("trl", "gkd")}
+    if len(groups) == 1:
+        next(iter(groups.values())).update(others)
+    elif others:
+        groups.setdefault("", {}).update(others)
+    return groups
+
+
+def grouped_rows(stats: dict[str, Any], cmps: dict[str, Any], groups: dict[str, dict[str, str]]) -> list[dict]:
+    """`realgen_rows` of every engine group (`cmps`: label → its Comparison over base names), named back by schedule
+    name, each with its engine label and `vs_trl` = stock TRL's step wall ÷ its step wall (> 1: faster than TRL)."""
+    trl = stats.get("trl")
+    rows = []
+    for label, names in groups.items():
+        for row in realgen_rows({base: stats[name] for base, name in names.items()}, cmps.get(label)):
+            row["schedule"], row["engine"] = names[row["schedule"]], label or None
+            row["vs_trl"] = trl.step_wall_s / row["step_wall_s"] if trl is not None and row["step_wall_s"] else None
+            rows.append(row)
+    return rows
 
 
 def realgen_rows(stats: dict[str, Any], cmp: Any) -> list[dict[str, Any]]:
@@ -313,68 +244,34 @@ def realgen_rows(stats: dict[str, Any], cmp: Any) -> list[dict[str, Any]]:
             "turn_pairs": turn.get("pairs", 0), "turn_busy_s": s.turn_busy_s, "turn_idle_s": s.turn_idle_s,
             "predicted_speedup": predicted,
             "prediction_gap": speedup / predicted - 1.0 if speedup is not None and predicted else None,
+            "measured_over_predicted": speedup / predicted if speedup is not None and predicted else None,
         })
     return rows
-
-
-@dataclasses.dataclass(frozen=True)
-class DistillSummary:
-    """The distillation run's figures realgen reports (its traces have no rewards, so `stats.summarize`, which
-    replays every GRPO release point, does not apply): means over the measured steps, s."""
-
-    steps: int
-    step_wall_s: float
-    rollout_s: float  # R: batch admitted → last trajectory scored by the teacher
-    learner_busy_s: float  # L
-    balance_ratio: float  # L/R
-    learner_tail_s: float  # [c_n − R]⁺
-    turn_busy_s: float | None  # median rollout turn with the learner busy (`stats.overlap_split`)
-    turn_idle_s: float | None
-    replay_thundersync_s: float  # Eq. 14 replay of its own steps (`stats.predict_thundersync`)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def summarize_distill(runs: list[Any]) -> DistillSummary:
-    """`DistillSummary` of `stats.RunSteps` (warm-up dropped) from the distillation trainer."""
-    from .stats import overlap_split, predict_thundersync
-
-    walls = [w for r in runs for w in r.walls]
-    traces = [t for r in runs for t in r.traces]
-    if not traces:
-        raise ValueError("summarize_distill needs at least one measured step")
-    reps = [predict_thundersync(t) for t in traces]
-    busy, idle = overlap_split(traces, "rollout", "turn")
-    return DistillSummary(
-        steps=len(traces), step_wall_s=statistics.fmean(walls),
-        rollout_s=statistics.fmean(r.rollout_end for r in reps),
-        learner_busy_s=statistics.fmean(r.learner_service for r in reps),
-        balance_ratio=statistics.fmean(r.balance_ratio for r in reps),
-        learner_tail_s=statistics.fmean(max(0.0, t.learner_end - t.rollout_end) for t in traces),
-        turn_busy_s=statistics.median(busy) if busy else None, turn_idle_s=statistics.median(idle) if idle else None,
-        replay_thundersync_s=statistics.fmean(r.thundersync_time for r in reps))
 
 
 def _f(x: float | None, spec: str, suffix: str = "") -> str:
     return "-" if x is None else format(x, spec) + suffix
 
 
-def format_rows(rows: list[dict[str, Any]], rho_sync: float | None) -> list[str]:
-    """A markdown table of `realgen_rows` (printed and pasted into BENCHMARKS.md)."""
-    head = ("| schedule | step s | speedup | R s | L s | ρ | bound (1+ρ)/max(1,ρ) | of bound | tail s | tail % | "
-            "turn with learner busy vs sync | replay prediction | gap |")
+def format_rows(rows: list[dict[str, Any]], rho_sync: dict[str, float] | float | None) -> list[str]:
+    """A markdown table of `realgen_rows` / `grouped_rows` (printed and pasted into BENCHMARKS.md); `rho_sync`: the
+    sync runs' ρ per engine label (or one value), stated under the table."""
+    head = ("| schedule | step s | speedup vs sync | stock TRL step ÷ this | R s | L s | ρ | bound (1+ρ)/max(1,ρ) | "
+            "of bound | tail s | tail % | turn with learner busy vs sync | replay prediction | measured/predicted |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         turn = (f"{r['turn_busy_vs_sync']:+.1%} ({r['turn_busy_vs_sync_s'] * 1e3:+.1f} ms, n={r['turn_pairs']})"
                 if r["turn_busy_vs_sync"] is not None else "-")
         lines.append(
-            f"| {r['schedule']} | {r['step_wall_s']:.2f} | {_f(r['speedup'], '.2f', '×')} | {r['rollout_s']:.2f} | "
+            f"| {r['schedule']} | {r['step_wall_s']:.2f} | {_f(r['speedup'], '.2f', '×')} | "
+            f"{_f(r.get('vs_trl'), '.2f', '×')} | {r['rollout_s']:.2f} | "
             f"{r['learner_s']:.2f} | {r['rho']:.2f} | {_f(r['bound'], '.2f', '×')} | {_f(r['of_bound'], '.0%')} | "
             f"{r['tail_s']:.2f} | {_f(r['tail_frac'], '.1%')} | {turn} | {_f(r['predicted_speedup'], '.2f', '×')} | "
-            f"{_f(None if r['prediction_gap'] is None else r['prediction_gap'] * 100, '+.1f', '%')} |")
-    if rho_sync is not None:
-        lines.append(f"\nρ of the bound: the sync runs' L/R = {rho_sync:.2f}, bound {bound(rho_sync):.2f}×.")
+            f"{_f(r.get('measured_over_predicted'), '.3f')} |")
+    rhos = rho_sync if isinstance(rho_sync, dict) else ({} if rho_sync is None else {"": rho_sync})
+    for label, rho in rhos.items():
+        lines.append(f"\nρ of the bound{f' ({label})' if label else ''}: the sync runs' L/R = {rho:.2f}, bound "
+                     f"{bound(rho):.2f}×.")
     return lines
 
 
@@ -382,33 +279,82 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.realgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
-                   help=f"comma-separated subset of {', '.join(DEFAULT_SCHEDULES)}")
+    p.add_argument("--workload", choices=WORKLOADS, default="swe",
+                   help="swe: examples/swe_grpo.py's (issue 10); thermostat: examples/thermostat_grpo.py's (the main "
+                        "job: its suite, model and config values)")
+    p.add_argument("--rollout-engine", default="auto", choices=[*ENGINE_ALIASES, *ENGINES],
+                   help="rollout_engine of the schedules that do not name one with @ (vllm = managed_vllm, embedded = "
+                        "embedded_server); default auto: managed vLLM where it can serve the model, else embedded")
+    p.add_argument("--schedules", help=f"comma-separated; swe default {','.join(DEFAULT_SCHEDULES)}, thermostat "
+                   f"default {','.join(THERMOSTAT_SCHEDULES)}; sync/thundersync[:<release>] take @<engine>")
     p.add_argument("--repeats", type=int, default=2, help="runs per schedule (interleaved)")
     p.add_argument("--steps", type=int, default=RealgenWorkload.steps, help="optimizer steps per run (first dropped)")
-    p.add_argument("--batch", type=int, default=RealgenWorkload.batch)
-    p.add_argument("--group", type=int, default=RealgenWorkload.group)
-    p.add_argument("--max-completion-length", type=int, default=RealgenWorkload.max_completion_length)
-    p.add_argument("--num-tasks", type=int, help="first N bundled SWE tasks (default all)")
+    p.add_argument("--batch", type=int, help="trajectories per step (default: the workload's)")
+    p.add_argument("--group", type=int, help="GRPO group size (default: the workload's)")
+    p.add_argument("--max-completion-length", type=int, help="token budget per trajectory (default: the workload's)")
+    p.add_argument("--num-tasks", type=int, help="first N tasks of the suite (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grading-workers", type=int, help="grading_workers of the sync/thundersync runs (default: the "
                    "config's default; 1 grades one environment at a time, as stock TRL does)")
-    p.add_argument("--out", default="outputs/bench/realgen.json", help="JSON path; timeline PNG beside it")
+    p.add_argument("--out", help="JSON path (default outputs/bench/realgen.json, realgen-thermostat.json for "
+                   "thermostat); timeline PNG beside it")
     p.add_argument("--work-dir", help="runs, traces, logs and the tiny agents (default <out stem>-runs)")
     p.add_argument("--reuse", action="store_true",
                    help="keep the runs whose result.json is already in the work dir (same knobs!) and only redo "
                         "the analysis and the missing runs")
     args = p.parse_args(argv)
     if args.child is None:
-        args.schedules = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
-        unknown = [s for s in args.schedules if s not in DEFAULT_SCHEDULES]
-        if unknown:
-            p.error(f"--schedules: unknown {unknown}; choose from {', '.join(DEFAULT_SCHEDULES)}")
+        args.rollout_engine = ENGINE_ALIASES.get(args.rollout_engine, args.rollout_engine)
+        default = THERMOSTAT_SCHEDULES if args.workload == "thermostat" else DEFAULT_SCHEDULES
+        names = [n.strip() for n in (args.schedules or ",".join(default)).split(",") if n.strip()]
+        try:
+            args.run_schedules = tuple(parse_schedule(n, args.rollout_engine) for n in names)
+        except ValueError as err:
+            p.error(f"--schedules: {err}")
+        args.schedules = tuple(s.name for s in args.run_schedules)
+        runs = [(s.base, s.engine) for s in args.run_schedules]
+        if len(set(runs)) < len(runs):
+            p.error(f"--schedules: {names} names the same run twice")
+        if args.workload == "thermostat" and "gkd" in args.schedules:
+            p.error("--schedules: gkd is the SWE distillation comparison (workload swe)")
         if args.steps < 2:
             p.error("--steps: use ≥ 2 (the first step of every run is warm-up)")
         if args.repeats < 1:
             p.error("--repeats: use ≥ 1")
+        args.out = args.out or ("outputs/bench/realgen.json" if args.workload == "swe"
+                                else f"outputs/bench/realgen-{args.workload}.json")
     return args
+
+
+def workload_of(args: argparse.Namespace) -> RealgenWorkload:
+    """The `RealgenWorkload` of parsed arguments: the workload's own defaults where a knob is not given."""
+    knobs = dict(steps=args.steps, batch=args.batch, group=args.group,
+                 max_completion_length=args.max_completion_length, seed=args.seed, num_tasks=args.num_tasks,
+                 grading_workers=args.grading_workers, rollout_engine=args.rollout_engine)
+    if args.workload == "thermostat":
+        return thermostat_workload(**knobs)
+    return RealgenWorkload(**{k: v for k, v in knobs.items() if v is not None or k in ("num_tasks",
+                                                                                    "grading_workers")})
+
+
+def analyze(loaded: dict[str, list[Any]], schedules: tuple[RunSchedule, ...], description: str):
+    """Per engine group: summaries, the comparison (speedups and replay predictions from that engine's sync runs),
+    the printed tables; returns (stats by schedule name, comparisons by engine label, groups, realgen rows)."""
+    from .report import print_overlap, print_point
+    from .stats import compare, summarize
+
+    stats: dict[str, Any] = {s.name: summarize(loaded[s.name]) for s in schedules if s.base != "gkd"}
+    if "gkd" in loaded:
+        stats["gkd"] = summarize_distill(loaded["gkd"])
+    groups = engine_groups(list(schedules))
+    cmps = {}
+    for label, names in groups.items():
+        grpo = {base: stats[name] for base, name in names.items() if base != "gkd"}
+        cmps[label] = compare(grpo, {base: [t for r in loaded[names[base]] for t in r.traces] for base in grpo})
+        title = f"realgen@{label}" if label else "realgen (own generation)"
+        print_point(title, description, grpo, cmps[label])
+        print_overlap(grpo, cmps[label])
+    return stats, cmps, groups, grouped_rows(stats, cmps, groups)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -420,12 +366,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     from trl_thundersync.trace.export import plot_timeline, read_jsonl
 
-    from .report import print_overlap, print_point, write_report
-    from .stats import compare, measured_run, side_by_side, summarize
+    from .report import write_report
+    from .stats import measured_run, side_by_side
 
-    w = RealgenWorkload(steps=args.steps, batch=args.batch, group=args.group,
-                        max_completion_length=args.max_completion_length, seed=args.seed, num_tasks=args.num_tasks,
-                        grading_workers=args.grading_workers)
+    w = workload_of(args)
     out = Path(args.out)
     work = Path(args.work_dir or out.with_name(f"{out.stem}-runs"))
     work.mkdir(parents=True, exist_ok=True)
@@ -433,14 +377,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     print(f"{command}\n{args.repeats} repeat(s) × {', '.join(args.schedules)}; work dir {work}", flush=True)
-    models = prepare_models(work)
+    models = prepare_models(work, w, teacher="gkd" in args.schedules)
     print(f"tiny agents ready ({time.perf_counter() - started:.0f} s)", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.schedules}
     total, done = args.repeats * len(args.schedules), 0
     for r in range(args.repeats):
         for schedule in args.schedules:
             done += 1
-            run_dir = work / f"{schedule.replace(':', '-')}-{r}"
+            run_dir = work / f"{schedule.replace(':', '-').replace('@', '-')}-{r}"
             if args.reuse and (run_dir / "result.json").exists():  # a finished run of an earlier invocation
                 result = json.loads((run_dir / "result.json").read_text())
                 result["log"] = str(run_dir / "log.txt")
@@ -448,27 +392,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 result = run_child(schedule, w, run_dir, models)
             runs[schedule].append(result)
             walls = [b - a for a, b in result["step_intervals"][1:]]
-            print(f"[{done}/{total}] {schedule:<19} repeat {r + 1}: mean step {statistics.fmean(walls):.2f} s, run "
-                  f"{result['run_seconds']:.0f} s, other processes {result['foreign_cpu_cores']:.2f} cores "
-                  f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
+            print(f"[{done}/{total}] {schedule:<26} repeat {r + 1}: mean step {statistics.fmean(walls):.2f} s, run "
+                  f"{result['run_seconds']:.0f} s ({result.get('rollout_engine', '?')}), other processes "
+                  f"{result['foreign_cpu_cores']:.2f} cores (elapsed {time.perf_counter() - started:.0f} s)",
+                  flush=True)
 
     def load(result):
         walls = [b - a for a, b in result["step_intervals"]]
         return measured_run(walls, read_jsonl(result["trace"]), result)
 
     loaded = {s: [load(r) for r in runs[s]] for s in args.schedules}
-    grpo = {s: summarize(loaded[s]) for s in args.schedules if s != "gkd"}
-    cmp = compare(grpo, {s: [t for r in loaded[s] for t in r.traces] for s in grpo})
-    stats: dict[str, Any] = dict(grpo)
-    if "gkd" in loaded:
-        stats["gkd"] = summarize_distill(loaded["gkd"])
-    description = (f"B={w.batch} G={w.group} steps={w.steps}, tiny agent, bundled SWE tasks, TRL tool loop "
+    suite = "bundled SWE tasks, real grading (tests)" if w.workload == "swe" else "thermostat train tasks"
+    description = (f"B={w.batch} G={w.group} steps={w.steps}, tiny agent, {suite}, TRL tool loop "
                    f"(≤ {w.max_tool_calling_iterations} tool rounds, {w.max_completion_length} tokens), real "
-                   f"generation (embedded server; stock TRL: generate in-process), real grading (tests)")
-    print_point("realgen", description, grpo, cmp)
-    print_overlap(grpo, cmp)
-    rows = realgen_rows(stats, cmp)
-    rho_sync = stats["sync"].balance_ratio if "sync" in stats else None
+                   f"generation (engine per schedule; stock TRL: generate in-process)")
+    stats, cmps, groups, rows = analyze(loaded, args.run_schedules, description)
+    rho_sync = {label: stats[names["sync"]].balance_ratio for label, names in groups.items() if "sync" in names}
     print("\n" + "\n".join(format_rows(rows, rho_sync)))
     episodes = episode_rows(runs)
     if episodes:  # completions/mean_length and tools/call_frequency as both trainers log them (TRL's definitions)
@@ -490,9 +429,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                                                   title="realgen: one step of each schedule"))
     except Exception as exc:  # a plot must not lose the measurements
         print(f"timeline not written: {exc}")
+    single = cmps[next(iter(cmps))].to_dict() if len(cmps) == 1 else None
     return write_report(out, command, started, files, workload=w.to_dict(), repeats=args.repeats,
                         schedules=list(args.schedules), summaries={s: v.to_dict() for s, v in stats.items()},
-                        compare=cmp.to_dict(), rows=rows, episodes=episodes, runs=runs)
+                        compare=single, compare_by_engine={k: c.to_dict() for k, c in cmps.items()},
+                        engine_groups=groups, rows=rows, episodes=episodes, runs=runs)
 
 
 if __name__ == "__main__":
