@@ -9,7 +9,6 @@ import random
 import pytest
 import torch
 
-from trl_thundersync.errors import ConfigurationError
 from trl_thundersync.tiny import agent as tiny_agent
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 
@@ -116,31 +115,3 @@ def test_a_tiny_model_folder_of_another_shape_is_rebuilt(tmp_path):
     assert json.loads((path / "config.json").read_text())["head_dim"] == 32
     save_tiny_model(path, hidden_size=64, num_layers=2)
     assert json.loads((path / "config.json").read_text())["hidden_size"] == 64, "another width: rebuilt"
-
-
-def test_the_optimization_schedule_warms_up_holds_and_decays():
-    """THERMOSTAT_OPTIMIZATION over 160 steps: 8 warm-up steps to the peak, the peak until the last 40, then a cosine
-    down to final_lr_share; the default recipe is a constant learning rate."""
-    opt = tiny_agent.THERMOSTAT_OPTIMIZATION
-    factors = [opt.lr_factor(step, 160) for step in range(160)]
-    assert factors[0] == pytest.approx(1 / 8) and factors[7] == 1.0
-    assert all(f == 1.0 for f in factors[7:121])
-    assert all(a > b for a, b in zip(factors[120:], factors[121:], strict=False))
-    assert factors[-1] == pytest.approx(opt.final_lr_share, abs=0.01) and factors[-1] > opt.final_lr_share
-    assert {tiny_agent.DEFAULT_OPTIMIZATION.lr_factor(step, 300) for step in range(300)} == {1.0}
-
-
-def test_the_thermostat_build_has_its_own_recipe_and_default_steps(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(tiny_agent, "warm_start", lambda *a, **k: calls.append(k) or [1.0, 0.5])
-    path = tiny_agent.save_tiny_agent_model(tmp_path / "agent", thermostat=True)
-    record = json.loads((path / tiny_agent.MARKER).read_text())
-    assert (record["recipe"], record["steps"]) == (tiny_agent.THERMOSTAT_RECIPE, tiny_agent.THERMOSTAT_STEPS)
-    assert calls[-1]["optimization"] == tiny_agent.THERMOSTAT_OPTIMIZATION
-    assert calls[-1]["steps"] == tiny_agent.THERMOSTAT_STEPS
-    tiny_agent.save_tiny_agent_model(tmp_path / "default")
-    assert calls[-1]["optimization"] == tiny_agent.DEFAULT_OPTIMIZATION
-    assert calls[-1]["steps"] == tiny_agent.DEFAULT_STEPS
-    assert json.loads((tmp_path / "default" / tiny_agent.MARKER).read_text())["recipe"] == tiny_agent.RECIPE
-    with pytest.raises(ConfigurationError, match="steps"):
-        tiny_agent.save_tiny_agent_model(tmp_path / "none", steps=0)

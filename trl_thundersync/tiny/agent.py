@@ -14,14 +14,6 @@ template is ~2 ms a transcript). So each step draws one prompt and 8 tool-use ep
 forwarded once, each episode runs over a copy of the prompt's key/value cache, and one backward goes through all of
 them — the loss and gradient a padded batch of the 8 full transcripts gives, up to FP32 rounding
 (`tests/unit/test_tiny_agent.py`), at a fifth of the cost.
-
-The thermostat build (the quickstart's model) is optimized for wall time instead (`THERMOSTAT_OPTIMIZATION`). A step's
-cost is ~0.045 s plus ~0.06 s a transcript (one thread; attention over the ~800-token prompt is over half of it, so a
-padded batch of the continuations is slower, not faster), while the loss after k steps barely depends on the batch
-from 2 transcripts up: how far the warm start gets is set by its step count. So it takes 2 transcripts a step and a
-higher peak learning rate, made stable by gradient clipping, a short warm-up and a cosine decay at the end: 160 steps
-(~30 s on two cores) reach the teacher-forced loss the 300 steps of 8 reached (~3 min; measurements in
-`THERMOSTAT_OPTIMIZATION`'s comment).
 """
 
 from __future__ import annotations
@@ -30,7 +22,6 @@ import argparse
 import functools
 import itertools
 import json
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,9 +37,6 @@ from .model import build_tiny_model, build_tiny_tokenizer, built_shape, folder_h
 # has the shape `build_tiny_model` gives now (`model.folder_has_shape`: heads, head size, width, depth).
 # 1: padded batches of 8 transcripts with 8 prompts. 2: 8 transcripts sharing one prompt, forwarded once.
 RECIPE = 2
-# The thermostat build's recipe, versioned on its own (the other builds' weights did not change with it):
-# 2: RECIPE 2 (300 steps of 8, lr 3e-3). 3: THERMOSTAT_OPTIMIZATION, THERMOSTAT_STEPS steps.
-THERMOSTAT_RECIPE = 3
 LOOKUP_SHARE = 1.0  # share of the lookup build's warm-start steps on the lookup suite (the others: tool use)
 # The lookup build (issue 15 probes, 300 steps on 2 cores; BENCHMARKS.md "Issue 15"): at width 64 the warm start
 # never learned to copy a pointer (teacher-forced p(named directory) stayed at chance even with every episode
@@ -61,7 +49,6 @@ LOOKUP_FOLLOW = 1.0  # share of the lookup warm start's episodes that follow the
 # within 3 steps; with a quarter, the reward rose more slowly than this build's within the quickstart's budget.
 THERMOSTAT_FOLLOW = 0.5  # share of the thermostat warm start's actions that follow the rule (`thermostat_episode`)
 TINY_AGENT_LAYERS = 2  # depth of every tiny agent build
-DEFAULT_STEPS = 300  # warm-start steps of the default and lookup builds
 MARKER = "warm_start.json"  # written last: a folder without it (or with another key) is rebuilt
 
 _COMMANDS = (
@@ -287,53 +274,15 @@ def batch_loss(model, batch: PromptBatch) -> torch.Tensor:
     return total / batch.label_count
 
 
-@dataclass(frozen=True)
-class Optimization:
-    """How a warm start optimizes, apart from its step count: transcripts a step (`batch`, one prompt shared), AdamW's
-    peak learning rate, a linear warm-up over the first `warmup_share` of the steps, a cosine decay to
-    `final_lr_share` × `lr` over the last `decay_share`, and the gradient-norm clip (None: none). The defaults are the
-    default and lookup builds' recipe (a constant learning rate, no clip)."""
-
-    batch: int = 8
-    lr: float = 3e-3
-    warmup_share: float = 0.0
-    decay_share: float = 0.0
-    final_lr_share: float = 1.0
-    clip_norm: float | None = None
-
-    def lr_factor(self, step: int, steps: int) -> float:
-        """The multiplier of `lr` at 0-based `step` of `steps`."""
-        warmup, decay = round(self.warmup_share * steps), round(self.decay_share * steps)
-        if step < warmup:
-            return (step + 1) / warmup
-        done = step - (steps - decay)  # steps into the decay (negative before it)
-        if decay == 0 or done < 0:
-            return 1.0
-        return self.final_lr_share + (1 - self.final_lr_share) * 0.5 * (1 + math.cos(math.pi * done / decay))
-
-
-DEFAULT_OPTIMIZATION = Optimization()
-# The thermostat build (issue: a quickstart within 3 minutes; two cores, one thread, seed 0 unless said): teacher-forced
-# loss on 32 fixed follow-0.5 episodes (its floor, the actions' own entropy, is ~0.026), steps x batch, wall:
-#   300 x 8, lr 3e-3 (THERMOSTAT_RECIPE 2): 0.027, ~170 s.   100 x 8, lr 3e-3: 0.083, 53 s.   80 x 8, lr 5e-3: 0.135
-#   60 x 8, lr 1e-2 or 2e-2 (warm-up, cosine, no clip): 0.33 / 1.39 (unstable).   150 x 4, lr 5e-3: 0.035, 45 s
-#   300 x 2, lr 5e-3: 0.025, 57 s.   160 x 2, lr 8e-3, cosine over all steps: 0.052 (decays before the drop)
-#   160 x 2, this: 0.0275 (seed 1: 0.0268), ~30 s.   lr 1.2e-2: 0.0276 with a loss spike.   120 x 2, lr 1e-2: 0.038
-# Two threads: 0.13 s a step idle, 1.3 s on a busy machine (one: 0.17-0.19 s), so the warm start keeps one.
-THERMOSTAT_OPTIMIZATION = Optimization(batch=2, lr=8e-3, warmup_share=0.05, decay_share=0.25, final_lr_share=0.1,
-                                       clip_norm=1.0)
-THERMOSTAT_STEPS = 160
-
-
-def warm_start(model, tokenizer, steps: int = DEFAULT_STEPS, seed: int = 0, progress: bool = False,
-               lookup: bool = False, lookup_follow: float = 0.0, lookup_share: float = 0.5,
-               thermostat_follow: float | None = None, thermostat_distances: tuple[int, ...] | None = None,
-               optimization: Optimization = DEFAULT_OPTIMIZATION) -> list[float]:
-    """Supervised warm-start on synthetic tool-use transcripts (`optimization.batch` per step, one prompt each
-    step); returns the loss curve. `progress`: a tqdm bar on stderr. `lookup`: a `lookup_share` of the steps draw the
-    lookup suite's prompt and `lookup_episode`s, the others as without it; each of those episodes follows its
-    pointers with probability `lookup_follow` (0: the format only). `thermostat_follow` (not None): every step draws
-    the thermostat suite's prompt and `thermostat_episode(follow=thermostat_follow, distances=thermostat_distances)`s
+def warm_start(model, tokenizer, steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0,
+               progress: bool = False, lookup: bool = False, lookup_follow: float = 0.0,
+               lookup_share: float = 0.5, thermostat_follow: float | None = None,
+               thermostat_distances: tuple[int, ...] | None = None) -> list[float]:
+    """Supervised warm-start on synthetic tool-use transcripts (`batch` per step, one prompt each step); returns
+    the loss curve. `progress`: a tqdm bar on stderr. `lookup`: a `lookup_share` of the steps draw the lookup
+    suite's prompt and `lookup_episode`s, the others as without it; each of those episodes follows its pointers with
+    probability `lookup_follow` (0: the format only). `thermostat_follow` (not None): every step draws the
+    thermostat suite's prompt and `thermostat_episode(follow=thermostat_follow, distances=thermostat_distances)`s
     instead.
 
     Runs on one intra-op thread: the ops of a 64-wide model are too small to split (two threads were no faster
@@ -345,9 +294,7 @@ def warm_start(model, tokenizer, steps: int = DEFAULT_STEPS, seed: int = 0, prog
     rng = random.Random(seed)
     prompts = _task_prompts()
     torch.manual_seed(seed)
-    batch = optimization.batch
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optimization.lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: optimization.lr_factor(step, steps))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model.train()
@@ -372,10 +319,7 @@ def warm_start(model, tokenizer, steps: int = DEFAULT_STEPS, seed: int = 0, prog
                 episodes = [tool_use_episode(rng) for _ in range(batch)]
             loss = batch_loss(model, render_batch(tokenizer, template, prompt, episodes, tools))
             loss.backward()
-            if optimization.clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), optimization.clip_norm)
             optimizer.step()
-            schedule.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
@@ -396,19 +340,18 @@ def built_with(path: str | Path) -> dict | None:
         return None
 
 
-def save_tiny_agent_model(path: str | Path, steps: int | None = None, seed: int = 0, progress: bool = False,
+def save_tiny_agent_model(path: str | Path, steps: int = 300, seed: int = 0, progress: bool = False,
                           lookup: bool = False, lookup_follow: float = LOOKUP_FOLLOW,
                           lookup_share: float = LOOKUP_SHARE, hidden_size: int = 64, thermostat: bool = False,
                           thermostat_follow: float = THERMOSTAT_FOLLOW,
                           thermostat_distances: tuple[int, ...] | None = None) -> Path:
     """Create the warm-started tiny agent model folder at `path`, or reuse it if it was built with this recipe,
-    `steps` (default: THERMOSTAT_STEPS for the thermostat build, else DEFAULT_STEPS), `seed` and suite options
-    (anything else is rebuilt in place). `progress`: a tqdm bar while building.
+    `steps`, `seed` and suite options (anything else is rebuilt in place). `progress`: a tqdm bar while building.
     `lookup`: also warm-start on the lookup suite, a `lookup_follow` share of its episodes following the pointers
     (`warm_start`); the default build is unchanged. `thermostat`: warm-start on the thermostat suite only, a
     `thermostat_follow` share of the actions the reactive rule's, from start levels `thermostat_distances` away
-    (default: the train split's), optimized for wall time (`THERMOSTAT_OPTIMIZATION`, THERMOSTAT_RECIPE).
-    `hidden_size`: the model's width (`build_tiny_model`; the lookup example uses LOOKUP_HIDDEN)."""
+    (default: the train split's). `hidden_size`: the model's width
+    (`build_tiny_model`; the lookup example uses LOOKUP_HIDDEN)."""
     for name, value in (("lookup_follow", lookup_follow), ("lookup_share", lookup_share),
                         ("thermostat_follow", thermostat_follow)):
         if not 0.0 <= value <= 1.0:
@@ -420,12 +363,8 @@ def save_tiny_agent_model(path: str | Path, steps: int | None = None, seed: int 
         raise ConfigurationError("thermostat_distances applies to the thermostat build: pass thermostat=True")
     if lookup and thermostat:
         raise ConfigurationError("lookup=True and thermostat=True: a tiny agent is warm-started for one suite")
-    if steps is None:
-        steps = THERMOSTAT_STEPS if thermostat else DEFAULT_STEPS
-    if steps < 1:
-        raise ConfigurationError(f"steps={steps} must be at least 1")
     path = Path(path)
-    key = {"recipe": THERMOSTAT_RECIPE if thermostat else RECIPE, "steps": steps, "seed": seed,
+    key = {"recipe": RECIPE, "steps": steps, "seed": seed,
            **({"lookup": True, "lookup_follow": lookup_follow, "lookup_share": lookup_share} if lookup else {}),
            **({"thermostat": True, "thermostat_follow": thermostat_follow} if thermostat else {}),
            **({"thermostat_distances": list(thermostat_distances)} if thermostat and thermostat_distances else {}),
@@ -443,8 +382,7 @@ def save_tiny_agent_model(path: str | Path, steps: int | None = None, seed: int 
     losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress, lookup=lookup,
                         lookup_follow=lookup_follow, lookup_share=lookup_share,
                         thermostat_follow=thermostat_follow if thermostat else None,
-                        thermostat_distances=thermostat_distances,
-                        optimization=THERMOSTAT_OPTIMIZATION if thermostat else DEFAULT_OPTIMIZATION)
+                        thermostat_distances=thermostat_distances)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)
@@ -455,8 +393,7 @@ def save_tiny_agent_model(path: str | Path, steps: int | None = None, seed: int 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", nargs="?", default="tiny-agent")
-    parser.add_argument("--steps", type=int, default=None,
-                        help=f"default: {THERMOSTAT_STEPS} with --thermostat, else {DEFAULT_STEPS}")
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lookup", action="store_true", help="also warm-start on the lookup suite's format")
     parser.add_argument("--thermostat", action="store_true", help="warm-start on the thermostat suite only")
     args = parser.parse_args(argv)
