@@ -1,21 +1,24 @@
 """The quickstart: GRPO on the thermostat tasks — multi-turn, sandboxed tool use that a tiny agent learns on two CPU
-cores in about nine minutes, the three-minute model build included (issue 15; measured 8 min 44 s).
+cores in about eight and a half minutes, the three-minute model build and the vLLM server's start included (issue
+25; measured 8 min 22 s in a fresh clone).
 
 Each task hides a dial's level in a sandboxed workspace: the agent runs `./check`, then `./down` while it reads
 `status: high` and `./up` while it reads `status: low`, then `submit()` at `status: ok`
 (`trl_thundersync/envs/tasks/thermostat.py`; partial credit; the held-out tasks start farther from the target than
 any trained on). Out of the box (CPU, offline): the 64-wide tiny agent warm-started on the suite's format with half
 of its actions right (`tiny-agent-thermostat`, built on first use in about three minutes), bubblewrap-sandboxed shell
-tools, the embedded rollout server, gradient streaming. The training reward climbs from ~0.6 to ~0.95 within the
-first ~8 steps, and held-out success rises with it (BENCHMARKS.md "Time to quality").
+tools, rollouts from a real `vllm serve` the trainer starts and stops (`rollout_engine="auto"` → `managed_vllm` when
+`scripts/setup.sh` installed `.venv-vllm`; else the embedded server; `--rollout_engine embedded_server` to choose
+it), gradient streaming. The training reward climbs from ~0.65 to ~0.9, and held-out success rises with it
+(BENCHMARKS.md "Time to quality").
 
     accelerate launch examples/thermostat_grpo.py
     python examples/thermostat_grpo.py --max_steps 40            # longer
     python examples/thermostat_grpo.py --schedule sync --eval_samples 0
 
 The run ends with a summary: training reward over the first and last steps, held-out success before and after
-training (sampled episodes at the training temperature; `--eval_samples 0` skips it), the timing summary of the
-other examples, and the path of a reward-versus-time plot in the output directory.
+training (episodes sampled at the training temperature by the run's own rollout servers; `--eval_samples 0` skips
+it), the timing summary of the other examples, and the path of a reward-versus-time plot in the output directory.
 """
 
 from trl_thundersync.agentic import ThermostatSuiteArguments
