@@ -14,6 +14,7 @@ from trl_thundersync.distill.processes import (
     global_loss,
     local_share,
 )
+from trl_thundersync.distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from trl_thundersync.distill.records import DistillTotals
 from trl_thundersync.distill.teacher_schedule import TeacherLoad
 from trl_thundersync.errors import NoScoredTokensError, PeerProcessError, TeacherScoringError
@@ -30,26 +31,63 @@ def _agent(turns: int, calls: int, wall: float) -> AgentStats:
                       stop_reason="answered")
 
 
-def _share(rank, tokens, loss, turns, *, wall=1.0, lengths=(3, 4), agents=(), engine=None, peak=1):
+def _share(rank, tokens, loss, turns, *, wall=1.0, lengths=(3, 4), agents=(), engine=None, peak=1, items=None):
     timing = {"thundersync/step_wall_seconds": wall, "thundersync/learner_busy_seconds": wall / 2}
     return finished_share(rank, _totals(tokens, loss, turns, peak=peak), timing, lengths, agents, engine or {},
                           teacher_wait=0.1 * turns,
                           teacher=TeacherLoad(requests=turns, prefill_tokens=10 * turns, busy_seconds=0.2 * turns,
-                                              turn_schedule_tokens=10 * turns, trajectory_schedule_tokens=4 * turns))
+                                              turn_schedule_tokens=10 * turns, trajectory_schedule_tokens=4 * turns),
+                          num_items=items)
 
 
 def test_local_share_averages_to_the_global_token_normalized_direction():
     g0, g1 = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 0.5, 0.0])
     n0, n1 = 7, 0  # unequal shares, one of them empty
-    shares = [local_share([g0], n0 + n1, 2), local_share([g1], n0 + n1, 2)]
+    world = [_share(0, n0, 0.0, 1), _share(1, n1, 0.0, 1)]
+    shares = [local_share([g], step_normalizer("scored_tokens", world, r, shared_count=True, label="s").share_scale())
+              for r, g in enumerate((g0, g1))]
     mean = (shares[0] + shares[1]) / 2  # what the placement's all-reduce hands the optimizer
     assert torch.allclose(mean, (g0 + g1) / (n0 + n1), rtol=1e-7)
-    assert torch.equal(local_share([g0], 7, 1), g0 / 7)  # one process: Σ g / N, unchanged
+    one = step_normalizer("scored_tokens", [_share(0, 7, 0.0, 1)], 0, shared_count=False, label="s")
+    assert torch.allclose(local_share([g0], one.share_scale()), g0 / 7, rtol=1e-7, atol=0)  # one process: Σ g / N, unchanged
 
 
-def test_zero_tokens_on_every_process_is_refused():
-    with pytest.raises(NoScoredTokensError, match="zero scored action tokens"):
-        local_share([torch.zeros(3)], check_shares([_share(0, 0, 0.0, 1), _share(1, 0, 0.0, 1)], 0, None), 2)
+@pytest.mark.parametrize("name", ["scored_tokens", "num_items_in_batch"])
+def test_zero_tokens_on_every_process_is_refused_under_either_normalizer(name):
+    shares = [_share(0, 0, 0.0, 1, items=9.0), _share(1, 0, 0.0, 1, items=9.0)]
+    check_shares(shares, 0, None)
+    for rank in (0, 1):  # every process raises, naming the step
+        with pytest.raises(NoScoredTokensError, match=r"step 4 \(policy version 3\): .*zero scored completion"):
+            step_normalizer(name, shares, rank, shared_count=True, label="optimizer step 4 (policy version 3)")
+
+
+def test_num_items_in_batch_is_stock_gkds_divisor():
+    g0, g1 = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 0.5, 0.0])
+    # gathered over processes (average_tokens_across_devices): every process holds the global count 33
+    shared = [_share(0, 20, 2.0, 1, items=33.0), _share(1, 5, 1.0, 1, items=33.0)]
+    norms = [step_normalizer("num_items_in_batch", shared, r, shared_count=True, label="s") for r in (0, 1)]
+    assert norms[0] == StepNormalizer("num_items_in_batch", 33.0, 2.0, None)
+    mean = (local_share([g0], norms[0].share_scale()) + local_share([g1], norms[1].share_scale())) / 2
+    assert torch.allclose(mean, (g0 + g1) / 33, rtol=1e-7)  # not / 25, the scored tokens
+    # backwards already seeded with 1/33 (the count is known before the batch): only the process factor remains
+    assert norms[0].share_scale(seeded_by=33.0) == 2.0 and norms[0].share_scale(seeded_by=11.0) == 2.0 / 3
+    assert step_loss(shared, lambda r: norms[r]) == pytest.approx(3.0 / 33)
+    # per-process counts (average_tokens_across_devices=False): the mean of Σ_r g / N_r, as stock DDP averages
+    own = [_share(0, 20, 2.0, 1, items=10.0), _share(1, 5, 1.0, 1, items=4.0)]
+    norms = [step_normalizer("num_items_in_batch", own, r, shared_count=False, label="s") for r in (0, 1)]
+    mean = (local_share([g0], norms[0].share_scale()) + local_share([g1], norms[1].share_scale())) / 2
+    assert torch.allclose(mean, (g0 / 10 + g1 / 4) / 2, rtol=1e-7)
+    assert step_loss(own, lambda r: norms[r]) == pytest.approx((2.0 / 10 + 1.0 / 4) / 2)
+
+
+def test_num_items_in_batch_of_zero_is_refused_and_none_falls_back():
+    zero = [_share(0, 5, 1.0, 1, items=0.0), _share(1, 3, 1.0, 1, items=0.0)]
+    with pytest.raises(NoScoredTokensError, match=r"step 2: num_items_in_batch=0 on process 0"):
+        step_normalizer("num_items_in_batch", zero, 1, shared_count=True, label="step 2")
+    none = [_share(0, 5, 1.0, 1), _share(1, 3, 1.0, 1)]
+    norm = step_normalizer("num_items_in_batch", none, 0, shared_count=True, label="s")
+    assert (norm.name, norm.tokens, norm.factor) == ("scored_tokens", 8.0, 2.0)
+    assert "no num_items_in_batch" in norm.fallback
 
 
 def test_a_failed_process_is_named_on_the_others_and_re_raised_on_itself():

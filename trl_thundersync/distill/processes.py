@@ -7,6 +7,9 @@ gathers `loss_mask.sum()` into `num_items_in_batch`; `GKDTrainer.generalized_jsd
 
     N_k = Σ_ranks N_r          direction = Σ_ranks Σ_{j ∈ r} g_j / N_k
 
+With `on_policy_normalizer="num_items_in_batch"` (stock `GKDTrainer`'s, the default for the generalized JSD) N_k is
+transformers' count of the window's dataset label tokens instead (`distill.normalizer`); every share carries it.
+
 The placement's `hand_over` takes this process's share with the direction being the MEAN over processes (DDP's
 convention), so each process hands over `world · Σ_{j ∈ r} g_j / N_k` (`local_share`).
 
@@ -16,8 +19,8 @@ Lifecycle, on every process, in the same order, once per streamed batch:
 2. `gather` (one collective: `accelerate.utils.gather_object`) exchanges every process's `RankShare` — it runs on
    every process, with zero tokens or a failure too, so no process waits for one that will not come;
 3. `check_shares`: a process that failed re-raises its own error; the others raise `PeerProcessError` naming the
-   failed rank and its cause; N_k = 0 on every process → `NoScoredTokensError` on every process (from
-   `batch_direction`), never a one-sided refusal;
+   failed rank and its cause; then `normalizer.step_normalizer` on every share: zero scored tokens (or a zero
+   `num_items_in_batch`) → `NoScoredTokensError` on every process, never a one-sided refusal;
 4. the trainer hands `local_share(...)` to the placement (the direction's all-reduce) and logs `batch_metrics`, the
    same values on every process: what one process streaming the whole global batch would log (the timing metrics
    are the slowest process's).
@@ -33,7 +36,6 @@ import torch
 from ..envs.harness.metrics import agent_metrics
 from ..errors import PeerProcessError
 from ..types import AgentStats
-from .learner import batch_direction
 from .records import DistillTotals
 from .teacher_schedule import TeacherLoad
 
@@ -54,15 +56,16 @@ class RankShare:
     completion_lengths: tuple[int, ...]  # model tokens of each of its trajectories (tool tokens excluded)
     agents: tuple[AgentStats, ...]  # per-trajectory agent statistics (empty without tools / environments)
     engine: tuple[tuple[str, float], ...]  # this process's rollout engine metrics (e.g. the servers' `rollout/...`)
+    num_items: float | None = None  # the `num_items_in_batch` transformers handed this process's window (None: none)
 
 
 def finished_share(rank: int, totals: DistillTotals, timing: dict[str, float], completion_lengths: Sequence[int],
                    agents: Sequence[AgentStats], engine: dict[str, float], teacher_wait: float,
-                   teacher: TeacherLoad) -> RankShare:
+                   teacher: TeacherLoad, num_items: float | None = None) -> RankShare:
     """The share of a process whose batch reached the barrier."""
     return RankShare(rank, None, totals.scored_tokens, totals.loss_sum, totals.turns, totals.peak_open_trajectories,
                      teacher_wait, teacher, tuple(timing.items()), tuple(completion_lengths), tuple(agents),
-                     tuple(engine.items()))
+                     tuple(engine.items()), num_items)
 
 
 def failed_share(rank: int, error: BaseException) -> RankShare:
@@ -83,10 +86,10 @@ def check_shares(shares: Sequence[RankShare], rank: int, own_error: BaseExceptio
     return sum(s.scored_tokens for s in shares)
 
 
-def local_share(grads: Sequence[torch.Tensor], global_tokens: int, world_size: int) -> torch.Tensor:
-    """This process's flat share world · Σ_{j ∈ r} g_j / N_k (FP32), whose mean over processes is the batch
-    direction; N_k = 0 raises `NoScoredTokensError` (on every process, as N_k is the same everywhere)."""
-    return torch.cat([g.reshape(-1).to(torch.float32) * world_size for g in batch_direction(grads, global_tokens)])
+def local_share(grads: Sequence[torch.Tensor], scale: float) -> torch.Tensor:
+    """This process's flat share scale · Σ_{j ∈ r} g_j (FP32), whose mean over processes is the batch direction
+    (`distill.normalizer.StepNormalizer.share_scale`: world / N for a count shared by every process)."""
+    return torch.cat([g.reshape(-1).to(torch.float32) * scale for g in grads])
 
 
 def global_loss(shares: Sequence[RankShare]) -> float:

@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from trl.experimental.gkd import GKDConfig
 
+from ..distill.normalizer import NormalizerName
 from ..distill.teacher_schedule import TeacherScoring
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.vllm_api import check_base_url
@@ -17,6 +18,7 @@ from .config_checks import converted_config, require_choice, require_counts
 from .rollout_config import RolloutEngine, RolloutFields, TRLVLLMServerFields
 
 Objective = Literal["gjsd", "opd"]
+OnPolicyNormalizerSetting = Literal["auto", NormalizerName]  # "auto" is resolved in __post_init__
 TurnBackwardSetting = Literal["auto", TurnBackward]  # "auto" is resolved in __post_init__
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 TURN_BACKWARDS: tuple[TurnBackwardSetting, ...] = get_args(TurnBackwardSetting)
@@ -34,8 +36,19 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
         default="gjsd",
         metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
                   "(a local teacher model), as trl's GKDTrainer; 'opd': the paper's turn-level on-policy distillation, "
-                  "sampled-token advantage sg(log π_T − log π_θ). Both are "
-                  "normalized by the batch's scored-token count."},
+                  "sampled-token advantage sg(log π_T − log π_θ). What an on-policy step is divided by: "
+                  "on_policy_normalizer."},
+    )
+    on_policy_normalizer: OnPolicyNormalizerSetting = field(
+        default="auto",
+        metadata={"help": "What an on-policy step's summed loss is divided by. 'num_items_in_batch': the count "
+                  "transformers' Trainer hands training_step — the label tokens of the DATASET rows of the "
+                  "accumulation window (over processes with average_tokens_across_devices) — which stock trl "
+                  "GKDTrainer divides the generated completions' loss by (a bug TRL acknowledges, "
+                  "huggingface/trl #6452 and #6478); a swapped GKD script trains exactly as before. "
+                  "'scored_tokens': the completion tokens actually scored (trl's DistillationTrainer, and the "
+                  "paper's Eq. 9). 'auto': 'num_items_in_batch' for objective='gjsd', 'scored_tokens' for "
+                  "objective='opd'. Off-policy steps are TRL's own code either way."},
     )
     schedule: Schedule = field(
         default="thundersync",
@@ -115,6 +128,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
             raise ConfigurationError(str(exc)) from exc
         require_choice(self, "objective", Objective)
         require_choice(self, "schedule", Schedule)
+        require_choice(self, "on_policy_normalizer", OnPolicyNormalizerSetting)
         require_choice(self, "turn_backward", TurnBackwardSetting)
         require_choice(self, "teacher_scoring", TeacherScoring)
         self.check_rollout_fields(ROLLOUT_ENGINES)
@@ -170,5 +184,7 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
                 raise ConfigurationError(f"teacher_server_retries={self.teacher_server_retries} must be ≥ 0")
         if self.turn_backward == "auto":
             self.turn_backward = "naive" if self.gradient_checkpointing else "boundary_cut"
+        if self.on_policy_normalizer == "auto":
+            self.on_policy_normalizer = "num_items_in_batch" if self.objective == "gjsd" else "scored_tokens"
         if self.use_liger_kernel:
             refuse("use_liger_kernel", self.use_liger_kernel, "the Liger loss bypasses the streamed learner")

@@ -4,7 +4,8 @@ Swap `GKDTrainer`/`GKDConfig` for `ThunderSyncGKDTrainer`/`ThunderSyncGKDConfig`
 `random() <= lmbda` exactly as TRL does. On-policy steps run the logical batch through `distill.pipeline`: the
 embedded engine samples at θ_k (multi-turn with tools/environments), the frozen teacher scores each turn as soon as
 its action is complete, the student's backward for that turn runs at once (boundary-cut by default), and at the
-barrier Σ_j g_j / N_k is written into `param.grad`; TRL's loop clips it and takes the one optimizer step, and a
+barrier Σ_j g_j / N_k is written into `param.grad` (N_k: stock GKDTrainer's `num_items_in_batch` for the
+generalized JSD, the scored tokens for OPD — `on_policy_normalizer`, `distill.normalizer`); TRL's loop clips it and takes the one optimizer step, and a
 callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
 teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
 
@@ -16,6 +17,8 @@ Rank 0 alone publishes to shared rollout servers (`rollout/publish_role.py`); a 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import random
 
@@ -34,9 +37,9 @@ from ..distill.processes import (
     check_shares,
     failed_share,
     finished_share,
-    global_loss,
     local_share,
 )
+from ..distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from ..distill.records import DistillTotals, TeacherScores
 from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
@@ -58,6 +61,8 @@ from .gkd_rollout import (
 from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
 from .placement import check_engine
 from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+
+logger = logging.getLogger(__name__)
 
 
 class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
@@ -110,6 +115,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._engine = None
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self._seeded_by: float | None = None  # the count this batch's turn losses are divided by (None: none)
         self._open_step: StepRecord | None = None  # the streamed batch awaiting its step's trace (`lifecycle.py`)
         self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
         self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
@@ -182,7 +188,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._draw_on_policy():
-            return self._on_policy_micro_step(model, inputs)
+            return self._on_policy_micro_step(model, inputs, num_items_in_batch)
         if self.seq_kd:
             with unwrap_model_for_generation(self.teacher_model, self.accelerator,
                                              generation_kwargs=self.generation_kwargs) as teacher:
@@ -191,16 +197,19 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     # -- the streamed on-policy batch -------------------------------------------------------------------------------
-    def _on_policy_micro_step(self, model, inputs) -> torch.Tensor:
+    def _on_policy_micro_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """Collect the micro-batches of one optimizer step (lmbda=1 whenever gradient_accumulation_steps > 1, so
         every micro-step of the window lands here) and stream them as one logical batch at the window's last one;
-        the earlier micro-steps add nothing to param.grad and report a zero loss."""
+        the earlier micro-steps add nothing to param.grad and report a zero loss. `num_items_in_batch` is the
+        window's count (transformers hands every micro-step of a window the same one): stock GKDTrainer's
+        normalizer (`distill.normalizer`)."""
         self._window.append(inputs)
         if len(self._window) < self.current_gradient_accumulation_steps:
             loss = torch.zeros((), device=self.args.device)
         else:
             micro_batches, self._window = self._window, []
-            loss = self._streamed_batch(model, micro_batches)
+            count = float(num_items_in_batch) if num_items_in_batch is not None else None
+            loss = self._streamed_batch(model, micro_batches, count)
         self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
         return loss
 
@@ -214,9 +223,10 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             on_policy = bool(broadcast(flag, from_process=0).item())
         return on_policy
 
-    def _streamed_batch(self, model, micro_batches: list) -> torch.Tensor:
+    def _streamed_batch(self, model, micro_batches: list, num_items: float | None = None) -> torch.Tensor:
         """Stream this process's share of the logical batch, exchange the shares (`distill.processes`: every process
-        enters, also after a failure or with zero tokens), then hand world · Σ_r g_j / N_k to the placement."""
+        enters, also after a failure or with zero tokens), then hand factor · Σ_r g_j / N_k to the placement, N_k
+        being the config's `on_policy_normalizer` (`distill.normalizer`)."""
         placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
@@ -224,25 +234,48 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         error, share = None, None
         try:
-            share = self._stream_share(placement, model, micro_batches, version)
+            share = self._stream_share(placement, model, micro_batches, version, num_items)
         except Exception as exc:  # re-raised after the exchange, which the other processes are waiting in
             if world == 1:
                 raise
             error, share = exc, failed_share(rank, exc)
         shares = gather_object([share]) if world > 1 else [share]
-        global_tokens = check_shares(shares, rank, error)
-        totals = self.last_batch[0]
-        direction = local_share(totals.grads, global_tokens, world)
-        placement.hand_over(direction, f"optimizer step {self.state.global_step} (policy version {version})")
+        check_shares(shares, rank, error)
+        label = f"optimizer step {self.state.global_step + 1} (policy version {version})"
+        shared_count = world > 1 and self.args.average_tokens_across_devices
+        normalizers = [step_normalizer(self.args.on_policy_normalizer, shares, r, shared_count=shared_count,
+                                       label=label) for r in range(world)]
+        self._report_normalizer(normalizers[rank])
+        direction = local_share(self.last_batch[0].grads, normalizers[rank].share_scale(self._seeded_by))
+        placement.hand_over(direction, label)
         for name, value in batch_metrics(shares, self.args.objective).items():
             self._metrics["train"][name].append(value)
+        self._metrics["train"]["thundersync/normalizer_tokens"].append(
+            normalizers[rank].tokens if shared_count or world == 1 else sum(n.tokens for n in normalizers))
         self._metrics["train"]["thundersync/policy_version"].append(float(self.policy_version))
-        return torch.tensor(global_loss(shares), device=self.args.device)  # the same on every process
+        loss = step_loss(shares, lambda r: normalizers[r])
+        return torch.tensor(loss, device=self.args.device)  # the same on every process
 
-    def _stream_share(self, placement, model, micro_batches: list, version: int) -> RankShare:
+    def _report_normalizer(self, normalizer: StepNormalizer) -> None:
+        """Say once per run (and again when it changes) what on-policy steps are divided by."""
+        said = (normalizer.name, normalizer.fallback)
+        if getattr(self, "_normalizer_said", None) == said:
+            return
+        self._normalizer_said = said
+        text = {"num_items_in_batch": "num_items_in_batch (the dataset answers' label tokens of the window, as stock "
+                                      "trl GKDTrainer; huggingface/trl #6452)",
+                "scored_tokens": "the scored completion tokens (as trl's DistillationTrainer)"}[normalizer.name]
+        if normalizer.fallback is not None:
+            logger.warning("on_policy_normalizer='num_items_in_batch': %s", normalizer.fallback)
+        logger.info("ThunderSyncGKDTrainer: on-policy steps are normalized by %s", text)
+
+    def _stream_share(self, placement, model, micro_batches: list, version: int,
+                      num_items: float | None = None) -> RankShare:
         """This process's micro-batches as one streamed batch: rows indexed locally, seeded by their global row."""
         to_requests = requests_from_rows if self._agentic else requests_from_collated
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        # stock GKD's count is known before the batch: each turn's loss is divided by it before its backward
+        self._seeded_by = num_items if self.args.on_policy_normalizer == "num_items_in_batch" and num_items else None
         requests = []
         for m, inputs in enumerate(micro_batches):  # global row r: the same seed however the batch was split
             rows = len(inputs) if self._agentic else inputs["prompts"].shape[0]
@@ -265,18 +298,24 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
                                            logits_vocab_size=vocab, on_item=items.append)
         self.last_batch = (totals, timing)
         self._open_step = StepRecord(version, totals, timing, items)
+        if self._seeded_by is not None:  # the share carries the plain loss sum (metrics, the normalizer's loss)
+            totals = dataclasses.replace(totals, loss_sum=totals.loss_sum * self._seeded_by)
         rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
         turns = [w for w in totals.work if w.kind == "turn_backward"]
         return finished_share(rank, totals, step_timing_metrics(timing),
                               model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts]),
                               [r.agent for r in rollouts if r.agent is not None], engine_step_metrics(self._engine),
-                              teacher_wait=sum(w.teacher_wait for w in turns), teacher=timing.teacher)
+                              teacher_wait=sum(w.teacher_wait for w in turns), teacher=timing.teacher,
+                              num_items=num_items)
 
     def _objective(self, logits: torch.Tensor, actions: torch.Tensor, teacher: TeacherScores) -> torch.Tensor:
+        """One turn's summed loss, divided by stock GKD's `num_items_in_batch` when that is the normalizer (known
+        before the batch: the backward is seeded with 1/N as stock TRL's is), else undivided (N_k at the barrier)."""
         if self.args.objective == "opd":
-            return opd_loss_sum(logits, actions, teacher.logprobs)
-        # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling uses args.temperature)
-        return generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
+            loss = opd_loss_sum(logits, actions, teacher.logprobs)
+        else:  # TRL's compute_loss calls generalized_jsd_loss at its default temperature 1.0 (sampling: temperature)
+            loss = generalized_jsd_per_token(logits, teacher.logits.to(logits.device), self.beta).sum()
+        return loss if self._seeded_by is None else loss / self._seeded_by
 
     def use_turn_generator(self, generator: TurnGenerator) -> RolloutEngine:
         """Sample the on-policy rollouts with `generator` (any `TurnGenerator`: `submit`, `publish`,
