@@ -43,9 +43,9 @@ def teacher_path(tmp_path_factory):
 
 def messages() -> Dataset:
     """Dataset answers of 2–5 words: their label count is stock GKD's on-policy normalizer."""
+    answers = [" ".join(["It is"] + [str(2 * i)] * (i % 4)) for i in range(ROWS)]
     return Dataset.from_dict({"messages": [[{"role": "user", "content": f"What is {i} + {i}?"},
-                                            {"role": "assistant", "content": " ".join(["It is"] + [str(2 * i)] * (i % 4))}]
-                                           for i in range(ROWS)]})
+                                            {"role": "assistant", "content": answers[i]}] for i in range(ROWS)]})
 
 
 def completion_text(prompt_text: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trl_thundersync.distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from trl_thundersync.distill.processes import (
     batch_metrics,
     check_shares,
@@ -14,7 +15,6 @@ from trl_thundersync.distill.processes import (
     global_loss,
     local_share,
 )
-from trl_thundersync.distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from trl_thundersync.distill.records import DistillTotals
 from trl_thundersync.distill.teacher_schedule import TeacherLoad
 from trl_thundersync.errors import NoScoredTokensError, PeerProcessError, TeacherScoringError
@@ -44,8 +44,8 @@ def test_local_share_averages_to_the_global_token_normalized_direction():
     g0, g1 = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 0.5, 0.0])
     n0, n1 = 7, 0  # unequal shares, one of them empty
     world = [_share(0, n0, 0.0, 1), _share(1, n1, 0.0, 1)]
-    shares = [local_share([g], step_normalizer("scored_tokens", world, r, shared_count=True, label="s").share_scale())
-              for r, g in enumerate((g0, g1))]
+    norms = [step_normalizer("scored_tokens", world, r, shared_count=True, label="s") for r in (0, 1)]
+    shares = [local_share([g], norms[r].share_scale()) for r, g in enumerate((g0, g1))]
     mean = (shares[0] + shares[1]) / 2  # what the placement's all-reduce hands the optimizer
     assert torch.allclose(mean, (g0 + g1) / (n0 + n1), rtol=1e-7)
     one = step_normalizer("scored_tokens", [_share(0, 7, 0.0, 1)], 0, shared_count=False, label="s")

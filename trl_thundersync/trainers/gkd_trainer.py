@@ -5,8 +5,8 @@ Swap `GKDTrainer`/`GKDConfig` for `ThunderSyncGKDTrainer`/`ThunderSyncGKDConfig`
 embedded engine samples at θ_k (multi-turn with tools/environments), the frozen teacher scores each turn as soon as
 its action is complete, the student's backward for that turn runs at once (boundary-cut by default), and at the
 barrier Σ_j g_j / N_k is written into `param.grad` (N_k: stock GKDTrainer's `num_items_in_batch` for the
-generalized JSD, the scored tokens for OPD — `on_policy_normalizer`, `distill.normalizer`); TRL's loop clips it and takes the one optimizer step, and a
-callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
+generalized JSD, the scored tokens for OPD — `on_policy_normalizer`, `distill.normalizer`); TRL's loop clips it and
+takes the one optimizer step, and a callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps (dataset sequences, or `seq_kd`
 teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
 
 Several processes (DDP): each process streams its own micro-batches (rows seeded by their global row), the barrier
@@ -30,6 +30,7 @@ from trl.trainer.sft_trainer import SFTTrainer
 
 from ..distill.learner import DistillBatchLearner
 from ..distill.losses import generalized_jsd_per_token, opd_loss_sum
+from ..distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from ..distill.pipeline import DistillTiming, TurnRouter, run_distill_batch
 from ..distill.processes import (
     RankShare,
@@ -39,7 +40,6 @@ from ..distill.processes import (
     finished_share,
     local_share,
 )
-from ..distill.normalizer import StepNormalizer, step_loss, step_normalizer
 from ..distill.records import DistillTotals, TeacherScores
 from ..distill.teacher import LocalTeacher, check_same_vocabulary
 from ..distill.trace import distill_step_trace
