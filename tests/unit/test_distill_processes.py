@@ -49,7 +49,7 @@ def test_local_share_averages_to_the_global_token_normalized_direction():
     mean = (shares[0] + shares[1]) / 2  # what the placement's all-reduce hands the optimizer
     assert torch.allclose(mean, (g0 + g1) / (n0 + n1), rtol=1e-7)
     one = step_normalizer("scored_tokens", [_share(0, 7, 0.0, 1)], 0, shared_count=False, label="s")
-    assert torch.allclose(local_share([g0], one.share_scale()), g0 / 7, rtol=1e-7, atol=0)  # one process: Σ g / N, unchanged
+    assert torch.allclose(local_share([g0], one.share_scale()), g0 / 7, rtol=1e-7, atol=0)  # Σ g / N
 
 
 @pytest.mark.parametrize("name", ["scored_tokens", "num_items_in_batch"])
