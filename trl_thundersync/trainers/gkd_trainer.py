@@ -7,7 +7,8 @@ its action is complete, the student's backward for that turn runs at once (bound
 barrier Σ_j g_j / N_k is written into `param.grad` (N_k: stock GKDTrainer's `num_items_in_batch` for the
 generalized JSD, the scored tokens for OPD — `on_policy_normalizer`, `distill.normalizer`); TRL's loop clips it and
 takes the one optimizer step, and a callback publishes θ_{k+1} and waits for the acknowledgement. Off-policy steps
-(dataset sequences, or `seq_kd` teacher generations) are TRL's own code path. The math lives in `trl_thundersync.distill`.
+(dataset sequences, or `seq_kd` teacher generations) are TRL's own code path.
+The math lives in `trl_thundersync.distill`.
 
 Several processes (DDP): each process streams its own micro-batches (rows seeded by their global row), the barrier
 exchanges every process's share once (`distill.processes`: the global scored-token count N_k, failures, the batch
