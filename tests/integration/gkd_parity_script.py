@@ -10,6 +10,9 @@ Parity cases (3 optimizer steps, global batch of 4 rows, each process streams it
   agent_gjsd       the same with the generalized JSD
   mixed_lmbda      lmbda=0.5: TRL's draw decides per step between a streamed on-policy batch and TRL's own
                    off-policy step (DDP's backward); every process takes the same branch
+  mixed_lmbda_ga2  lmbda=0.5 with gradient_accumulation_steps=2 (seed 3: windows on+off, on+off, off+on): each
+                   on-policy micro-step streamed alone and added to the window's gradient, the window reduced by
+                   DDP's synced backward (off-policy last) or by the placement (on-policy last)
   rank1_empty      in-order rows, every completion of a row the second process would hold is empty: that process
                    streams zero scored tokens and its share is zero, the step still the global batch's
   server_opd       OPD over HTTP: the student samples from one embedded rollout server that process 0 starts and
@@ -135,6 +138,8 @@ CASES = {
     "server_opd": dict(objective="opd", rollout_engine="embedded_server", rollout_num_servers=1,
                        rollout_max_in_flight=4, teacher_server_url=os.environ.get("TS_TEST_TEACHER_URL")),
     "mixed_lmbda": dict(objective="gjsd", lmbda=0.5),
+    "mixed_lmbda_ga2": dict(objective="gjsd", lmbda=0.5, per_device_train_batch_size=2 // world,
+                            gradient_accumulation_steps=2, seed=3),
     "teacher_fails": dict(objective="opd"),
     "all_empty": dict(objective="opd"),
 }

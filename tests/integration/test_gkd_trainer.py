@@ -71,7 +71,9 @@ def test_drop_in_gkd_script_mixes_on_and_off_policy(tmp_path, tokenizer, tiny_mo
 def test_generalized_jsd_gradient_matches_trl_on_the_same_samples(tmp_path, tokenizer, tiny_model_path,
                                                                   teacher_path):
     capture = CaptureGrads()
-    args = config(tmp_path, max_steps=1, beta=0.3, objective="gjsd")
+    # GKDTrainer.generalized_jsd_loss without num_items_in_batch divides by the scored tokens: that normalizer here
+    # (stock GKDTrainer's own num_items_in_batch: tests/integration/test_gkd_vs_stock_trl.py)
+    args = config(tmp_path, max_steps=1, beta=0.3, objective="gjsd", on_policy_normalizer="scored_tokens")
     trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
                                     args=args, train_dataset=messages(), processing_class=tokenizer,
                                     callbacks=[capture])
@@ -213,7 +215,11 @@ def test_multi_turn_tools_stream_per_turn_and_schedules_agree(tmp_path, tokenize
 
 def test_refusals_name_the_field(tmp_path, tokenizer, tiny_model_path, teacher_path):
     with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2 is not supported: with lmbda=0.5"):
-        config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5)
+        config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5, on_policy_normalizer="scored_tokens")
+    with pytest.raises(UnsupportedOptionError, match="on_policy_normalizer='scored_tokens'"):
+        config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5, objective="opd")  # OPD's default normalizer
+    mixed = config(tmp_path, gradient_accumulation_steps=2, lmbda=0.5)  # stock GKD's count: each micro-step alone
+    assert mixed.on_policy_normalizer == "num_items_in_batch"
     assert config(tmp_path, gradient_accumulation_steps=2).gradient_accumulation_steps == 2  # lmbda=1: one batch
     with pytest.raises(UnsupportedOptionError, match="gradient_checkpointing"):
         config(tmp_path, gradient_checkpointing=True, turn_backward="boundary_cut")
@@ -245,10 +251,9 @@ def test_plain_trl_gkd_config_is_converted(tmp_path, tokenizer, tiny_model_path,
     every = [f.name for f in dataclasses.fields(ThunderSyncGKDConfig) if f.init and f.name != "output_dir"]
     assert [n for n in every if getattr(converted, n) != getattr(native, n)] == []
     assert directions[0].norm() > 0 and relative_error(directions[1], directions[0]) <= 1e-5  # arrival order
-    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2 is not supported"):
+    with pytest.raises(UnsupportedOptionError, match="use_liger_kernel=True is not supported"):
         ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, train_dataset=messages(),
-                              args=GKDConfig(**{**values, "gradient_accumulation_steps": 2, "lmbda": 0.5}),
-                              processing_class=tokenizer)
+                              args=GKDConfig(**{**values, "use_liger_kernel": True}), processing_class=tokenizer)
 
 
 def test_teacher_with_another_vocabulary_is_refused(tmp_path, tokenizer, tiny_model_path):

@@ -15,6 +15,7 @@ rounding), and the scored-token normalizer must be visibly off (so the compariso
 from __future__ import annotations
 
 import dataclasses
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -26,7 +27,7 @@ from trl.experimental.utils import DataCollatorForChatML
 from tests.fixtures.parity import CaptureGrads, load_model
 from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
-from trl_thundersync.errors import NoScoredTokensError
+from trl_thundersync.errors import NoScoredTokensError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -174,6 +175,12 @@ CASES = {  # GKDConfig overrides; every case trains 3 optimizer steps unless it 
     "accumulation": dict(per_device_train_batch_size=2, gradient_accumulation_steps=2),
     "clipping": dict(max_grad_norm=0.05),
     "mixed_lmbda": dict(lmbda=0.5, max_steps=4),
+    # lmbda < 1 with accumulation: windows that mix on- and off-policy micro-steps (seed 0 draws both kinds)
+    # (seed 0 draws windows off+off, on+on, off+on, off+on; seed 3 on+off, on+off, off+on, on+off)
+    "mixed_lmbda_accumulation": dict(lmbda=0.5, max_steps=4, per_device_train_batch_size=2,
+                                     gradient_accumulation_steps=2, max_grad_norm=0.05),
+    "mixed_lmbda_accumulation_seed3": dict(lmbda=0.5, max_steps=4, per_device_train_batch_size=2,
+                                           gradient_accumulation_steps=2, seed=3),
     "adamw_1step": dict(optim="adamw_torch", learning_rate=1e-3, max_steps=1),
     "adamw_3steps": dict(optim="adamw_torch", learning_rate=1e-3),
 }
@@ -193,6 +200,12 @@ def test_gjsd_update_equals_stock_gkd_on_generated_completions(tmp_path, tokeniz
     assert any(h["thundersync/normalizer_tokens"] != h["thundersync/scored_tokens"] for h in on_policy)
     if case == "mixed_lmbda":  # both kinds of steps were drawn, at the same steps on both sides
         assert 0 < len(on_policy) < overrides["max_steps"]
+    if case.startswith("mixed_lmbda_accumulation"):  # TRL's draws (python's random, seeded by the Trainer)
+        random.seed(overrides.get("seed", 0))
+        draws = [random.random() <= 0.5 for _ in range(2 * overrides["max_steps"])]
+        windows = set(zip(draws[::2], draws[1::2], strict=True))
+        assert {(True, False), (False, True)} & windows and len(on_policy) == sum(any(w) for w in
+                                                                                  zip(draws[::2], draws[1::2]))
     assert len(ours.directions) == len(stock.directions) == len(floor_run.directions)
     for step, (mine, theirs, permuted) in enumerate(zip(ours.directions, stock.directions, floor_run.directions,
                                                         strict=True), start=1):
@@ -237,3 +250,13 @@ def test_all_empty_completions_are_refused_under_either_normalizer(tmp_path, tok
             trainer.train()
         after = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
         assert torch.equal(before, after) and trainer.state.global_step == 0  # no optimizer step
+
+
+def test_a_distillation_config_is_refused_by_name_with_the_reason(tmp_path, tokenizer, tiny_model_path,
+                                                                   teacher_path):
+    from trl import DistillationConfig
+
+    args = DistillationConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(UnsupportedOptionError, match=r"DistillationConfig.*temperature.*on_policy_normalizer"):
+        ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, args=args,
+                              train_dataset=messages(), processing_class=tokenizer)

@@ -55,8 +55,10 @@ def test_plain_configs_keep_every_refusal(tmp_path):
         ThunderSyncGRPOConfig.from_trl(GRPOConfig(**base, top_entropy_quantile=0.5))
     with pytest.raises(UnsupportedOptionError, match="steps_per_generation=2"):
         ThunderSyncGRPOConfig.from_trl(GRPOConfig(**base, steps_per_generation=2))
-    with pytest.raises(UnsupportedOptionError, match="gradient_accumulation_steps=2"):
-        ThunderSyncGKDConfig.from_trl(GKDConfig(**base, gradient_accumulation_steps=2, lmbda=0.5))
+    with pytest.raises(UnsupportedOptionError, match="use_liger_kernel=True"):
+        ThunderSyncGKDConfig.from_trl(GKDConfig(**base, use_liger_kernel=True))
+    mixed = ThunderSyncGKDConfig.from_trl(GKDConfig(**base, gradient_accumulation_steps=2, lmbda=0.5))
+    assert mixed.on_policy_normalizer == "num_items_in_batch"  # stock GKD's count: mixed windows stream exactly
     converted = ThunderSyncGKDConfig.from_trl(GKDConfig(**base, lmbda=0.7, beta=0.2, max_new_tokens=12))
     assert (converted.lmbda, converted.beta, converted.max_new_tokens) == (0.7, 0.2, 12)
 

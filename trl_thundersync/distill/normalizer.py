@@ -61,15 +61,17 @@ class StepNormalizer:
 
 
 def step_normalizer(requested: NormalizerName, shares: Sequence[_Counts], rank: int, *, shared_count: bool,
-                    label: str) -> StepNormalizer:
+                    label: str, allow_empty: bool = False) -> StepNormalizer:
     """The normalizer of one streamed step from every process's share (the same answer, or error, everywhere).
 
     `shared_count`: transformers gathered `num_items_in_batch` over the processes (`average_tokens_across_devices`
     with several processes), so every process holds the global count; else each holds its own. `label` names the
-    step in errors ("optimizer step 3 (policy version 3)")."""
+    step in errors ("optimizer step 3 (policy version 3)"). `allow_empty`: one on-policy micro-step of a window that
+    also holds TRL's off-policy micro-steps (lmbda < 1 with accumulation): zero scored tokens add nothing there, as
+    in stock TRL, and the window's own count (never 0 here) is the divisor."""
     world = len(shares)
     scored = sum(s.scored_tokens for s in shares)
-    if scored == 0:
+    if scored == 0 and not (allow_empty and requested == "num_items_in_batch"):
         raise NoScoredTokensError(
             f"{label}: the on-policy batch closed with zero scored completion tokens (every completion was empty), "
             f"so there is nothing to distill and the optimizer step is refused (on_policy_normalizer={requested!r}). "
@@ -80,6 +82,9 @@ def step_normalizer(requested: NormalizerName, shares: Sequence[_Counts], rank: 
     if any(c is None for c in counts):
         why = ("transformers handed training_step no num_items_in_batch (prompt-only rows without labels, or a "
                "model whose forward takes no loss kwargs), so the scored-token count is used")
+        if scored == 0:
+            raise NoScoredTokensError(f"{label}: zero scored completion tokens and no num_items_in_batch: {why}, "
+                                      "and it is 0; the optimizer step is refused")
         return StepNormalizer("scored_tokens", float(scored), float(world), why)
     if any(c <= 0 for c in counts):
         bad = next(i for i, c in enumerate(counts) if c <= 0)

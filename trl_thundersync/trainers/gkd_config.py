@@ -152,15 +152,19 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
         def refuse(name: str, value, why: str) -> None:
             raise UnsupportedOptionError(f"ThunderSyncGKDConfig: {name}={value!r} is not supported: {why}")
 
-        if self.gradient_accumulation_steps > 1 and self.lmbda < 1.0:
-            # TRL draws on/off-policy per micro-step and scales each micro-batch's loss by a token count of the
-            # dataset labels, so an optimizer step is not one batch of sampled trajectories normalized once.
+        normalizer = self.on_policy_normalizer
+        if normalizer == "auto":
+            normalizer = "num_items_in_batch" if self.objective == "gjsd" else "scored_tokens"
+        if self.gradient_accumulation_steps > 1 and self.lmbda < 1.0 and normalizer != "num_items_in_batch":
+            # TRL draws on/off-policy per micro-step and divides every micro-batch's loss by the window's
+            # num_items_in_batch, so each micro-step stands alone only under that normalizer; a scored-token count
+            # over the window's on-policy micro-steps would be known only after the off-policy ones ran.
             refuse("gradient_accumulation_steps", self.gradient_accumulation_steps,
-                   f"with lmbda={self.lmbda} TRL's GKD draws on- or off-policy per micro-step, "
-                   "so one optimizer step would mix streamed and dataset micro-batches with TRL's per-micro-batch "
-                   "normalization; use gradient_accumulation_steps=1 (raise per_device_train_batch_size), or "
-                   "lmbda=1.0, where the per_device_train_batch_size × gradient_accumulation_steps "
-                   "rows of a step are streamed as one logical batch")
+                   f"with lmbda={self.lmbda} TRL's GKD draws on- or off-policy per micro-step and divides each "
+                   "micro-batch by the window's num_items_in_batch; with on_policy_normalizer="
+                   f"{normalizer!r} the window's on-policy micro-steps would be divided by another count. Use "
+                   "on_policy_normalizer='num_items_in_batch' (stock GKD's), gradient_accumulation_steps=1, or "
+                   "lmbda=1.0")
         if self.turn_backward == "boundary_cut" and self.gradient_checkpointing:
             refuse("gradient_checkpointing", self.gradient_checkpointing,
                    "the boundary-cut backward keeps each turn's key/value graph, which activation checkpointing drops; "

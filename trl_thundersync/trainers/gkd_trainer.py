@@ -116,6 +116,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._engine = None
         self._router = TurnRouter()
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self._micro_step = 0  # the next micro-step's place in its accumulation window
         self._seeded_by: float | None = None  # the count this batch's turn losses are divided by (None: none)
         self._open_step: StepRecord | None = None  # the streamed batch awaiting its step's trace (`lifecycle.py`)
         self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
@@ -188,7 +189,11 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        micro, final = self._micro_step, self.accelerator.sync_gradients  # this micro-step's place in its window
+        self._micro_step = 0 if final else micro + 1
         if self._draw_on_policy():
+            if self._mixed_windows():
+                return self._mixed_on_policy_micro_step(model, inputs, num_items_in_batch, micro, final)
             return self._on_policy_micro_step(model, inputs, num_items_in_batch)
         if self.seq_kd:
             with unwrap_model_for_generation(self.teacher_model, self.accelerator,
@@ -214,6 +219,21 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
         return loss
 
+    def _mixed_windows(self) -> bool:
+        """lmbda < 1 with gradient accumulation: TRL draws per micro-step, so a window mixes on- and off-policy
+        micro-steps, each divided by the window's num_items_in_batch (so each stands alone: config check)."""
+        return self.lmbda < 1.0 and self.args.gradient_accumulation_steps > 1
+
+    def _mixed_on_policy_micro_step(self, model, inputs, num_items_in_batch, micro: int, final: bool) -> torch.Tensor:
+        """One on-policy micro-step of a mixed window, streamed at once as its own batch (sampled at θ_k, like every
+        micro-step of the window) and added to what TRL's off-policy micro-steps put in `param.grad`: stock
+        GKDTrainer's step, as each micro-batch's loss is divided by the window's count, not its own. A micro-batch
+        whose completions are all empty adds nothing, as in stock TRL."""
+        count = float(num_items_in_batch) if num_items_in_batch is not None else None
+        loss = self._streamed_batch(model, [inputs], count, first_micro_step=micro, final=final)
+        self._learner_placement().end_micro_step(final)
+        return loss
+
     def _draw_on_policy(self) -> bool:
         """TRL's draw `random() <= lmbda`, at the same point of the RNG stream on every process. With several
         processes the main process's draw decides for all (every process seeds alike, so they agree anyway): an
@@ -224,10 +244,13 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             on_policy = bool(broadcast(flag, from_process=0).item())
         return on_policy
 
-    def _streamed_batch(self, model, micro_batches: list, num_items: float | None = None) -> torch.Tensor:
+    def _streamed_batch(self, model, micro_batches: list, num_items: float | None = None, *,
+                        first_micro_step: int = 0, final: bool | None = None) -> torch.Tensor:
         """Stream this process's share of the logical batch, exchange the shares (`distill.processes`: every process
         enters, also after a failure or with zero tokens), then hand factor · Σ_r g_j / N_k to the placement, N_k
-        being the config's `on_policy_normalizer` (`distill.normalizer`)."""
+        being the config's `on_policy_normalizer` (`distill.normalizer`). `final` (mixed windows only): the share
+        joins `param.grad` (`ReplicatedPlacement.add_share`) instead of replacing it; `first_micro_step` is the first
+        micro-batch's place in its window (its rows' seeds)."""
         placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
@@ -235,7 +258,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         error, share = None, None
         try:
-            share = self._stream_share(placement, model, micro_batches, version, num_items)
+            share = self._stream_share(placement, model, micro_batches, version, num_items, first_micro_step)
         except Exception as exc:  # re-raised after the exchange, which the other processes are waiting in
             if world == 1:
                 raise
@@ -245,10 +268,13 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         label = f"optimizer step {self.state.global_step + 1} (policy version {version})"
         shared_count = world > 1 and self.args.average_tokens_across_devices
         normalizers = [step_normalizer(self.args.on_policy_normalizer, shares, r, shared_count=shared_count,
-                                       label=label) for r in range(world)]
+                                       label=label, allow_empty=final is not None) for r in range(world)]
         self._report_normalizer(normalizers[rank])
         direction = local_share(self.last_batch[0].grads, normalizers[rank].share_scale(self._seeded_by))
-        placement.hand_over(direction, label)
+        if final is None:
+            placement.hand_over(direction, label)
+        else:
+            placement.add_share(direction, label, final=final)
         for name, value in batch_metrics(shares, self.args.objective).items():
             self._metrics["train"][name].append(value)
         self._metrics["train"]["thundersync/normalizer_tokens"].append(
@@ -270,16 +296,16 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
             logger.warning("on_policy_normalizer='num_items_in_batch': %s", normalizer.fallback)
         logger.info("ThunderSyncGKDTrainer: on-policy steps are normalized by %s", text)
 
-    def _stream_share(self, placement, model, micro_batches: list, version: int,
-                      num_items: float | None = None) -> RankShare:
+    def _stream_share(self, placement, model, micro_batches: list, version: int, num_items: float | None = None,
+                      first_micro_step: int = 0) -> RankShare:
         """This process's micro-batches as one streamed batch: rows indexed locally, seeded by their global row."""
         to_requests = requests_from_rows if self._agentic else requests_from_collated
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         # stock GKD's count is known before the batch: each turn's loss is divided by it before its backward
         self._seeded_by = num_items if self.args.on_policy_normalizer == "num_items_in_batch" and num_items else None
         requests = []
-        for m, inputs in enumerate(micro_batches):  # global row r: the same seed however the batch was split
-            rows = len(inputs) if self._agentic else inputs["prompts"].shape[0]
+        for m, inputs in enumerate(micro_batches, start=first_micro_step):  # global row r: the same seed however
+            rows = len(inputs) if self._agentic else inputs["prompts"].shape[0]  # the batch was split
             requests.extend(to_requests(inputs, self.args.seed, version, first_index=len(requests),
                                         first_row=global_first_row(m, rows, rank, world)))
         engine = self._rollout_engine()
@@ -366,6 +392,10 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
 
 def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:
     """Argument combinations the streamed trainer cannot honour exactly, refused before anything is built."""
+    from trl import DistillationConfig
+
+    if isinstance(args, DistillationConfig):
+        raise UnsupportedOptionError(DISTILLATION_CONFIG_REFUSAL)
     if not isinstance(args, ThunderSyncGKDConfig):
         raise UnsupportedOptionError(
             f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig or a trl GKDConfig so unsupported options "
@@ -387,6 +417,18 @@ def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> No
         raise UnsupportedOptionError(
             "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
             "teacher_model; evaluate separately or use a local teacher")
+
+
+DISTILLATION_CONFIG_REFUSAL = (
+    "args is a trl DistillationConfig: ThunderSyncGKDTrainer is the drop-in for trl.experimental.gkd.GKDTrainer, and "
+    "a DistillationConfig cannot be converted field by field without changing the update: DistillationTrainer "
+    "applies `temperature` to both distributions inside the divergence (GKD: sampling only, divergence at 1), "
+    "divides by the scored completion tokens (GKD: num_items_in_batch), reads `prompt` rows (GKD: `messages`), "
+    "samples with top_p/top_k/min_p/repetition_penalty from `max_completion_length`, and defaults beta to 1.0 (GKD: "
+    "0.5). The closest streamed run (the same loss and normalizer at temperature 1; not compared with "
+    "DistillationTrainer step by step): ThunderSyncGKDConfig(lmbda=1.0, temperature=1.0, beta=<your beta>, "
+    "max_new_tokens=<max_completion_length>, on_policy_normalizer='scored_tokens') with `messages` rows, or with "
+    "`prompt` rows and tools / environment_factory (README: 'trl.DistillationTrainer users')")
 
 
 def _check_vocabularies(model, teacher_model, processing_class) -> None:

@@ -45,6 +45,26 @@ class ReplicatedPlacement:
         refuse_non_finite(direction, label)
         write_flat_grads(direction, self._params)
 
+    def add_share(self, local: torch.Tensor, label: str, *, final: bool) -> None:
+        """A share that joins what TRL's own micro-steps of the same accumulation window put in `param.grad` (GKD's
+        mixed windows: on- and off-policy micro-steps, each divided by the window's `num_items_in_batch`).
+
+        Not the window's last micro-step: added to the local `param.grad`, as a `no_sync` backward would be (DDP's
+        synced backward at the window's end then averages the accumulated gradient). The last one: the local
+        accumulated gradient plus the share is averaged over the processes here and written, as `hand_over`."""
+        if not final:
+            refuse_non_finite(local, label)
+            offset = 0
+            for p in self._params:
+                n = p.numel()
+                chunk = local[offset : offset + n].view_as(p).to(p.dtype)
+                p.grad = chunk.clone() if p.grad is None else p.grad.add_(chunk)
+                offset += n
+            return
+        held = [p.grad.reshape(-1).to(torch.float32) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
+                for p in self._params]
+        self.hand_over(torch.cat(held).to(local.device) + local, label)
+
     def end_micro_step(self, sync_gradients: bool) -> None:
         """Nothing: the direction is in `param.grad` from the barrier on, and TRL's loop steps at the sync."""
 
