@@ -203,9 +203,8 @@ def test_gjsd_update_equals_stock_gkd_on_generated_completions(tmp_path, tokeniz
     if case.startswith("mixed_lmbda_accumulation"):  # TRL's draws (python's random, seeded by the Trainer)
         random.seed(overrides.get("seed", 0))
         draws = [random.random() <= 0.5 for _ in range(2 * overrides["max_steps"])]
-        windows = set(zip(draws[::2], draws[1::2], strict=True))
-        assert {(True, False), (False, True)} & windows and len(on_policy) == sum(any(w) for w in
-                                                                                  zip(draws[::2], draws[1::2]))
+        windows = list(zip(draws[::2], draws[1::2], strict=True))
+        assert {(True, False), (False, True)} & set(windows) and len(on_policy) == sum(map(any, windows))
     assert len(ours.directions) == len(stock.directions) == len(floor_run.directions)
     for step, (mine, theirs, permuted) in enumerate(zip(ours.directions, stock.directions, floor_run.directions,
                                                         strict=True), start=1):
