@@ -27,7 +27,7 @@ from trl.experimental.utils import DataCollatorForChatML
 from tests.fixtures.parity import CaptureGrads, load_model
 from tests.fixtures.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
-from trl_thundersync.errors import NoScoredTokensError, UnsupportedOptionError
+from trl_thundersync.errors import NoScoredTokensError, TeacherScoringError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -259,3 +259,20 @@ def test_a_distillation_config_is_refused_by_name_with_the_reason(tmp_path, toke
     with pytest.raises(UnsupportedOptionError, match=r"DistillationConfig.*temperature.*on_policy_normalizer"):
         ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, args=args,
                               train_dataset=messages(), processing_class=tokenizer)
+
+
+def test_a_teacher_returning_nan_is_refused_naming_the_step(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    teacher = load_model(teacher_path)
+    with torch.no_grad():
+        teacher.get_output_embeddings().weight[3].fill_(float("nan"))  # NaN logits (and log-probs) everywhere
+    trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=teacher,
+                                    args=ThunderSyncGKDConfig(**fields(tmp_path, "nan", max_steps=1),
+                                                              rollout_engine="local_thread"),
+                                    train_dataset=messages(), processing_class=tokenizer)
+    trainer.use_turn_generator(Completions(tokenizer))
+    before = torch.cat([p.detach().reshape(-1).clone() for p in trainer.model.parameters()])
+    with pytest.raises(TeacherScoringError, match=r"optimizer step 1 \(policy version 0\): trajectory \d+ turn 0: "
+                                                  r".*NaN/inf; the optimizer step is refused"):
+        trainer.train()
+    after = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    assert torch.equal(before, after) and trainer.state.global_step == 0

@@ -33,13 +33,29 @@ class _Trajectory(Decoder):
         self.request = request
 
 
+def _plain_model(config) -> torch.nn.Module:
+    """The worker's own whole FP32 model. In thread mode it is built in the trainer's process, where a DeepSpeed
+    ZeRO-3 run has registered its config with transformers, whose `from_config` would then partition the model
+    (`zero.Init`: every parameter of size 0 here); the registration is set aside while the model is built (the
+    trainer's thread is waiting for this worker to be ready)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    registered = hf_deepspeed._hf_deepspeed_config_weak_ref
+    if registered is None or not hf_deepspeed.is_deepspeed_zero3_enabled():
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = registered
+
+
 class _Worker:
     """The generation loop; identical in a spawned process and in a thread."""
 
     def __init__(self, config, layout: FlatLayout, buf, sampling: SamplingParams, max_in_flight, commands, results):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        self.model = _plain_model(config).eval()
         self.params = self.model.state_dict()
         floats = {n for n, t in self.params.items() if t.is_floating_point()}
         unknown = sorted(floats ^ {name for name, _, _ in layout.entries})

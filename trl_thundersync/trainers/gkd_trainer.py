@@ -47,7 +47,7 @@ from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
 from ..envs.harness.metrics import model_token_counts
-from ..errors import UnsupportedOptionError
+from ..errors import TeacherScoringError, UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from .gkd_config import ThunderSyncGKDConfig
@@ -192,6 +192,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         micro, final = self._micro_step, self.accelerator.sync_gradients  # this micro-step's place in its window
         self._micro_step = 0 if final else micro + 1
         if self._draw_on_policy():
+            model.train()  # as transformers' training_step, which stock GKD's on-policy step reaches (and logs by)
             if self._mixed_windows():
                 return self._mixed_on_policy_micro_step(model, inputs, num_items_in_batch, micro, final)
             return self._on_policy_micro_step(model, inputs, num_items_in_batch)
@@ -200,6 +201,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
                                              generation_kwargs=self.generation_kwargs) as teacher:
                 ids, attention, labels = self.generate_on_policy_outputs(teacher, inputs, self.generation_config)
             inputs["input_ids"], inputs["attention_mask"], inputs["labels"] = ids, attention, labels
+        self._learner_placement().note_engine_step()  # TRL's step moves θ: a sharded engine's replica is stale
         return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     # -- the streamed on-policy batch -------------------------------------------------------------------------------
@@ -256,16 +258,21 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         if version != self.policy_version:
             self._publish(version)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        label = f"optimizer step {self.state.global_step + 1} (policy version {version})"
         error, share = None, None
         try:
             share = self._stream_share(placement, model, micro_batches, version, num_items, first_micro_step)
+        except TeacherScoringError as exc:  # which step's batch the teacher failed (its text names the turn)
+            error = TeacherScoringError(f"{label}: {exc}; the optimizer step is refused")
+            error.__cause__ = exc
         except Exception as exc:  # re-raised after the exchange, which the other processes are waiting in
+            error = exc
+        if error is not None:
             if world == 1:
-                raise
-            error, share = exc, failed_share(rank, exc)
+                raise error
+            share = failed_share(rank, error)
         shares = gather_object([share]) if world > 1 else [share]
         check_shares(shares, rank, error)
-        label = f"optimizer step {self.state.global_step + 1} (policy version {version})"
         shared_count = world > 1 and self.args.average_tokens_across_devices
         normalizers = [step_normalizer(self.args.on_policy_normalizer, shares, r, shared_count=shared_count,
                                        label=label, allow_empty=final is not None) for r in range(world)]
@@ -310,6 +317,9 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
                                         first_row=global_first_row(m, rows, rank, world)))
         engine = self._rollout_engine()
         target = placement.open_batch(model)  # the module and parameters the per-turn passes differentiate
+        if isinstance(self._teacher, LocalTeacher) and self.teacher_model is not None:
+            # the teacher as the engine holds it, locally (ZeRO-3 / FSDP2: an unsharded copy, gathered once)
+            self._teacher.model = placement.reference_module(self.teacher_model)
         module, self._trainable = target.module, target.params
         module.train()
         grads = GradientSum(self._trainable)

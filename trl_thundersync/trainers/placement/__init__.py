@@ -18,8 +18,11 @@ Lifecycle, on every process in the same order (each call may be a collective):
    their backward take the direction at the window's last micro-step);
 5. `publish_module(model)` whenever θ is published: a module with the full current weights (the engine's publish
    then runs on the main process only, `rollout/publish_role.py`);
-6. `reference_module(ref_model)` at the batch start when the trainer has a separate reference model (beta != 0):
-   the module whose forward gives the reference log-probs per source, locally.
+6. `reference_module(ref_model)` at the batch start when the trainer has a separate reference model (beta != 0),
+   or a local distillation teacher: the module whose forward gives the reference log-probs (the teacher's logits)
+   per source, locally;
+7. `note_engine_step()` whenever TRL's own code runs a micro-step through the engine (GKD's off-policy steps): the
+   parameters will move without a hand-over, so a replica of them is stale from then on.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class LearnerPlacement(Protocol):
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
     def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def note_engine_step(self) -> None: ...
 
 
 def check_engine(accelerator: Any, args: Any = None) -> None:

@@ -165,5 +165,8 @@ class DeepSpeedPlacement:
 
     def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
         """TRL's reference model as TRL prepared it (ZeRO-1/2: a stage-0 inference engine whose forward is local, no
-        collective); ZeRO-3, whose reference would be partitioned, refuses beta != 0 at construction."""
+        collective); ZeRO-3 (`ZeRO3Placement`) gathers a partitioned one into a local copy."""
         return ref_model
+
+    def note_engine_step(self) -> None:
+        """Nothing: ZeRO-1/2 passes differentiate the engine's own (replicated) parameters."""

@@ -59,12 +59,19 @@ def build_replica(module: torch.nn.Module, device: torch.device, args: Any) -> t
     if getattr(module, "is_activation_checkpointing", False):  # the same activation memory as the policy's passes
         replica.activation_checkpointing_enable(
             activation_checkpointing_kwargs=getattr(args, "activation_checkpointing_kwargs", None))
-    if "forward" in vars(module):  # TRL patched the instance (`trl.trainer.utils.add_fused_lm_head`)
+    if _has_fused_lm_head(module):  # TRL's GRPOTrainer patched the instance (GKD's SFT setup does not)
         from trl.trainer.utils import add_fused_lm_head
 
         add_fused_lm_head(replica, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
                           outputs=("log_probs", "entropy"))
     return replica
+
+
+def _has_fused_lm_head(module: torch.nn.Module) -> bool:
+    """`trl.trainer.utils.add_fused_lm_head` sets `module.forward` to a method of its inner `_fused_forward`; other
+    wrappers (accelerate's output conversion, DeepSpeed's hooks) may put a `forward` on the instance too."""
+    patched = vars(module).get("forward")
+    return getattr(getattr(patched, "__func__", None), "__name__", "") == "_fused_forward"
 
 
 class ZeRO3Placement(DeepSpeedPlacement):
@@ -76,6 +83,7 @@ class ZeRO3Placement(DeepSpeedPlacement):
         self._replica: torch.nn.Module | None = None
         self.replica_bytes = 0  # the replica's parameter memory on every rank (known once it is built)
         self._fresh = False  # the replica holds the engine's current θ (false after every optimizer step)
+        self._frozen: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (partitioned, local copy): a teacher
 
     def _gathered(self, params: list[torch.Tensor]):
         import deepspeed
@@ -144,3 +152,39 @@ class ZeRO3Placement(DeepSpeedPlacement):
 
     def publish_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self._refresh(model)
+
+    def note_engine_step(self) -> None:
+        """TRL's own micro-step moves the partitions: gather the replica again before the next batch or
+        publication."""
+        self._fresh = False
+
+    def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
+        """A frozen model TRL prepared as a partitioned engine (GKD's local teacher), gathered ONCE into a plain
+        local copy on every rank (a collective: every rank, at the first batch), so its forward per source is local.
+        A model that moves (GRPO's reference with `sync_ref_model`) is refused at construction (`check_zero3`)."""
+        module = self.accelerator.unwrap_model(ref_model)
+        module = getattr(module, "module", module)  # TRL's `prepare_deepspeed` returns the engine itself
+        if self._frozen is not None and self._frozen[0] is module:
+            return self._frozen[1]
+        replica = build_replica(module, self.accelerator.device, self.args).eval()
+        replica_params = dict(replica.named_parameters())
+        source = list(module.named_parameters())
+        differ = sorted(set(replica_params).symmetric_difference(name for name, _ in source))
+        if differ:
+            raise UnsupportedOptionError(
+                f"{self.name}: the local copy of {type(module).__name__} does not have its parameters "
+                f"({', '.join(differ[:4])} differ: a model its class and config do not rebuild); use ZeRO-2")
+        with torch.no_grad(), self._gathered([p for _, p in source]):
+            for name, p in source:
+                replica_params[name].data = p.data.detach().clone()
+                replica_params[name].requires_grad_(False)
+        with torch.no_grad():
+            replica_buffers = dict(replica.named_buffers())
+            for name, b in module.named_buffers():
+                replica_buffers[name].data = b.detach().clone()
+        self._frozen = (module, replica)
+        if self.accelerator.is_main_process:
+            logger.warning("%s: the frozen %s is gathered into an unsharded copy on every rank (%.1f MB) so that its "
+                           "forward per turn is local", self.name, type(module).__name__,
+                           sum(p.numel() * p.element_size() for p in replica.parameters()) / 2**20)
+        return replica

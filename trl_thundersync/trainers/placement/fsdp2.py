@@ -287,6 +287,10 @@ class FSDP2Placement:
             refresh_replica(self._reference[2])
         return self._reference[1]
 
+    def note_engine_step(self) -> None:
+        """TRL's own micro-step moves the shards: gather the replica again before the next batch or publication."""
+        self._fresh = False
+
     @staticmethod
     def _bytes(pairs: list[tuple[Any, torch.Tensor]]) -> int:
         return sum(full.numel() * full.element_size() for _, full in pairs)

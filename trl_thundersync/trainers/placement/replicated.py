@@ -74,3 +74,6 @@ class ReplicatedPlacement:
     def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
         """The reference model itself: every process holds it whole (TRL prepares it without DDP)."""
         return ref_model
+
+    def note_engine_step(self) -> None:
+        """Nothing: the passes differentiate the engine's own parameters, never a copy."""
