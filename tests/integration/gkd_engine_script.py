@@ -47,7 +47,9 @@ VARIANTS = {  # what the trainer distills with, on top of the fields below
     # generalized JSD against a local teacher_model (TRL prepares it through the engine), lmbda=0.5: seed 3 draws
     # on, off, on — a streamed step, TRL's own step through the engine, then a streamed step on the re-gathered
     # replica (a stale one would show in the third step)
-    "local_gjsd_mixed": dict(objective="gjsd", lmbda=0.5, seed=3),
+    # (DistillationTrainer's normalization, the one-process step on any number of processes; stock GKD's gives
+    # 1/num_processes of it, as stock TRL does: `local_seqkd` keeps that default, against DDP)
+    "local_gjsd_mixed": dict(objective="gjsd", lmbda=0.5, seed=3, on_policy_normalizer="scored_tokens"),
     # the same with seq_kd: the off-policy steps train on the teacher's own samples (sampled per process, so the
     # yardstick is DDP on as many processes, whose ranks draw from the same RNG states)
     "local_seqkd": dict(objective="gjsd", lmbda=0.5, seq_kd=True, seed=3),

@@ -24,8 +24,7 @@ from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
 
-PARITY = ("plain_gjsd", "plain_opd_ga2", "agent_opd", "agent_gjsd", "rank1_empty", "server_opd", "mixed_lmbda",
-          "mixed_lmbda_ga2")
+PARITY = ("plain_gjsd", "plain_opd_ga2", "agent_opd", "agent_gjsd", "rank1_empty", "server_opd", "mixed_lmbda")
 
 
 def _launch(out: Path, model_path: str, teacher_path: str, teacher_url: str, processes: int) -> dict:
@@ -83,8 +82,6 @@ def test_mixed_steps_take_the_same_branch_on_every_process(runs):
     kinds = ["thundersync/on_policy" in h for h in runs[1]["mixed_lmbda"]["logs"]]
     assert kinds == ["thundersync/on_policy" in h for h in runs[0]["mixed_lmbda"]["logs"]]
     assert any(kinds) and not all(kinds)
-    # with accumulation every window of seed 3 holds an on-policy micro-step (on+off, on+off, off+on)
-    assert all("thundersync/on_policy" in h for h in runs[1]["mixed_lmbda_ga2"]["logs"])
 
 
 def test_unequal_and_empty_shares(runs):

@@ -138,30 +138,29 @@ def _gkd_args(**fields):
 
     args = ThunderSyncGKDConfig.__new__(ThunderSyncGKDConfig)  # only the fields the checks read
     args.__dict__.update(dict(teacher_server_url="http://127.0.0.1:1", lmbda=1.0, seq_kd=False, beta=0.5,
-                              num_iterations=1), **fields)
+                              num_iterations=1, gradient_accumulation_steps=1), **fields)
     return args
 
 
-def test_gkd_with_a_served_teacher_on_policy_passes_zero_1_and_2_and_is_refused_under_sharded_parameters():
+def test_gkd_passes_every_stage_and_fsdp2_with_a_served_or_local_teacher_and_off_policy_steps():
     from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
 
-    for stage in (1, 2):
-        check_deepspeed(_Accelerator(stage=stage), _gkd_args())
-    with pytest.raises(UnsupportedOptionError, match="DeepSpeed ZeRO-3: ThunderSyncGKDTrainer is not covered"):
-        check_deepspeed(_Accelerator(stage=3), _gkd_args())
-    with pytest.raises(UnsupportedOptionError, match=r"FSDP2 \(fully_shard\): ThunderSyncGKDTrainer is not covered"):
-        check_fsdp_args(_gkd_args())
-
-
-@pytest.mark.parametrize(("fields", "needle"), [
-    (dict(teacher_server_url=None), "ThunderSyncGKDTrainer with a local teacher_model is not covered"),
-    (dict(lmbda=0.5), "ThunderSyncGKDTrainer with lmbda=0.5, seq_kd=False"),
-    (dict(seq_kd=True), "ThunderSyncGKDTrainer with lmbda=1.0, seq_kd=True"),
-])
-def test_gkd_settings_the_engines_do_not_cover_are_refused_by_engine_and_field(fields, needle):
-    for stage in (1, 2):
-        with pytest.raises(UnsupportedOptionError, match=f"DeepSpeed ZeRO-{stage}: {needle}"):
+    for fields in (dict(), dict(teacher_server_url=None), dict(lmbda=0.5), dict(seq_kd=True)):
+        for stage in (1, 2, 3):
             check_deepspeed(_Accelerator(stage=stage), _gkd_args(**fields))
+        check_fsdp_args(_gkd_args(**fields))
+
+
+def test_gkd_mixed_accumulation_windows_are_refused_by_engine_and_field():
+    from trl_thundersync.trainers.placement.fsdp2 import check_fsdp_args
+
+    fields = dict(lmbda=0.5, gradient_accumulation_steps=2)
+    for stage in (1, 2, 3):
+        with pytest.raises(UnsupportedOptionError, match=f"DeepSpeed ZeRO-{stage}: ThunderSyncGKDTrainer with "
+                                                         "lmbda=0.5 and gradient_accumulation_steps=2"):
+            check_deepspeed(_Accelerator(stage=stage), _gkd_args(**fields))
+    with pytest.raises(UnsupportedOptionError, match=r"FSDP2 \(fully_shard\): .*gradient_accumulation_steps=2"):
+        check_fsdp_args(_gkd_args(**fields))
 
 
 def test_a_policy_partitioned_before_train_is_refused_as_a_rollout_source():

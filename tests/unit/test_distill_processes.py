@@ -44,11 +44,11 @@ def test_local_share_averages_to_the_global_token_normalized_direction():
     g0, g1 = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 0.5, 0.0])
     n0, n1 = 7, 0  # unequal shares, one of them empty
     world = [_share(0, n0, 0.0, 1), _share(1, n1, 0.0, 1)]
-    norms = [step_normalizer("scored_tokens", world, r, shared_count=True, label="s") for r in (0, 1)]
+    norms = [step_normalizer("scored_tokens", world, r, label="s") for r in (0, 1)]
     shares = [local_share([g], norms[r].share_scale()) for r, g in enumerate((g0, g1))]
     mean = (shares[0] + shares[1]) / 2  # what the placement's all-reduce hands the optimizer
     assert torch.allclose(mean, (g0 + g1) / (n0 + n1), rtol=1e-7)
-    one = step_normalizer("scored_tokens", [_share(0, 7, 0.0, 1)], 0, shared_count=False, label="s")
+    one = step_normalizer("scored_tokens", [_share(0, 7, 0.0, 1)], 0, label="s")
     assert torch.allclose(local_share([g0], one.share_scale()), g0 / 7, rtol=1e-7, atol=0)  # Σ g / N
 
 
@@ -58,34 +58,39 @@ def test_zero_tokens_on_every_process_is_refused_under_either_normalizer(name):
     check_shares(shares, 0, None)
     for rank in (0, 1):  # every process raises, naming the step
         with pytest.raises(NoScoredTokensError, match=r"step 4 \(policy version 3\): .*zero scored completion"):
-            step_normalizer(name, shares, rank, shared_count=True, label="optimizer step 4 (policy version 3)")
+            step_normalizer(name, shares, rank, label="optimizer step 4 (policy version 3)")
 
 
-def test_num_items_in_batch_is_stock_gkds_divisor():
+def test_num_items_in_batch_is_stock_gkds_divisor_and_scale():
     g0, g1 = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 0.5, 0.0])
-    # gathered over processes (average_tokens_across_devices): every process holds the global count 33
+    # gathered over processes (average_tokens_across_devices): every process holds the global count 33 and divides
+    # its own sum by it; DDP's mean then gives Σ g / (2 · 33), stock GKDTrainer's step on two processes
     shared = [_share(0, 20, 2.0, 1, items=33.0), _share(1, 5, 1.0, 1, items=33.0)]
-    norms = [step_normalizer("num_items_in_batch", shared, r, shared_count=True, label="s") for r in (0, 1)]
-    assert norms[0] == StepNormalizer("num_items_in_batch", 33.0, 2.0, None)
+    norms = [step_normalizer("num_items_in_batch", shared, r, label="s") for r in (0, 1)]
+    assert norms[0] == StepNormalizer("num_items_in_batch", 33.0, 1.0, None)
     mean = (local_share([g0], norms[0].share_scale()) + local_share([g1], norms[1].share_scale())) / 2
-    assert torch.allclose(mean, (g0 + g1) / 33, rtol=1e-7)  # not / 25, the scored tokens
-    # backwards already seeded with 1/33 (the count is known before the batch): only the process factor remains
-    assert norms[0].share_scale(seeded_by=33.0) == 2.0 and norms[0].share_scale(seeded_by=11.0) == 2.0 / 3
-    assert step_loss(shared, lambda r: norms[r]) == pytest.approx(3.0 / 33)
+    assert torch.allclose(mean, (g0 + g1) / (2 * 33), rtol=1e-7)  # not / 25, the scored tokens
+    assert step_loss(shared, lambda r: norms[r]) == pytest.approx(3.0 / 33 / 2)
+    # backwards already seeded with 1/33 (the count is known before the batch): nothing left to scale
+    assert norms[0].share_scale(seeded_by=33.0) == 1.0 and norms[0].share_scale(seeded_by=11.0) == 1.0 / 3
     # per-process counts (average_tokens_across_devices=False): the mean of Σ_r g / N_r, as stock DDP averages
     own = [_share(0, 20, 2.0, 1, items=10.0), _share(1, 5, 1.0, 1, items=4.0)]
-    norms = [step_normalizer("num_items_in_batch", own, r, shared_count=False, label="s") for r in (0, 1)]
+    norms = [step_normalizer("num_items_in_batch", own, r, label="s") for r in (0, 1)]
     mean = (local_share([g0], norms[0].share_scale()) + local_share([g1], norms[1].share_scale())) / 2
     assert torch.allclose(mean, (g0 / 10 + g1 / 4) / 2, rtol=1e-7)
     assert step_loss(own, lambda r: norms[r]) == pytest.approx((2.0 / 10 + 1.0 / 4) / 2)
+    # the scored-token normalizer (DistillationTrainer's) is the one-process step on any number of processes
+    scored = [step_normalizer("scored_tokens", shared, r, label="s") for r in (0, 1)]
+    mean = (local_share([g0], scored[0].share_scale()) + local_share([g1], scored[1].share_scale())) / 2
+    assert torch.allclose(mean, (g0 + g1) / 25, rtol=1e-7)
 
 
 def test_num_items_in_batch_of_zero_is_refused_and_none_falls_back():
     zero = [_share(0, 5, 1.0, 1, items=0.0), _share(1, 3, 1.0, 1, items=0.0)]
     with pytest.raises(NoScoredTokensError, match=r"step 2: num_items_in_batch=0 on process 0"):
-        step_normalizer("num_items_in_batch", zero, 1, shared_count=True, label="step 2")
+        step_normalizer("num_items_in_batch", zero, 1, label="step 2")
     none = [_share(0, 5, 1.0, 1), _share(1, 3, 1.0, 1)]
-    norm = step_normalizer("num_items_in_batch", none, 0, shared_count=True, label="s")
+    norm = step_normalizer("num_items_in_batch", none, 0, label="s")
     assert (norm.name, norm.tokens, norm.factor) == ("scored_tokens", 8.0, 2.0)
     assert "no num_items_in_batch" in norm.fallback
 

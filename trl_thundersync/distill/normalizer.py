@@ -13,11 +13,13 @@ Two conventions exist in TRL 1.16, and `ThunderSyncGKDConfig.on_policy_normalize
   number of completion tokens actually scored, N_k, known only at the barrier.
 
 Per process r the placement receives `factor · Σ_{j ∈ r} g_j / tokens_r` and averages over processes (DDP's
-convention): with a count shared by every process (`scored_tokens`, or a `num_items_in_batch` gathered over processes)
-`factor = world` and the mean is Σ_j g_j / N, the one-process direction on the same global batch (as
-`ThunderSyncGKDTrainer.compute_loss` does for TRL's off-policy steps); with per-process counts
-(`average_tokens_across_devices=False`) `factor = 1` and the mean is mean_r(Σ_{j ∈ r} g_j / N_r), what stock TRL's DDP
-averaging gives.
+convention). Under `"scored_tokens"` the count is global and `factor = world`: the mean is Σ_j g_j / N, the
+one-process step on the same global batch, for any number of processes (TRL's `DistillationTrainer` divides its
+gathered count by `num_processes` for exactly this, in the same fix, #6478). Under `"num_items_in_batch"`
+`factor = 1`, as stock `GKDTrainer`: each process divides its own loss sum by the count transformers handed it
+(the global one with `average_tokens_across_devices`, its own without) and DDP averages the gradients, so with N
+processes and a global count the step is 1/N of the one-process step — stock TRL's update, which a drop-in keeps
+(`ThunderSyncGKDTrainer.compute_loss` leaves TRL's off-policy steps alone under this normalizer for the same reason).
 
 Refusals, on every process alike (every count is in every `RankShare`): zero scored tokens under either convention
 (`NoScoredTokensError`: the stream sampled nothing to learn from), and a `num_items_in_batch` of zero
@@ -60,12 +62,12 @@ class StepNormalizer:
         return self.factor * seeded_by / self.tokens
 
 
-def step_normalizer(requested: NormalizerName, shares: Sequence[_Counts], rank: int, *, shared_count: bool,
-                    label: str, allow_empty: bool = False) -> StepNormalizer:
+def step_normalizer(requested: NormalizerName, shares: Sequence[_Counts], rank: int, *, label: str,
+                    allow_empty: bool = False) -> StepNormalizer:
     """The normalizer of one streamed step from every process's share (the same answer, or error, everywhere).
 
-    `shared_count`: transformers gathered `num_items_in_batch` over the processes (`average_tokens_across_devices`
-    with several processes), so every process holds the global count; else each holds its own. `label` names the
+    Each process divides by the `num_items_in_batch` it holds (the global count when transformers gathered it over
+    the processes, `average_tokens_across_devices`; else its own), as stock GKD does. `label` names the
     step in errors ("optimizer step 3 (policy version 3)"). `allow_empty`: one on-policy micro-step of a window that
     also holds TRL's off-policy micro-steps (lmbda < 1 with accumulation): zero scored tokens add nothing there, as
     in stock TRL, and the window's own count (never 0 here) is the divisor."""
@@ -93,9 +95,7 @@ def step_normalizer(requested: NormalizerName, shares: Sequence[_Counts], rank: 
             "window have no answer tokens, and on_policy_normalizer='num_items_in_batch' (stock GKDTrainer's "
             "normalizer) would divide by zero; the optimizer step is refused. Use on_policy_normalizer="
             "'scored_tokens' or rows with answers")
-    if shared_count or world == 1:
-        return StepNormalizer("num_items_in_batch", float(counts[rank]), float(world), None)
-    return StepNormalizer("num_items_in_batch", float(counts[rank]), 1.0, None)
+    return StepNormalizer("num_items_in_batch", float(counts[rank]), 1.0, None)  # shared or own count alike
 
 
 def step_loss(shares: Sequence, normalizer_of) -> float:

@@ -48,7 +48,10 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
                   "huggingface/trl #6452 and #6478); a swapped GKD script trains exactly as before. "
                   "'scored_tokens': the completion tokens actually scored (trl's DistillationTrainer, and the "
                   "paper's Eq. 9). 'auto': 'num_items_in_batch' for objective='gjsd', 'scored_tokens' for "
-                  "objective='opd'. Off-policy steps are TRL's own code either way."},
+                  "objective='opd'. On several processes the scale follows: 'num_items_in_batch' keeps stock GKD's "
+                  "(each process divides by its count, DDP averages: 1/num_processes of the one-process step), "
+                  "'scored_tokens' gives the one-process step, TRL's off-policy steps included (as "
+                  "DistillationTrainer's fix, #6478). Off-policy steps are TRL's own code either way."},
     )
     schedule: Schedule = field(
         default="thundersync",

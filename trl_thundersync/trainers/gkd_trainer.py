@@ -175,15 +175,20 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
 
     # -- TRL hooks --------------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's off-policy loss, scaled by the number of processes when it is normalized by the global token count.
+        """TRL's off-policy loss; under `on_policy_normalizer="scored_tokens"` scaled by the number of processes when
+        it is normalized by the global token count.
 
         transformers gathers `num_items_in_batch` over the processes (`average_tokens_across_devices`), and
         `GKDTrainer.compute_loss` divides each process's JSD sum by it; DDP then averages the gradients, which leaves
         1/num_processes of the one-process step. `Trainer.compute_loss` multiplies by num_processes for exactly this
-        (TRL's DistillationTrainer divides the count instead); GKDTrainer's override skips it. Done here, an off-policy
-        step equals the one-process step on the same global batch, as the streamed on-policy steps do."""
+        (TRL's DistillationTrainer divides the count instead, in the fix of #6478); GKDTrainer's override skips it.
+        Under the default `"num_items_in_batch"` (stock GKD's normalization) that is kept, so a swapped script
+        trains as before on any number of processes; under `"scored_tokens"` (DistillationTrainer's) an off-policy
+        step equals the one-process step on the same global batch, as its streamed on-policy steps do."""
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         world = self.accelerator.num_processes
+        if self.args.on_policy_normalizer != "scored_tokens":
+            return loss
         if world > 1 and num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = (loss[0] * world, *loss[1:]) if return_outputs else loss * world
         return loss
@@ -274,8 +279,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         shares = gather_object([share]) if world > 1 else [share]
         check_shares(shares, rank, error)
         shared_count = world > 1 and self.args.average_tokens_across_devices
-        normalizers = [step_normalizer(self.args.on_policy_normalizer, shares, r, shared_count=shared_count,
-                                       label=label, allow_empty=final is not None) for r in range(world)]
+        normalizers = [step_normalizer(self.args.on_policy_normalizer, shares, r, label=label,
+                                       allow_empty=final is not None) for r in range(world)]
         self._report_normalizer(normalizers[rank])
         direction = local_share(self.last_batch[0].grads, normalizers[rank].share_scale(self._seeded_by))
         if final is None:

@@ -68,10 +68,11 @@ def build_replica(module: torch.nn.Module, device: torch.device, args: Any) -> t
 
 
 def _has_fused_lm_head(module: torch.nn.Module) -> bool:
-    """`trl.trainer.utils.add_fused_lm_head` sets `module.forward` to a method of its inner `_fused_forward`; other
-    wrappers (accelerate's output conversion, DeepSpeed's hooks) may put a `forward` on the instance too."""
-    patched = vars(module).get("forward")
-    return getattr(getattr(patched, "__func__", None), "__name__", "") == "_fused_forward"
+    """`trl.trainer.utils.add_fused_lm_head` sets `module.forward` to a method of its inner `_fused_forward` (named
+    after the class's forward by `functools.wraps`; its code keeps its own name); other wrappers (accelerate's output
+    conversion, DeepSpeed's hooks) may put a `forward` on the instance too."""
+    code = getattr(getattr(vars(module).get("forward"), "__func__", None), "__code__", None)
+    return getattr(code, "co_name", "") == "_fused_forward"
 
 
 class ZeRO3Placement(DeepSpeedPlacement):
@@ -102,14 +103,22 @@ class ZeRO3Placement(DeepSpeedPlacement):
                                "statistics", self.name, self.replica_bytes / 2**20)
         if self._fresh:
             return self._replica
+        self._gather_into(self._replica, module)
+        self._replica.train(module.training)
+        self._fresh = True
+        return self._replica
+
+    def _gather_into(self, replica: torch.nn.Module, module: torch.nn.Module) -> None:
+        """Copy the partitioned `module`'s whole parameters (gathered: a collective, every rank together) and its
+        buffers into `replica`, which must have the same parameter names."""
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-        replica_params = dict(self._replica.named_parameters())
+        replica_params = dict(replica.named_parameters())
         source = list(module.named_parameters())
         differ = sorted(set(replica_params).symmetric_difference(name for name, _ in source))
         if differ:
             raise UnsupportedOptionError(
-                f"{self.name}: the replica of {type(module).__name__} does not have the policy's parameters "
+                f"{self.name}: the replica of {type(module).__name__} does not have its parameters "
                 f"({', '.join(differ[:4])} differ: a model its class and config do not rebuild); use ZeRO-2")
         with torch.no_grad(), self._gathered([p for _, p in source]):
             for name, p in source:
@@ -122,13 +131,10 @@ class ZeRO3Placement(DeepSpeedPlacement):
                 # TRL's fused LM head gathers ZeRO-3 parameters not marked available (`maybe_gather_lm_head_ctx`,
                 # a collective): the replica's are whole, and saying so keeps its forward local
                 target.ds_status = ZeroParamStatus.AVAILABLE
-        replica_buffers = dict(self._replica.named_buffers())
+        replica_buffers = dict(replica.named_buffers())
         with torch.no_grad():
             for name, b in module.named_buffers():
                 replica_buffers[name].data = b.detach().clone()
-        self._replica.train(module.training)
-        self._fresh = True
-        return self._replica
 
     def open_batch(self, model: torch.nn.Module) -> StreamingTarget:
         replica = self._refresh(model)
@@ -161,27 +167,14 @@ class ZeRO3Placement(DeepSpeedPlacement):
     def reference_module(self, ref_model: torch.nn.Module) -> torch.nn.Module:
         """A frozen model TRL prepared as a partitioned engine (GKD's local teacher), gathered ONCE into a plain
         local copy on every rank (a collective: every rank, at the first batch), so its forward per source is local.
-        A model that moves (GRPO's reference with `sync_ref_model`) is refused at construction (`check_zero3`)."""
+        GRPO's reference model (beta != 0) stays refused under ZeRO-3 (`check_zero3`)."""
         module = self.accelerator.unwrap_model(ref_model)
         module = getattr(module, "module", module)  # TRL's `prepare_deepspeed` returns the engine itself
         if self._frozen is not None and self._frozen[0] is module:
             return self._frozen[1]
         replica = build_replica(module, self.accelerator.device, self.args).eval()
-        replica_params = dict(replica.named_parameters())
-        source = list(module.named_parameters())
-        differ = sorted(set(replica_params).symmetric_difference(name for name, _ in source))
-        if differ:
-            raise UnsupportedOptionError(
-                f"{self.name}: the local copy of {type(module).__name__} does not have its parameters "
-                f"({', '.join(differ[:4])} differ: a model its class and config do not rebuild); use ZeRO-2")
-        with torch.no_grad(), self._gathered([p for _, p in source]):
-            for name, p in source:
-                replica_params[name].data = p.data.detach().clone()
-                replica_params[name].requires_grad_(False)
-        with torch.no_grad():
-            replica_buffers = dict(replica.named_buffers())
-            for name, b in module.named_buffers():
-                replica_buffers[name].data = b.detach().clone()
+        self._gather_into(replica, module)
+        replica.requires_grad_(False)
         self._frozen = (module, replica)
         if self.accelerator.is_main_process:
             logger.warning("%s: the frozen %s is gathered into an unsharded copy on every rank (%.1f MB) so that its "
