@@ -18,6 +18,7 @@ engine's partitions and the streamed statistics; `open_batch` logs the bound onc
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from ...errors import UnsupportedOptionError
 from . import StreamingTarget
 from .deepspeed import DeepSpeedPlacement, surrogate
+from .fsdp2 import _rebound
 from .replicated import trainable_parameters
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ def check_zero3(args: Any) -> None:
 
 def build_replica(module: torch.nn.Module, device: torch.device, args: Any) -> torch.nn.Module:
     """A plain module of the policy's class and config (allocated, not initialized: `refresh` fills it), with the
-    fused LM head TRL's GRPOTrainer patches into the policy's instance (its `__init__`: log-probs and entropy)."""
+    fused LM head TRL's GRPOTrainer and SFTTrainer patch into the policy's instance (log-probs, entropy, ...)."""
     config = getattr(module, "config", None)
     if config is None or getattr(module, "peft_config", None) is not None:
         raise UnsupportedOptionError(
@@ -59,20 +61,12 @@ def build_replica(module: torch.nn.Module, device: torch.device, args: Any) -> t
     if getattr(module, "is_activation_checkpointing", False):  # the same activation memory as the policy's passes
         replica.activation_checkpointing_enable(
             activation_checkpointing_kwargs=getattr(args, "activation_checkpointing_kwargs", None))
-    if _has_fused_lm_head(module):  # TRL's GRPOTrainer patched the instance (GKD's SFT setup does not)
-        from trl.trainer.utils import add_fused_lm_head
-
-        add_fused_lm_head(replica, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
-                          outputs=("log_probs", "entropy"))
+    patched = vars(module).get("forward")
+    if isinstance(patched, types.MethodType) and patched.__self__ is module:
+        # TRL patched the instance (`add_fused_lm_head`, with GRPO's or SFT's own settings): the same method, its
+        # captured original forward bound to the replica (`fsdp2._rebound`, as FSDP2's replica keeps it)
+        replica.forward = _rebound(patched, module, replica)
     return replica
-
-
-def _has_fused_lm_head(module: torch.nn.Module) -> bool:
-    """`trl.trainer.utils.add_fused_lm_head` sets `module.forward` to a method of its inner `_fused_forward` (named
-    after the class's forward by `functools.wraps`; its code keeps its own name); other wrappers (accelerate's output
-    conversion, DeepSpeed's hooks) may put a `forward` on the instance too."""
-    code = getattr(getattr(vars(module).get("forward"), "__func__", None), "__code__", None)
-    return getattr(code, "co_name", "") == "_fused_forward"
 
 
 class ZeRO3Placement(DeepSpeedPlacement):
