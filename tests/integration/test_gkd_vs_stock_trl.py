@@ -276,3 +276,18 @@ def test_a_teacher_returning_nan_is_refused_naming_the_step(tmp_path, tokenizer,
         trainer.train()
     after = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
     assert torch.equal(before, after) and trainer.state.global_step == 0
+
+
+def test_a_zero_num_items_in_batch_is_refused_naming_the_step(tmp_path, tokenizer, tiny_model_path, teacher_path):
+    """transformers hands `training_step` a `num_items_in_batch` of 0 when no dataset row of the window has an
+    answer token: stock GKD would divide by zero; the step is refused before anything reaches `param.grad`."""
+    trainer = ThunderSyncGKDTrainer(model=load_model(tiny_model_path), teacher_model=load_model(teacher_path),
+                                    args=ThunderSyncGKDConfig(**fields(tmp_path, "zero", max_steps=1),
+                                                              rollout_engine="local_thread"),
+                                    train_dataset=messages(), processing_class=tokenizer)
+    trainer.use_turn_generator(Completions(tokenizer))
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.current_gradient_accumulation_steps = 1  # what train() sets before its first window
+    with pytest.raises(NoScoredTokensError, match=r"optimizer step 1 .*num_items_in_batch=0 on process 0"):
+        trainer.training_step(trainer.model, batch, torch.tensor(0))
+    assert all(p.grad is None for p in trainer.model.parameters())
