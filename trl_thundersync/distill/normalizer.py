@@ -51,6 +51,13 @@ class StepNormalizer:
     factor: float  # multiplies this process's share before the placement's mean over processes (world or 1)
     fallback: str | None  # why `num_items_in_batch` was asked for and `scored_tokens` used, else None
 
+    def describe(self) -> str:
+        """What the run's log says this step is divided by."""
+        if self.name == "num_items_in_batch":
+            return ("num_items_in_batch (the dataset answers' label tokens of the window, as stock trl GKDTrainer; "
+                    "huggingface/trl #6452)")
+        return "the scored completion tokens (as trl's DistillationTrainer)"
+
     def share_scale(self, seeded_by: float | None = None) -> float:
         """What this process's Σ_j g_j is multiplied by. `seeded_by`: the count its backwards already divided by
         (`num_items_in_batch` is known before the batch, so each turn's loss is divided by it before its backward,

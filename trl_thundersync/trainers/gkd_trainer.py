@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 
 import torch
@@ -42,7 +41,7 @@ from ..distill.processes import (
     local_share,
 )
 from ..distill.records import DistillTotals, TeacherScores
-from ..distill.teacher import LocalTeacher, check_same_vocabulary
+from ..distill.teacher import LocalTeacher
 from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
@@ -50,6 +49,7 @@ from ..envs.harness.metrics import model_token_counts
 from ..errors import TeacherScoringError, UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
+from .gkd_checks import check_vocabularies, refuse_combinations
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (
     agent_engine,
@@ -83,7 +83,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._agentic = bool(tools) or environment_factory is not None
         if isinstance(args, GKDConfig) and not isinstance(args, ThunderSyncGKDConfig):  # accepted by TRL: convert
             args = ThunderSyncGKDConfig.from_trl(args)
-        _refuse_combinations(args, teacher_model, eval_dataset, self._agentic)
+        refuse_combinations(args, teacher_model, eval_dataset, self._agentic)
         if processing_class is None and isinstance(model, str):
             from transformers import AutoTokenizer
 
@@ -96,7 +96,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
                               preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
                               formatting_func=formatting_func)
         if teacher_model is not None and args.teacher_vocab_map is None:
-            _check_vocabularies(model, teacher_model, processing_class)
+            check_vocabularies(model, teacher_model, processing_class)
             super().__init__(model=model, teacher_model=teacher_model, **trainer_kwargs)
             self._teacher = LocalTeacher(self.teacher_model, self.accelerator.device)
         else:  # TRL's GKDTrainer refuses a teacher with another vocab_size, so a mapped teacher is attached here
@@ -301,12 +301,9 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         if getattr(self, "_normalizer_said", None) == said:
             return
         self._normalizer_said = said
-        text = {"num_items_in_batch": "num_items_in_batch (the dataset answers' label tokens of the window, as stock "
-                                      "trl GKDTrainer; huggingface/trl #6452)",
-                "scored_tokens": "the scored completion tokens (as trl's DistillationTrainer)"}[normalizer.name]
         if normalizer.fallback is not None:
             logger.warning("on_policy_normalizer='num_items_in_batch': %s", normalizer.fallback)
-        logger.info("ThunderSyncGKDTrainer: on-policy steps are normalized by %s", text)
+        logger.info("ThunderSyncGKDTrainer: on-policy steps are normalized by %s", normalizer.describe())
 
     def _stream_share(self, placement, model, micro_batches: list, version: int, num_items: float | None = None,
                       first_micro_step: int = 0) -> RankShare:
@@ -403,60 +400,3 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         """Stop the rollout engine, release the trace and close the teacher (also done at interpreter exit)."""
         super().close()
         self._teacher.close()
-
-
-def _refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:
-    """Argument combinations the streamed trainer cannot honour exactly, refused before anything is built."""
-    from trl import DistillationConfig
-
-    if isinstance(args, DistillationConfig):
-        raise UnsupportedOptionError(DISTILLATION_CONFIG_REFUSAL)
-    if not isinstance(args, ThunderSyncGKDConfig):
-        raise UnsupportedOptionError(
-            f"args is a {type(args).__name__}; pass a ThunderSyncGKDConfig or a trl GKDConfig so unsupported options "
-            "are checked (trl's GKDTrainer needs a GKDConfig too)")
-    if (teacher_model is None) == (args.teacher_server_url is None):
-        raise UnsupportedOptionError(
-            "give exactly one teacher: teacher_model (a model or a path, as for trl's GKDTrainer) or "
-            f"args.teacher_server_url (got teacher_model={type(teacher_model).__name__}, teacher_server_url="
-            f"{args.teacher_server_url!r})")
-    if agentic and (args.lmbda < 1.0 or args.seq_kd):
-        raise UnsupportedOptionError(
-            f"lmbda={args.lmbda}, seq_kd={args.seq_kd}: with tools / environment_factory the dataset holds prompts "
-            "only, so there are no off-policy sequences to mix in; use lmbda=1.0 and seq_kd=False")
-    if args.teacher_vocab_map is not None and eval_dataset is not None:
-        raise UnsupportedOptionError(
-            "eval_dataset with teacher_vocab_map: evaluation runs TRL's generalized-JSD loss on the teacher's own "
-            "vocabulary, which does not line up with the student's; evaluate separately")
-    if args.teacher_server_url is not None and eval_dataset is not None:
-        raise UnsupportedOptionError(
-            "eval_dataset with teacher_server_url: evaluation runs TRL's generalized-JSD loss, which needs a local "
-            "teacher_model; evaluate separately or use a local teacher")
-
-
-DISTILLATION_CONFIG_REFUSAL = (
-    "args is a trl DistillationConfig: ThunderSyncGKDTrainer is the drop-in for trl.experimental.gkd.GKDTrainer, and "
-    "a DistillationConfig cannot be converted field by field without changing the update: DistillationTrainer "
-    "applies `temperature` to both distributions inside the divergence (GKD: sampling only, divergence at 1), "
-    "divides by the scored completion tokens (GKD: num_items_in_batch), reads `prompt` rows (GKD: `messages`), "
-    "samples with top_p/top_k/min_p/repetition_penalty from `max_completion_length`, and defaults beta to 1.0 (GKD: "
-    "0.5). The closest streamed run (the same loss and normalizer at temperature 1; not compared with "
-    "DistillationTrainer step by step): ThunderSyncGKDConfig(lmbda=1.0, temperature=1.0, beta=<your beta>, "
-    "max_new_tokens=<max_completion_length>, on_policy_normalizer='scored_tokens') with `messages` rows, or with "
-    "`prompt` rows and tools / environment_factory (README: 'trl.DistillationTrainer users')")
-
-
-def _check_vocabularies(model, teacher_model, processing_class) -> None:
-    """Refuse teacher/student pairs whose token ids mean different things (before any model is built)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    def vocab_of(m):
-        config = AutoConfig.from_pretrained(m) if isinstance(m, str) else getattr(m, "config", None)
-        return config.get_text_config().vocab_size if config is not None else None
-
-    teacher_tokenizer = None
-    if isinstance(teacher_model, str) and os.path.isfile(os.path.join(teacher_model, "tokenizer_config.json")):
-        teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_model)
-    student_vocab = vocab_of(model)
-    if student_vocab is not None:
-        check_same_vocabulary(processing_class, teacher_tokenizer, student_vocab, vocab_of(teacher_model))
