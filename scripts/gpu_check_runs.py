@@ -111,7 +111,8 @@ def _gkd_samples_and_direction(work: Path, device: str, bf16: bool, model_path: 
                                 report_to="none", per_device_train_batch_size=4, max_steps=1, max_new_tokens=10,
                                 lmbda=1.0, logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
                                 learning_rate=1e-2, optim="sgd", max_grad_norm=1e9, rollout_engine="local_thread",
-                                beta=0.3, objective="gjsd", **_on_device(device, bf16))
+                                beta=0.3, objective="gjsd", on_policy_normalizer="scored_tokens",
+                                **_on_device(device, bf16))  # the reference below: TRL's loss over the scored tokens
     capture = CaptureGrads()
     trainer = ThunderSyncGKDTrainer(model=load_model(model_path), teacher_model=load_model(teacher_path), args=args,
                                     train_dataset=data, processing_class=tokenizer, callbacks=[capture])
