@@ -20,8 +20,8 @@ share no state; runs are interleaved (sync, thundersync, trl, sync, ...) so mach
 the first step of every run is dropped as warm-up. `--release reward,content` replaces the ThunderSync schedule by
 one per GRPO release point (`thundersync:reward`, `thundersync:content`, ...: `ThunderSyncGRPOConfig.release`);
 `--grading-latency g` makes every trajectory's reward take ~g s of verification after its last turn. Workload and
-knobs: `bench/workload.py`. With `--balance ρ` the tool-latency mean is calibrated first (`bench/calibration.py`,
-one short `sync` probe without sleeps).
+knobs: `benchmarks/workload.py`. With `--balance ρ` the tool-latency mean is calibrated first
+(`benchmarks/calibration.py`, one short `sync` probe without sleeps).
 
 Prints a table per point (mean step wall ± stdev, speedup vs sync, R, L, realized ρ, learner idle fraction, learner
 tail, learner TFLOP/s and MFU with `--peak-flops`, peak RSS, gradient-statistics memory, CPU used by this run and by

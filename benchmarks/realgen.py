@@ -21,21 +21,20 @@ Schedules (`--schedules`, comma-separated; one process per run, interleaved, fir
   (`sync@vllm,thundersync@vllm,sync@embedded,...` compares engines in one run);
 - `trl`: stock `trl.GRPOTrainer` with the same `environment_factory`, reward functions and config (its own tool loop
   and generation: `transformers` `generate` in the trainer process, no server), traced as one rollout item and one
-  learner item per step like `bench/run_one.py` does;
+  learner item per step like `benchmarks/run_one.py` does;
 - `gkd` (swe only): `ThunderSyncGKDTrainer` (schedule thundersync, objective "opd", lmbda 1, the same TRL tool loop
   and token budget, a second tiny agent warm-started with another seed as teacher, as `examples/swe_opd.py`) on the
   same tasks: only for the learner-tail comparison (its step does different work, so it gets no speedup).
 
-Reported per schedule (statistics from `bench/stats.py`, tables from `bench/report.py`, per engine, then one realgen
-table): step wall, speedup vs the sync runs of the same engine, stock TRL's step wall over it, R, L, ρ = L/R, the
-bound (1 + ρ)/max(1, ρ) with ρ from that engine's sync runs and the measurement as a fraction of it, learner tail
-(s and % of the step), the generation slowdown during overlap (each turn that ran with the learner busy against the
-same (step, trajectory, turn) of the sync runs: median relative and absolute), and the trace-replay prediction of
-the schedule's release point (`trace.model.predict_release` on that engine's sync traces) with measured/predicted;
-then per GRPO schedule the episodes as both trainers log them (`completions/mean_length`: model tokens per
-trajectory, tool results excluded, TRL's definition; `tools/call_frequency`) at step 1, where every schedule samples
-from the same initial weights, and over all steps. Writes `<out>.json` and a side-by-side timeline of one step per
-schedule."""
+Reported per schedule (statistics from `benchmarks/stats.py`, tables from `benchmarks/report.py`, per engine, then one
+realgen table): step wall, speedup vs the sync runs of the same engine, stock TRL's step wall over it, R, L, ρ = L/R,
+the bound (1 + ρ)/max(1, ρ) with ρ from that engine's sync runs and the measurement as a fraction of it, learner tail (s
+and % of the step), the generation slowdown during overlap (each turn that ran with the learner busy against the same
+(step, trajectory, turn) of the sync runs: median relative and absolute), and the trace-replay prediction of the
+schedule's release point (`trace.model.predict_release` on that engine's sync traces) with measured/predicted; then per
+GRPO schedule the episodes as both trainers log them (`completions/mean_length`: model tokens per trajectory, tool
+results excluded, TRL's definition; `tools/call_frequency`) at step 1, where every schedule samples from the same
+initial weights, and over all steps. Writes `<out>.json` and a side-by-side timeline of one step per schedule."""
 
 from __future__ import annotations
 

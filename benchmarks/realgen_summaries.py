@@ -1,5 +1,5 @@
-"""Per-run figures of `benchmarks/realgen.py` that are not the GRPO step statistics of `bench/stats.py`: the episodes
-both GRPO trainers log, and the distillation run's R, L, ρ and tail (its traces have no rewards to replay)."""
+"""Per-run figures of `benchmarks/realgen.py` that are not the GRPO step statistics of `benchmarks/stats.py`: the
+episodes both GRPO trainers log, and the distillation run's R, L, ρ and tail (its traces have no rewards to replay)."""
 
 from __future__ import annotations
 

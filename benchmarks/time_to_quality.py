@@ -11,7 +11,7 @@ on a bundled suite (default: the thermostat tasks), under stock `trl.GRPOTrainer
 Workload: the suite's example's (`examples/thermostat_grpo.py`: the tiny agent warm-started on the suite, built once
 in the work dir; the train split's tasks in the bubblewrap sandbox; the environment's partial-credit reward only;
 TRL's tool loop; beta 0; the example's temperature and learning rate). Every run has the same model, data,
-environment and seed list; each (schedule, seed) is its own process (`bench/child.py`), runs interleaved. Stock TRL
+environment and seed list; each (schedule, seed) is its own process (`benchmarks/child.py`), runs interleaved. Stock TRL
 generates with `transformers` in the trainer process; the ThunderSync schedules use the default embedded rollout
 server (one torch thread; the learner gets the other core).
 

@@ -8,7 +8,7 @@ so episodes are compared as distributions: turns, tool calls, model tokens (tool
 p-value). With `--top_k 1` sampling is greedy and the script also reports the share of episodes that are
 token-identical to stock TRL's.
 
-`--env swe` replaces the canned tools by the real environment of `bench/realgen.py`: `SWERepairEnv` on the bundled
+`--env swe` replaces the canned tools by the real environment of `benchmarks/realgen.py`: `SWERepairEnv` on the bundled
 SWE repair tasks (bubblewrap-sandboxed `run_shell`, real pytest output), one row per task and `--generations` per
 row, prompts from `swe_dataset`; episodes only, no grading. `--engine auto` samples ThunderSync's episodes through
 the default engine (the embedded vLLM-API server, as realgen does) instead of the in-process `local_thread` engine.
