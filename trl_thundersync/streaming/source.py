@@ -67,14 +67,17 @@ def flatten_grads(grads: Sequence[torch.Tensor | None], params: Sequence[torch.T
     return torch.cat(parts)
 
 
-def write_flat_grads(vector: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
-    """Write a flat direction into `param.grad` (overwriting), in each parameter's dtype and shape."""
+def write_flat_grads(vector: torch.Tensor, params: Sequence[torch.Tensor], *, add: bool = False) -> None:
+    """Write a flat direction into `param.grad` (overwriting, or adding to it with `add`), in each parameter's dtype
+    and shape."""
     offset = 0
     for p in params:
         n = p.numel()
         chunk = vector[offset : offset + n].view_as(p).to(p.dtype)
         if p.grad is None:
             p.grad = chunk.clone()
+        elif add:
+            p.grad.add_(chunk)
         else:
             p.grad.copy_(chunk)
         offset += n

@@ -54,12 +54,7 @@ class ReplicatedPlacement:
         accumulated gradient plus the share is averaged over the processes here and written, as `hand_over`."""
         if not final:
             refuse_non_finite(local, label)
-            offset = 0
-            for p in self._params:
-                n = p.numel()
-                chunk = local[offset : offset + n].view_as(p).to(p.dtype)
-                p.grad = chunk.clone() if p.grad is None else p.grad.add_(chunk)
-                offset += n
+            write_flat_grads(local, self._params, add=True)
             return
         held = [p.grad.reshape(-1).to(torch.float32) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
                 for p in self._params]
