@@ -1,4 +1,4 @@
-"""The README lists every field `trl.GRPOConfig` adds to `TrainingArguments`, each with its status."""
+"""docs/exactness.md lists every field `trl.GRPOConfig` adds to `TrainingArguments`, each with its status."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import transformers
 import trl
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EXACTNESS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "exactness.md"
 
 
 def table_fields() -> set[str]:
-    text = README.read_text()
+    text = EXACTNESS_PAGE.read_text()
     start = text.index("Every <code>trl.GRPOConfig</code> field")
     table = text[start:text.index("</details>", start)]
     listed: set[str] = set()
@@ -28,5 +28,5 @@ def test_every_grpo_config_field_has_a_row():
     own = {f.name for f in dataclasses.fields(trl.GRPOConfig)} - {
         f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     listed = table_fields()
-    assert not own - listed, f"GRPOConfig fields missing from the README table: {sorted(own - listed)}"
-    assert not listed - own, f"README table rows that are not GRPOConfig fields: {sorted(listed - own)}"
+    assert not own - listed, f"GRPOConfig fields missing from the docs/exactness.md table: {sorted(own - listed)}"
+    assert not listed - own, f"docs/exactness.md table rows that are not GRPOConfig fields: {sorted(listed - own)}"
