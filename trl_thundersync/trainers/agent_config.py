@@ -31,14 +31,9 @@ DEFAULT_MAX_CONTEXT_TOKENS = 8192
 DEFAULT_MAX_OBSERVATION_TOKENS = 256
 
 _AGENT_PROTOCOL_HELP = (
-    "What an episode is with tools / environment_factory. 'trl' (ThunderSyncGRPOConfig's default): TRL 1.16's tool "
-    "loop (every tool call of a turn runs, results are `tool` messages, errors {'error': str(e)}, the episode ends at "
-    "a turn without a parsed call or after max_tool_calling_iterations rounds, the generation budget "
-    "(max_completion_length; GKD: max_new_tokens) bounds the whole multi-turn completion including tool tokens), as "
-    "in trl.GRPOTrainer and trl.DistillationTrainer. 'paper' (ThunderSyncGKDConfig's default): the ThunderSync "
-    "paper's protocol (one call per turn, an unparsable call is answered with a parser-error observation that "
-    "consumes the turn, the agent_max_* budgets, a `done` environment ends the episode). TRL's GKDTrainer has no tool "
-    "loop, so neither is a drop-in default for distillation; 'paper' keeps the published OPD workloads reproducible."
+    "What an episode with tools / environment_factory is. 'trl' (GRPO's default): TRL 1.16's tool loop, as in "
+    "trl.GRPOTrainer. 'paper' (GKD's default): the ThunderSync paper's protocol, one tool call per turn, with the "
+    "agent_max_* budgets."
 )
 
 
@@ -58,6 +53,27 @@ class GenerationBudget:
 
 @dataclass(kw_only=True)  # keyword-only: positional arguments stay TRL's (output_dir first)
 class AgentLoopFields:
+    r"""
+    Agent-loop fields shared by both ThunderSync configs (docs/agents.md). The `agent_max_*` budgets apply to
+    `agent_protocol="paper"` only; under `"trl"` a budget that is set is refused.
+
+    Parameters:
+        agent_protocol (`str`, *optional*, defaults to `"trl"` for GRPO, `"paper"` for GKD):
+            What an episode with tools or `environment_factory` is.
+        agent_max_turns (`int`, *optional*):
+            Generation turns per trajectory.
+        agent_max_tokens_per_turn (`int`, *optional*):
+            Generated tokens per turn.
+        agent_max_completion_tokens (`int`, *optional*):
+            Model-generated tokens per trajectory, all turns.
+        agent_max_context_tokens (`int`, *optional*):
+            Prompt plus everything appended (actions and observations).
+        agent_max_observation_tokens (`int`, *optional*):
+            Tool-result tokens kept per observation.
+        agent_tool_timeout (`float`, *optional*, defaults to `60.0`):
+            Seconds a tool call may take (both protocols).
+    """
+
     GENERATION_BUDGET: ClassVar[GenerationBudget]
 
     agent_protocol: AgentProtocol = agent_protocol_field("trl")

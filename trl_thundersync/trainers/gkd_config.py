@@ -30,28 +30,86 @@ AGENT_PROTOCOLS: tuple[AgentProtocol, ...] = get_args(AgentProtocol)
 
 @dataclass
 class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentLoopFields):
+    r"""
+    Configuration class for [`ThunderSyncGKDTrainer`]: TRL's `GKDConfig` (`trl.experimental.gkd`) plus the per-turn
+    streaming fields.
+
+    Every `GKDConfig` field keeps its meaning (`lmbda`, `beta`, `temperature`, `max_new_tokens`, `seq_kd`, ...). A
+    plain `GKDConfig` converts with [`ThunderSyncGKDConfig.from_trl`]; the trainer refuses a `trl.DistillationConfig`.
+    Each field's full help text is its `metadata["help"]` (docs/distillation.md explains them at length).
+
+    Parameters:
+        > Parameters that control the objective
+
+        objective (`str`, *optional*, defaults to `"gjsd"`):
+            `"gjsd"`: GKD's generalized JSD with a local teacher; `"opd"`: the paper's turn-level OPD.
+        on_policy_normalizer (`str`, *optional*, defaults to `"auto"`):
+            What an on-policy step's summed loss is divided by: `"num_items_in_batch"` or `"scored_tokens"`.
+
+        > Parameters that control when the learner works
+
+        schedule (`str`, *optional*, defaults to `"thundersync"`):
+            `"thundersync"` streams each turn's backward; `"sync"` waits for the whole batch.
+        turn_backward (`str`, *optional*, defaults to `"auto"`):
+            How a turn's backward reaches its context: `"boundary_cut"` (linear) or `"naive"` (quadratic).
+        max_open_trajectories (`int`, *optional*):
+            Cap on trajectories holding per-turn backward state at once.
+
+        > Parameters that control the teacher
+
+        teacher_server_url (`str`, *optional*):
+            A vLLM-compatible teacher server, in place of `teacher_model`.
+        teacher_vocab_map (`str`, *optional*):
+            A JSON map from student to teacher token ids, for a teacher with another vocabulary.
+        teacher_scoring (`str`, *optional*, defaults to `"turn"`):
+            When the teacher scores: per `"turn"` or per `"trajectory"`.
+        teacher_server_model (`str`, *optional*):
+            Model name sent to the teacher server.
+        teacher_server_timeout (`float`, *optional*, defaults to `120.0`):
+            Seconds one teacher request may take.
+        teacher_server_retries (`int`, *optional*, defaults to `3`):
+            Times a teacher request is resent after no answer or HTTP 500/502/503.
+
+        > Parameters that control the rollout engine and servers (`RolloutFields`, `TRLVLLMServerFields`)
+
+        rollout_engine, vllm_server_base_urls, vllm_weight_publisher, vllm_publish_dir, rollout_num_servers,
+        rollout_vllm, rollout_vllm_kv_cache_gib, rollout_vllm_args, rollout_request_timeout, rollout_restart_timeout,
+        rollout_retries, rollout_server_restarts, rollout_max_in_flight, rollout_num_threads, learner_num_threads:
+            See [`RolloutFields`].
+        use_vllm, vllm_mode, vllm_server_base_url, vllm_server_host, vllm_server_port, vllm_server_timeout,
+        vllm_group_port, vllm_gpu_memory_utilization, vllm_max_model_length:
+            `trl.GRPOConfig`'s fields of the same names, with their defaults and help.
+
+        > Parameters that control the agent loop (`AgentLoopFields`)
+
+        agent_protocol (`str`, *optional*, defaults to `"paper"`):
+            What an episode with tools is; GKD keeps the paper's protocol (GRPO's default is `"trl"`).
+        max_tool_calling_iterations (`int`, *optional*):
+            `agent_protocol="trl"`: rounds of tool execution per episode (TRL's GRPO field).
+        agent_max_turns, agent_max_tokens_per_turn, agent_max_completion_tokens, agent_max_context_tokens,
+        agent_max_observation_tokens, agent_tool_timeout:
+            See [`AgentLoopFields`].
+
+        > Parameters that control logging
+
+        trace (`bool`, *optional*, defaults to `True`):
+            Whether to record a per-step trace in `<output_dir>/thundersync_trace/steps.jsonl`.
+    """
+
     GENERATION_BUDGET = GenerationBudget(length_field="max_new_tokens", per_turn=True)
 
     objective: Objective = field(
         default="gjsd",
         metadata={"help": "'gjsd': GKD's generalized Jensen-Shannon divergence with `beta` over the full vocabulary "
-                  "(a local teacher model), as trl's GKDTrainer; 'opd': the paper's turn-level on-policy distillation, "
-                  "sampled-token advantage sg(log π_T − log π_θ). What an on-policy step is divided by: "
-                  "on_policy_normalizer."},
+                  "(a local teacher), as trl's GKDTrainer; 'opd': the paper's turn-level on-policy distillation, "
+                  "sampled-token advantage sg(log π_T − log π_θ)."},
     )
     on_policy_normalizer: OnPolicyNormalizerSetting = field(
         default="auto",
-        metadata={"help": "What an on-policy step's summed loss is divided by. 'num_items_in_batch': the count "
-                  "transformers' Trainer hands training_step — the label tokens of the DATASET rows of the "
-                  "accumulation window (over processes with average_tokens_across_devices) — which stock trl "
-                  "GKDTrainer divides the generated completions' loss by (a bug TRL acknowledges, "
-                  "huggingface/trl #6452 and #6478); a swapped GKD script trains exactly as before. "
-                  "'scored_tokens': the completion tokens actually scored (trl's DistillationTrainer, and the "
-                  "paper's Eq. 9). 'auto': 'num_items_in_batch' for objective='gjsd', 'scored_tokens' for "
-                  "objective='opd'. On several processes the scale follows: 'num_items_in_batch' keeps stock GKD's "
-                  "(each process divides by its count, DDP averages: 1/num_processes of the one-process step), "
-                  "'scored_tokens' gives the one-process step, TRL's off-policy steps included (as "
-                  "DistillationTrainer's fix, #6478). Off-policy steps are TRL's own code either way."},
+        metadata={"help": "What an on-policy step's summed loss is divided by: 'num_items_in_batch' (stock "
+                  "GKDTrainer's count of the dataset rows' label tokens: a swapped script trains as before) or "
+                  "'scored_tokens' (the completion tokens scored: DistillationTrainer and the paper). 'auto': the "
+                  "first for objective='gjsd', the second for 'opd'."},
     )
     schedule: Schedule = field(
         default="thundersync",
@@ -60,17 +118,14 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
     )
     turn_backward: TurnBackwardSetting = field(
         default="auto",
-        metadata={"help": "'boundary_cut': each turn forwards only its new tokens over detached key/value proxies and "
-                  "the deferred context adjoints are replayed when the trajectory closes (linear cost); 'naive': "
-                  "every turn re-runs its whole context (quadratic; the reference, and what works with activation "
-                  "checkpointing); 'auto': boundary_cut, or naive when gradient_checkpointing is on."},
+        metadata={"help": "'boundary_cut': each turn forwards only its new tokens, context adjoints replayed when the "
+                  "trajectory closes (linear cost); 'naive': each turn re-runs its context (quadratic, works with "
+                  "activation checkpointing). 'auto': boundary_cut, or naive with gradient_checkpointing."},
     )
     max_open_trajectories: int | None = field(
         default=None,
-        metadata={"help": "Admission cap: at most this many trajectories hold per-turn backward state at once (the "
-                  "boundary-cut key/value graphs and deferred context adjoints, which grow with each trajectory's "
-                  "length); turns of the others wait, scored, and are processed in arrival order when one closes. "
-                  "Same update. None: every trajectory of the batch may be open."},
+        metadata={"help": "Admission cap: at most this many trajectories hold per-turn backward state at once; the "
+                  "others' turns wait, scored, in arrival order. Same update. None: no cap."},
     )
     teacher_server_url: str | None = field(
         default=None,
@@ -80,21 +135,14 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
     )
     teacher_vocab_map: str | None = field(
         default=None,
-        metadata={"help": "Path to a JSON list of V_s integers: the teacher token id of every student token id, for a "
-                  "teacher whose vocabulary is ordered differently or larger (validated: total over the student's "
-                  "vocab_size, in the teacher's range). The teacher reads and scores the mapped ids (OPD), and a "
-                  "local teacher's logits are gathered at the mapped ids (generalized JSD). None: teacher and student "
-                  "must share one vocabulary and tokenizer."},
+        metadata={"help": "Path to a JSON list: the teacher token id of every student token id, for a teacher whose "
+                  "vocabulary is ordered differently or larger. None: teacher and student share one vocabulary."},
     )
     teacher_scoring: TeacherScoring = field(
         default="turn",
-        metadata={"help": "When the teacher scores: 'turn' sends each turn's context + action the moment the action "
-                  "is complete, so its student backward can run while the next tool runs (earliest release; the "
-                  "teacher prefills Σ_j |context_j + action_j|, quadratic in the turns, since prompt log-probs are "
-                  "never served from vLLM's prefix cache); 'trajectory' scores all turns of a trajectory with one "
-                  "request over its full sequence once it finished (linear prefill; the turns' backwards wait for "
-                  "the trajectory's end). Same scores, same update. The step metrics thundersync/"
-                  "teacher_prefill_tokens_{turn,trajectory}_schedule give both costs for the same turns."},
+        metadata={"help": "When the teacher scores: 'turn' (each action as soon as it is complete: earliest release, "
+                  "prefill quadratic in the turns) or 'trajectory' (one request per finished trajectory: linear "
+                  "prefill, later release). Same scores, same update."},
     )
     teacher_server_model: str | None = field(
         default=None, metadata={"help": "Model name sent to the teacher server (None: the first of /v1/models)."}

@@ -22,13 +22,63 @@ AGENT_PROTOCOLS: tuple[AgentProtocol, ...] = get_args(AgentProtocol)
 
 @dataclass
 class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
+    r"""
+    Configuration class for [`ThunderSyncGRPOTrainer`]: `trl.GRPOConfig` plus the gradient-streaming fields.
+
+    Every `trl.GRPOConfig` field keeps its meaning, or is refused by name (`UnsupportedOptionError`) when it cannot be
+    streamed exactly (docs/exactness.md). A plain `trl.GRPOConfig` converts with [`ThunderSyncGRPOConfig.from_trl`].
+    Each field's full help text is its `metadata["help"]`; with `HfArgumentParser` the fields are command-line
+    arguments.
+
+    Parameters:
+        > Parameters that control when the learner works (docs/rewards.md)
+
+        schedule (`str`, *optional*, defaults to `"thundersync"`):
+            `"thundersync"` streams backward passes during the rollouts; `"sync"` waits for the whole batch.
+        release (`str`, *optional*, defaults to `"content"`):
+            When a trajectory's backward runs: `"content"`, `"reward"` or `"turn"`.
+        max_open_groups (`int`, *optional*):
+            Cap on GRPO groups holding gradient statistics at once.
+        max_buffered_trajectories (`int`, *optional*):
+            Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
+
+        > Parameters that control rewards (docs/rewards.md)
+
+        reward_scope (`str`, *optional*, defaults to `"auto"`):
+            How reward functions are called: per `"trajectory"`, per `"group"`, once per `"batch"`, or `"auto"`.
+        grading_workers (`int`, *optional*):
+            How many environments' `get_reward()` run at once.
+        allow_unscorable_groups (`bool`, *optional*, defaults to `True`):
+            Whether a group whose rewards are all `None` trains with zero advantage, as in TRL.
+
+        > Parameters that control the rollout engine and servers (`RolloutFields`, docs/rollout-servers.md)
+
+        rollout_engine, vllm_server_base_urls, vllm_weight_publisher, vllm_publish_dir, rollout_num_servers,
+        rollout_vllm, rollout_vllm_kv_cache_gib, rollout_vllm_args, rollout_request_timeout, rollout_restart_timeout,
+        rollout_retries, rollout_server_restarts, rollout_max_in_flight, rollout_num_threads, learner_num_threads:
+            See [`RolloutFields`].
+
+        > Parameters that control the agent loop (`AgentLoopFields`, docs/agents.md)
+
+        agent_protocol, agent_max_turns, agent_max_tokens_per_turn, agent_max_completion_tokens,
+        agent_max_context_tokens, agent_max_observation_tokens, agent_tool_timeout:
+            See [`AgentLoopFields`].
+
+        > Parameters that control logging (docs/metrics.md)
+
+        trace (`bool`, *optional*, defaults to `True`):
+            Whether to record a per-step trace in `<output_dir>/thundersync_trace/steps.jsonl`.
+        peak_flops_per_s (`float`, *optional*):
+            Peak FLOP/s of one trainer device; enables the trainer active MFU metric.
+    """
+
     GENERATION_BUDGET = GenerationBudget(length_field="max_completion_length", per_turn=False)
 
     schedule: Schedule = field(
         default="thundersync",
         metadata={
-            "help": "'thundersync' runs each trajectory's backward as soon as its reward is known; 'sync' waits until "
-            "the whole batch closed (the paper's Sync baseline). Same code, same update."
+            "help": "'thundersync' runs each trajectory's backward while the batch's rollouts still run (see release); "
+            "'sync' waits until the whole batch closed (the paper's Sync baseline). Same code, same update."
         },
     )
     max_open_groups: int | None = field(
@@ -52,38 +102,24 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
     reward_scope: RewardScope = field(
         default="auto",
         metadata={
-            "help": "How reward functions are called. 'trajectory': with one completion as soon as it ends (exact for "
-            "per-sample rewards, the earliest release). 'group': once per GRPO group, when its last trajectory ends "
-            "(exact for group-relative rewards: rank in the group, pairwise judges). 'batch': once with the whole "
-            "generation batch, trl.GRPOTrainer's exact call (learner work waits for it). 'auto': 'trajectory', but "
-            "the run's first group is also scored in one call per plain reward function, and training stops "
-            "(RewardScopeError) before the first optimizer step if the values differ."
+            "help": "How reward functions are called: 'trajectory' (one completion, exact for per-sample rewards), "
+            "'group' (once per GRPO group), 'batch' (trl.GRPOTrainer's one call per generation batch), or 'auto' "
+            "('trajectory', checked on the first group; a function that differs stops training with RewardScopeError)."
         },
     )
     grading_workers: int | None = field(
         default=None,
         metadata={
-            "help": "How many environments' get_reward() run at once. Each environment's reward depends only on its "
-            "own finished episode, so its grading starts the moment its trajectory is delivered, on a pool of this "
-            "many threads, in every reward_scope (a group or batch call takes the values already graded); user "
-            "reward functions are still called from one thread, in the same calls, after their rows' environments "
-            "are graded (so a user function that reads environment state sees it after get_reward; TRL calls a sync "
-            "get_reward after the user's functions). Values are identical to serial grading. 1: one trajectory at a "
-            "time on the scoring thread, after the user's functions (serial, as before). None (default): min(2 × CPU "
-            "cores, 8), never more than the batch's trajectories: a sandboxed test run is part CPU, part waiting "
-            "(process and sandbox start-up), so two per core keep the cores busy (8 SWE gradings on 2 cores: ~5 s "
-            "serial, ~3.5 s with 2 workers, ~2 s with 4), and 8 bounds the threads and concurrent sandboxes on "
-            "large machines; raise it for graders that only wait (remote judges)."
+            "help": "How many environments' get_reward() run at once, each from the moment its trajectory is "
+            "delivered; user reward functions stay on one thread. None: min(2 × CPU cores, 8); 1: serial grading."
         },
     )
     release: ReleasePoint = field(
         default="content",
         metadata={
-            "help": "When a trajectory's backward runs under schedule='thundersync'. 'content' (default): when its "
-            "last turn ended, before grading and before its group's or the batch's reward call; the score gradient "
-            "waits in an FP32 buffer (P floats) until the reward binds. 'reward': once its reward is known (the "
-            "paper; no buffers). 'turn': each agentic turn's action tokens while that turn's tool runs (boundary-cut "
-            "backward, linear in the turns), then as 'content'. Same update in every mode."
+            "help": "When a trajectory's backward runs: 'content' (when its last turn ended; its score gradient waits "
+            "in a P-float buffer for the reward), 'reward' (once its reward is known: the paper) or 'turn' (per "
+            "agentic turn while the tool runs). Same update in every mode."
         },
     )
     max_buffered_trajectories: int | None = field(
@@ -97,11 +133,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
     allow_unscorable_groups: bool = field(
         default=True,
         metadata={
-            "help": "A row on which every reward function returned None is unscorable: as in trl.GRPOTrainer it is "
-            "left out of its group's mean and std, gets zero advantage (its tokens still count in the loss "
-            "normalizers) and TRL's warning is logged once per batch. True (default, TRL's behaviour): a group whose "
-            "rows are all unscorable trains with zero advantage. False: such a group stops training with "
-            "UnscorableGroupError before the optimizer step."
+            "help": "True (TRL's behaviour): a group whose rewards are all None trains with zero advantage. False: "
+            "such a group stops training with UnscorableGroupError before the optimizer step."
         },
     )
 

@@ -32,20 +32,58 @@ VLLM_ENGINES: tuple[RolloutEngine, ...] = ("vllm_server", "managed_vllm")  # sam
 
 @dataclass(kw_only=True)  # keyword-only: positional arguments stay TRL's (output_dir first)
 class RolloutFields:
+    r"""
+    Rollout-engine fields shared by both ThunderSync configs (docs/rollout-servers.md).
+
+    Parameters:
+        > Parameters that choose the engine
+
+        rollout_engine (`str`, *optional*, defaults to `"auto"`):
+            Who samples: `"managed_vllm"`, `"embedded_server"`, `"vllm_server"`, `"local_process"`,
+            `"local_thread"` or `"trl"`; `"auto"` picks one and logs why.
+        rollout_vllm (`str`, *optional*):
+            `managed_vllm`: the vLLM installation its servers start from.
+        rollout_vllm_kv_cache_gib (`float`, *optional*, defaults to `1.0`):
+            `managed_vllm` on a CPU build: each server's KV cache in GiB.
+        rollout_vllm_args (`list[str]`, *optional*):
+            `managed_vllm`: more `vllm serve` arguments.
+        rollout_num_servers (`int`, *optional*, defaults to `1`):
+            Servers to start when no URL is given.
+
+        > Parameters that control the servers and weight publication
+
+        vllm_server_base_urls (`list[str]`, *optional*):
+            Several rollout server URLs (replicas).
+        vllm_weight_publisher (`str`, *optional*, defaults to `"auto"`):
+            How θ_{k+1} reaches the servers: `"nccl"`, `"reload"`, `"lora"`, `"http"` or `"auto"`.
+        vllm_publish_dir (`str`, *optional*):
+            A folder the servers can read, for published adapters and weights.
+        rollout_request_timeout (`float`, *optional*, defaults to `600.0`):
+            Seconds one generation request may take.
+        rollout_restart_timeout (`float`, *optional*, defaults to `300.0`):
+            Seconds a failed server may take to come back.
+        rollout_retries (`int`, *optional*, defaults to `3`):
+            Times one request is resent after its server came back.
+        rollout_server_restarts (`int`, *optional*, defaults to `3`):
+            Times a dead embedded server is restarted.
+        rollout_max_in_flight (`int`, *optional*):
+            Trajectories decoded at once (embedded engines) or requests in flight per vLLM server.
+
+        > Parameters that control CPU threads
+
+        rollout_num_threads (`int`, *optional*, defaults to `1`):
+            Threads of each embedded rollout worker or server, or of each managed vLLM server on a CPU.
+        learner_num_threads (`int`, *optional*):
+            torch threads of the learner on a CPU.
+    """
+
     rollout_engine: RolloutEngine = field(
         default="auto",
         metadata={
-            "help": "'local_process': the embedded engine in a worker process, no HTTP; 'local_thread': the same "
-            "engine in a thread (fights the learner for the GIL; for measurements); 'embedded_server': "
-            "`rollout_num_servers` embedded HTTP servers (python -m trl_thundersync.serve) started for the run, or "
-            "the ones at `vllm_server_base_urls`, driven by the vLLM client; 'vllm_server': vLLM servers "
-            "the user started (use_vllm=True, vllm_mode='server'); 'managed_vllm': `rollout_num_servers` real "
-            "`vllm serve` processes started for the run from the vLLM installation `rollout_vllm` and stopped with "
-            "it, with vLLM's sampling semantics (as use_vllm=True: generation_kwargs, the importance-sampling "
-            "correction); 'trl' (GRPO only): TRL's own batch generation (used automatically for rollout_func); "
-            "'auto' picks 'vllm_server' with use_vllm=True, else 'trl' for rollout_func, else 'managed_vllm' when a "
-            "vLLM installation is found that can serve the model, else 'embedded_server' (the production client "
-            "code over HTTP, servers started for the run); the choice and its reason are logged."
+            "help": "Who samples: 'managed_vllm' (vllm serve processes started for the run), 'embedded_server' (the "
+            "package's HTTP servers), 'vllm_server' (servers you started, use_vllm=True), 'local_process' / "
+            "'local_thread' (in-process, no HTTP) or 'trl' (GRPO only: TRL's own generation). 'auto': vllm_server "
+            "with use_vllm, trl with rollout_func, managed_vllm when a usable vLLM is found, else embedded_server."
         },
     )
     vllm_server_base_urls: list[str] | None = field(
@@ -59,26 +97,16 @@ class RolloutFields:
     vllm_weight_publisher: WeightPublisher = field(
         default="auto",
         metadata={
-            "help": "How θ_{k+1} reaches the servers after each optimizer step: 'nccl' (TRL's weight-transfer "
-            "client, full weights, vLLM, GPU), 'reload' (full weights written as a checkpoint folder that vLLM "
-            "reloads through its dev-mode /collective_rpc, then confirmed by /weight_info; CPU or GPU, no NCCL; "
-            "needs VLLM_SERVER_DEV_MODE=1 and vLLM >= 0.32), 'lora' (the adapter hot-loaded as "
-            "`policy-<run id>-v{k}`; needs a PEFT policy and servers started with --enable-lora), 'http' (a "
-            "safetensors file, embedded servers only); 'auto': 'http' for embedded servers; for vLLM 'reload' when "
-            "vllm_publish_dir is set, else 'nccl' where it can work (a CUDA learner with vLLM and TRL's client "
-            "installed), else 'reload'. The choice is logged."
+            "help": "How θ_{k+1} reaches the servers: 'nccl' (full weights, GPU), 'reload' (a checkpoint folder vLLM "
+            "reloads; CPU or GPU), 'lora' (versioned adapters), 'http' (embedded servers). 'auto' picks one and "
+            "logs why."
         },
     )
     vllm_publish_dir: str | None = field(
         default=None,
         metadata={
-            "help": "Folder the rollout servers can read, where the published artifacts are written instead of the "
-            "trainer's temp folder: the LoRA adapters (vllm_weight_publisher='lora'; vLLM opens `lora_path` on its "
-            "own filesystem), the checkpoint folders of 'reload' and the full-weight files of 'http'. Needed when a "
-            "server runs on another host: a "
-            "shared filesystem mounted at the same path on both machines, readable by the server's user. Each run "
-            "writes into its own subfolder, removed when the run ends. None: the trainer's temp folder (servers on "
-            "this machine). Not used by 'nccl'."
+            "help": "Folder the rollout servers read published adapters and weights from, mounted at the same path "
+            "on the trainer and the servers (needed for servers on other hosts). None: the trainer's temp folder."
         },
     )
     rollout_num_servers: int = field(
@@ -87,15 +115,13 @@ class RolloutFields:
     )
     rollout_vllm: str | None = field(
         default=None,
-        metadata={"help": "managed_vllm: the vLLM installation its servers start from: a venv folder, its Python "
-                  "interpreter, or a `vllm` command. None: $THUNDERSYNC_VLLM_PYTHON, else the .venv-vllm that "
-                  "scripts/setup_vllm.sh makes, looked for in the working directory and its parents "
-                  "(THUNDERSYNC_VLLM=0 turns that search off)."},
+        metadata={"help": "managed_vllm: the vLLM installation its servers start from (a venv folder, its Python, or "
+                  "a `vllm` command). None: $THUNDERSYNC_VLLM_PYTHON, else a .venv-vllm found from the working "
+                  "directory up."},
     )
     rollout_vllm_kv_cache_gib: float = field(
         default=1.0,
-        metadata={"help": "managed_vllm on a CPU build of vLLM: GiB of memory each server takes for its KV cache "
-                  "(--kv-cache-memory-bytes; without a bound vLLM reserves most of the RAM). On a GPU build "
+        metadata={"help": "managed_vllm on a CPU build of vLLM: each server's KV cache in GiB. On a GPU build "
                   "vllm_gpu_memory_utilization sets the share of GPU memory instead."},
     )
     rollout_vllm_args: list[str] | None = field(
@@ -108,27 +134,21 @@ class RolloutFields:
     )
     rollout_restart_timeout: float = field(
         default=300.0,
-        metadata={"help": "Seconds a failed server may take to come back before the batch fails (its requests are "
-                  "then sent again with the same seeds). Servers at given URLs are waited for; an embedded server "
-                  "whose process died is restarted at once (rollout_server_restarts), and this bounds its wait for "
-                  "/health after the restart."},
+        metadata={"help": "Seconds a failed server may take to come back before the batch fails; its requests are "
+                  "then resent with the same seeds."},
     )
     rollout_retries: int = field(
         default=3, metadata={"help": "Times one request is sent again after its server failed and came back."}
     )
     rollout_server_restarts: int = field(
         default=3,
-        metadata={"help": "Embedded servers started by the trainer: times one whose process died is restarted "
-                  "(from the run's initial weights, then re-published the current policy version; its requests are "
-                  "sent again with the same seeds, so the samples are the same). 0: the batch fails at once with "
-                  "the server's exit code and log tail. Servers at given URLs are never restarted by the trainer: "
-                  "it waits up to rollout_restart_timeout for them to come back."},
+        metadata={"help": "Times an embedded or managed server that died is restarted and given the current "
+                  "weights, its requests resent with their seeds. 0: the batch fails at once."},
     )
     rollout_max_in_flight: int | None = field(
         default=None,
-        metadata={"help": "Trajectories the embedded engine (or each embedded server) decodes concurrently, or "
-                  "requests kept in flight on each vLLM server. None: 16 for the embedded ones; for vLLM servers "
-                  "each server's --max-num-seqs (GET /server_info, dev mode), else 256 (vLLM's default)."},
+        metadata={"help": "Trajectories an embedded engine decodes at once, or requests in flight per vLLM server. "
+                  "None: 16 for embedded engines; each vLLM server's --max-num-seqs."},
     )
     rollout_num_threads: int = field(
         default=1, metadata={"help": "torch threads of the embedded rollout worker process (or of each server)."}
@@ -136,9 +156,8 @@ class RolloutFields:
     learner_num_threads: int | None = field(
         default=None,
         metadata={
-            "help": "torch intra-op threads of the learner on CPU. None: when the embedded engine runs in a worker "
-            "process, the cores it leaves free (cpu_count − rollout_num_threads, at least 1), so learner and "
-            "rollout threads do not oversubscribe the CPU; otherwise torch's default."
+            "help": "torch intra-op threads of the learner on CPU. None: the cores the embedded rollout worker leaves "
+            "free (at least 1) when it runs in a process, else torch's default."
         },
     )
 
