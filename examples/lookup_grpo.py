@@ -5,7 +5,7 @@ each tool result names (`ls <dir>`), then `submit` (`trl_thundersync/envs/tasks/
 chains never trained on). Out of the box (CPU, offline): a 128-wide tiny agent warm-started on following pointers
 over the train chains (`tiny-agent-lookup`, built on first use in 4-6 minutes; held-out success ~0.46 after it),
 bubblewrap-sandboxed shell tools, the embedded rollout server, gradient streaming. Status: over the default 30 steps
-the training reward stays where the warm start left it (~0.7, noisy); BENCHMARKS.md "Issue 15" has the runs.
+the training reward stays where the warm start left it (~0.7, noisy); the runs: docs/benchmarks/journal.md.
 
     accelerate launch examples/lookup_grpo.py
     python examples/lookup_grpo.py --max_steps 80          # longer

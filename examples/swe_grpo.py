@@ -8,7 +8,7 @@ the bundled Python repair tasks, bubblewrap-sandboxed shell tools and the embedd
 
 A real run: `--model_name_or_path Qwen/Qwen3-8B` (or a local folder), `--use_peft --lora_r 16` for LoRA, and your
 own SWE-smith / SWE-bench rows with local checkouts: `--swe_rows data.jsonl --swe_repo_root /path/to/repos`.
-vLLM: start `vllm serve` (see README, "Rollout servers") and add `--use_vllm --vllm_mode server
+vLLM: start `vllm serve` (see docs/rollout-servers.md) and add `--use_vllm --vllm_mode server
 --vllm_server_base_url http://HOST:8000` (or `--vllm_server_base_urls URL1 URL2` for several replicas).
 The suite, its environment and data set, and the length-shaping reward come from `trl_thundersync.agentic`;
 the run ends with a summary of its steps, rewards and timings, and where its trace and timeline were written.

@@ -8,7 +8,7 @@ Reward: p + 0.5·[p = 1], p = fraction of verifier checks passed (the paper's SE
     python examples/terminal_grpo.py --max_steps 2 --schedule sync
 
 A real run: `--model_name_or_path Qwen/Qwen3-8B`, `--use_peft --lora_r 16` for LoRA.
-vLLM: start `vllm serve` (see README, "Rollout servers") and add `--use_vllm --vllm_mode server
+vLLM: start `vllm serve` (see docs/rollout-servers.md) and add `--use_vllm --vllm_mode server
 --vllm_server_base_url http://HOST:8000` (or `--vllm_server_base_urls URL1 URL2` for several replicas).
 The suite, its environment and data set, and the length-shaping reward come from `trl_thundersync.agentic`;
 the run ends with a summary of its steps, rewards and timings, and where its trace and timeline were written.

@@ -10,7 +10,7 @@ of its actions right (`tiny-agent-thermostat`, built on first use in about three
 tools, rollouts from a real `vllm serve` the trainer starts and stops (`rollout_engine="auto"` → `managed_vllm` when
 `scripts/setup.sh` installed `.venv-vllm`; else the embedded server; `--rollout_engine embedded_server` to choose
 it), gradient streaming. The training reward climbs from ~0.65 to ~0.9, and held-out success rises with it
-(BENCHMARKS.md "Time to quality").
+(BENCHMARKS.md, "Time to quality on the thermostat tasks").
 
     accelerate launch examples/thermostat_grpo.py
     python examples/thermostat_grpo.py --max_steps 40            # longer

@@ -1,7 +1,7 @@
 """Smoke test of a rollout server: one batch, a full-weight publication and/or a LoRA load, versions and timings.
 Run it before a long job, on the trainer's machine, against the servers the job will use.
 
-    # a running `vllm serve` (see the README for the exact commands and the ports that must be reachable)
+    # a running `vllm serve` (see docs/rollout-servers.md for the exact commands and the ports that must be reachable)
     python scripts/vllm_smoke.py --model Qwen/Qwen3-0.6B --url http://gpu-node:8000 [--lora-url http://gpu-node:8001]
     # start vLLM here, on a GPU: the rollout server, with --enable-lora when --lora is given
     python scripts/vllm_smoke.py --model Qwen/Qwen3-0.6B --serve --port 8000 --lora --device cuda

@@ -55,7 +55,7 @@ def runner():
     loop.call_soon_threadsafe(loop.stop)
 
 
-# Test layers (README "Tests"): every test in tests/unit that needs none of a model, a sandbox or a spawned
+# Test layers (docs/getting-started.md): every test in tests/unit that needs none of a model, a sandbox or a spawned
 # process is marked `fast`, so `pytest -m fast` runs the pure layer alone in seconds. A unit module that needs one
 # is listed below with what it needs; a test that asks for a model fixture is marked `model` whatever its module.
 _UNIT_MODULE_MARKS = {

@@ -92,7 +92,7 @@ def test_a_lora_run_refuses_base_weights_another_run_replaced(real_vllm, restore
 
 @pytest.mark.parametrize("weights", ["lora", "full"])
 def test_the_quickstart_trains_multi_turn_with_tools_on_real_vllm(weights, real_vllm, tmp_path, restored_base):
-    """The README's main job (sandboxed shell tools, several turns per episode) with vLLM rollouts, 2 short steps."""
+    """The main job (sandboxed shell tools, several turns per episode) with vLLM rollouts, 2 short steps."""
     restore_base(real_vllm, tmp_path)  # the quickstart's agent is the served model: start from its own weights
     extra = LORA_FIELDS if weights == "lora" else ()
     output = run_example("thermostat_grpo.py", real_vllm, tmp_path / "thermostat", "--max_steps", "2",

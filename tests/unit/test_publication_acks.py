@@ -200,7 +200,7 @@ def test_servers_without_the_version_routes_are_unchecked_not_refused():
         publisher.push(old.url, 1)
         assert publisher._acks.unchecked == (old.url,)
         old.restart()
-        confirm_all([old.url], publisher, 1)  # nothing to read back: not detected (README says so)
+        confirm_all([old.url], publisher, 1)  # nothing to read back: not detected (docs/rollout-servers.md says so)
     finally:
         old.stop()
 

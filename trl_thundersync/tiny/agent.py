@@ -38,7 +38,7 @@ from .model import build_tiny_model, build_tiny_tokenizer, built_shape, folder_h
 # 1: padded batches of 8 transcripts with 8 prompts. 2: 8 transcripts sharing one prompt, forwarded once.
 RECIPE = 2
 LOOKUP_SHARE = 1.0  # share of the lookup build's warm-start steps on the lookup suite (the others: tool use)
-# The lookup build (issue 15 probes, 300 steps on 2 cores; BENCHMARKS.md "Issue 15"): at width 64 the warm start
+# The lookup build (issue 15 probes, 300 steps on 2 cores; docs/benchmarks/journal.md): at width 64 the warm start
 # never learned to copy a pointer (teacher-forced p(named directory) stayed at chance even with every episode
 # following); at 128 with every episode following it did in one of three builds (this one: seed 0, the suite's
 # directory names; held-out success 0.46); with 40-50% following, in none.

@@ -49,7 +49,7 @@ DISTILLATION_CONFIG_REFUSAL = (
     "0.5). The closest streamed run (the same loss and normalizer at temperature 1; not compared with "
     "DistillationTrainer step by step): ThunderSyncGKDConfig(lmbda=1.0, temperature=1.0, beta=<your beta>, "
     "max_new_tokens=<max_completion_length>, on_policy_normalizer='scored_tokens') with `messages` rows, or with "
-    "`prompt` rows and tools / environment_factory (README: 'trl.DistillationTrainer users')")
+    "`prompt` rows and tools / environment_factory (docs/distillation.md: 'trl.DistillationTrainer users')")
 
 
 def check_vocabularies(model, teacher_model, processing_class) -> None:
