@@ -12,7 +12,6 @@ import dataclasses
 import fcntl
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import TraceInUseError
@@ -21,7 +20,8 @@ from ..types import Rollout, ScoredRollout
 from .flops import FlopCounter
 from .records import StepTrace, TraceEvent
 
-# WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them).
+# GRPO's WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them); the other kinds ("router_aux",
+# distillation's "turn_backward" and "context_replay") are the trace's names already.
 LEARNER_KINDS = {"trajectory": "source_backward", "content": "content_backward", "turn": "turn_backward",
                  "close": "turn_close", "bind": "bind", "group_fold": "group_fold"}
 # Learner kinds that run a whole trajectory's forward + backward (their FLOPs count the full context).
@@ -82,8 +82,9 @@ def teacher_events(work: Sequence[WorkItem]) -> list[TraceEvent]:
         key = (w.index, t.start, t.end)
         if key in requests:
             k = requests[key]
-            events[k] = replace(events[k], turn=max(events[k].turn, w.turn), ready=min(events[k].ready, t.queued),
-                                tokens=events[k].tokens + w.tokens)
+            seen = events[k]
+            events[k] = dataclasses.replace(seen, turn=max(seen.turn, w.turn), ready=min(seen.ready, t.queued),
+                                            tokens=seen.tokens + w.tokens)
             continue
         requests[key] = len(events)
         events.append(TraceEvent("teacher", "teacher_score", t.start, t.end, w.index, w.group, w.turn,
