@@ -138,3 +138,14 @@ def test_held_out_evaluation_runs_the_suites_episodes(tokenizer) -> None:
         assert evaluate_suite(None, tokenizer, echo_suite(), samples=1, generator=idle).success == 0.0
     finally:
         idle.close()
+
+
+def test_a_suite_record_refuses_what_no_consumer_could_use() -> None:
+    with pytest.raises(ConfigurationError, match="splits"):
+        Suite(name="echo", load=TASKS.get, splits=(), environment=EchoEnv, prompt=str, solution=tuple, full_reward=1.0)
+    with pytest.raises(ConfigurationError, match="full_reward"):
+        Suite(name="echo", load=TASKS.get, splits=("train",), environment=EchoEnv, prompt=str, solution=tuple,
+              full_reward=0.0)
+    with pytest.raises(ConfigurationError, match="warm_start is None"):
+        Suite(name="echo", load=TASKS.get, splits=("train",), environment=EchoEnv, prompt=str, solution=tuple,
+              full_reward=1.0, tiny_agent="tiny-agent-echo")

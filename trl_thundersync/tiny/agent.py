@@ -7,6 +7,11 @@ inspect the repository, run the tests, maybe look again, submit. It knows nothin
 plenty to learn — but its trajectories are uneven, multi-turn and execute real sandboxed commands.
 
     python -m trl_thundersync.tiny.agent ./tiny-agent
+    python -m trl_thundersync.tiny.agent ./tiny-agent-thermostat --suite thermostat   # + the suite's transcripts
+
+A suite's own warm start (`envs.suites.Suite.warm_start`, a `WarmStart`: its prompt, tools and synthetic episodes,
+and the share of steps on them) is passed as `save_tiny_agent_model(path, suite=...)`; the tiny agent knows no suite
+by name.
 
 Cost: a transcript is ~1,400 tokens, ~85% of them the prompt (system block with the tool schemas, then the task),
 and the loss covers only the ~150 assistant tokens; forward and backward are nearly all the time (rendering the chat

@@ -61,8 +61,9 @@ class Suite:
             raise ConfigurationError(f"Suite(name={self.name!r}, splits={self.splits!r}): both must be non-empty")
         if not self.full_reward > 0:
             raise ConfigurationError(f"Suite {self.name!r}: full_reward={self.full_reward} must be > 0")
-        if (self.tiny_agent is None) != (self.warm_start is None):
-            raise ConfigurationError(f"Suite {self.name!r}: tiny_agent and warm_start go together")
+        if self.tiny_agent is not None and self.warm_start is None:
+            raise ConfigurationError(f"Suite {self.name!r}: tiny_agent={self.tiny_agent!r} names the build of its "
+                                     "warm start, and warm_start is None")
 
     def tasks(self, split: str | None = None) -> Mapping[str, Any]:
         """The tasks of `split` (default: the training split, the first of `splits`)."""
