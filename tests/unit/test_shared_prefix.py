@@ -1,0 +1,198 @@
+"""Shared-prefix backward of a GRPO group (`streaming/shared_prefix.py`) equals the full per-member passes: the prompt
+forwarded once, continuations over its detached states, boundary adjoints folded like the group statistics and
+propagated through the prefix once."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from trl_thundersync.errors import NonFiniteGradientError, PrefixMismatchError
+from trl_thundersync.streaming.accumulators import GroupStatistics
+from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
+from trl_thundersync.streaming.shared_prefix import (
+    GroupPrefix,
+    PassWork,
+    PrefixFallback,
+    PrefixPlan,
+    full_pass_work,
+    pass_flops,
+    plan_prefix,
+    prompt_plan,
+)
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.trace.flops import ModelShape, learner_flops
+
+TOLERANCE = 1e-5  # FP32: observed ~5e-7 for these groups
+EPS = 1e-4
+CPU = torch.device("cpu")
+
+
+@functools.cache
+def _model():
+    return build_tiny_model(build_tiny_tokenizer(), hidden_size=64, num_layers=2, seed=0)
+
+
+def _params():
+    return [p for p in _model().parameters() if p.requires_grad]
+
+
+def _members(size: int, prompt: int = 12, shared_completion: int = 0, seed: int = 0) -> list[list[int]]:
+    """`size` members over one random prompt, continuations of different lengths (the first `shared_completion`
+    completion tokens equal in all of them)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = _model().config.vocab_size
+    head = torch.randint(0, vocab, (prompt + shared_completion,), generator=gen).tolist()
+    return [head + torch.randint(0, vocab, (3 + 2 * i,), generator=gen).tolist() for i in range(size)]
+
+
+def _objective(seed: int, coefficient: float = 1.0, free: bool = False):
+    """Per-token coefficients (some zero: loss-masked tool tokens) on log π; with `free`, a second channel (a
+    log-sum-exp term) into its own sink."""
+
+    def objective(logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        weights = torch.rand(len(tokens), generator=torch.Generator().manual_seed(seed)) + 0.5
+        weights[1::3] = 0.0
+        logps = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None])[:, 0]
+        channels = {"score": (weights * logps).sum() * coefficient}
+        if free:
+            channels["free"] = 0.3 * torch.logsumexp(logits.float(), -1).sum()
+        return channels
+
+    return objective
+
+
+def _full_gradient(members, prompt_length, objectives, coefficients) -> dict[str, torch.Tensor]:
+    """Σ_i A_i ∇S_i^c per channel, each member forwarded and back-propagated over its whole sequence."""
+    params, out = _params(), {}
+    for ids, objective, coefficient in zip(members, objectives, coefficients, strict=True):
+        logits = model_logits(_model(), ids, CPU, keep=len(ids) - prompt_length + 1)[:-1]
+        for channel, loss in objective(logits, torch.tensor(ids[prompt_length:])).items():
+            sink = out.setdefault(channel, FlatGradient(params))
+            sink.add(torch.autograd.grad(loss * coefficient, params, retain_graph=True, allow_unused=True), "reference")
+    return {c: s.vector for c, s in out.items()}
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("shared_completion", [0, 3])
+def test_coefficients_known_upfront_match_full_passes(size, shared_completion):
+    """A_i inside each member's objective: the adjoints simply add, one prefix backward into the same sink. With
+    shared completion tokens the prefix runs past the prompt and its trailing logits rows are cut too."""
+    members = _members(size, shared_completion=shared_completion, seed=size)
+    coefficients = [0.7, -1.3, 0.2, 2.0][:size]
+    objectives = [_objective(i, a) for i, a in enumerate(coefficients)]
+    plan = plan_prefix(3, members, prompt_length=12, window=_model().config.max_position_embeddings)
+    assert isinstance(plan, PrefixPlan) and len(plan.ids) == 12 + shared_completion
+
+    prefix = GroupPrefix(_model(), _params(), plan)
+    sink, combined = FlatGradient(_params()), None
+    for i, (ids, objective) in enumerate(zip(members, objectives, strict=True)):
+        adjoint = prefix.member(i, ids, objective, {"score": sink}).adjoints["score"]
+        combined = adjoint if combined is None else combined + adjoint
+    continuations = sink.vector.clone()
+    assert prefix.backward({"score": combined}, {"score": sink}) == len(plan.ids)
+
+    reference = _full_gradient(members, 12, [_objective(i) for i in range(size)], coefficients)["score"]
+    assert _relative(sink.vector, reference) <= TOLERANCE
+    # the prefix carries a real share of the gradient: leaving its adjoint out is far off
+    assert _relative(continuations, reference) > 1e-2
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_group_statistics_fold_of_held_adjoints_matches_full_passes(size):
+    """Content release: members run before any reward (adjoints held per trajectory), rewards bind later in another
+    order, G1/G2 fold parameter gradients and adjoints alike; A_i = (R_i − μ)/(σ+eps) applied only then. A second,
+    advantage-free channel goes to its own sink with the plain sum of its adjoints."""
+    members = _members(size, seed=10 + size)
+    rewards = [1.0, 0.0, 0.5, 3.0][:size]
+    plan = prompt_plan(5, members[0][:12])
+    prefix = GroupPrefix(_model(), _params(), plan)
+    params, count = _params(), sum(p.numel() for p in _params())
+    held, free_sink, free_adjoint = {}, FlatGradient(params), None
+    for i, ids in enumerate(members):
+        score_sink = FlatGradient(params)
+        out = prefix.member(i, ids, _objective(i, free=True), {"score": score_sink, "free": free_sink})
+        held[i] = (score_sink.vector, out.adjoints["score"])
+        free_adjoint = out.adjoints["free"] if free_adjoint is None else free_adjoint + out.adjoints["free"]
+    grads, adjoints = GroupStatistics(5, size, count), GroupStatistics(5, size, prefix.adjoint_size)
+    for i in reversed(range(size)):  # rewards bind in another order than the passes ran
+        grads.add(rewards[i], held[i][0])
+        adjoints.add(rewards[i], held[i][1])
+    scale = 1.0 / (grads.std + EPS)
+    policy, prefix_sink = grads.fold(scale)[0], FlatGradient(params)
+    prefix.backward({"score": adjoints.fold(scale)[0], "free": free_adjoint},
+                    {"score": prefix_sink, "free": free_sink})
+
+    advantages = [(r - grads.mean) * scale for r in rewards]
+    reference = _full_gradient(members, 12, [_objective(i, free=True) for i in range(size)], [1.0] * size)
+    policy_reference = _full_gradient(members, 12, [_objective(i) for i in range(size)], advantages)["score"]
+    assert _relative(policy + prefix_sink.vector, policy_reference) <= TOLERANCE
+    assert _relative(free_sink.vector, reference["free"]) <= TOLERANCE
+    # a wrong fold is caught: the adjoints summed without their rewards (G2 only) miss the prefix's share
+    wrong = GroupPrefix(_model(), _params(), plan)
+    for i, ids in enumerate(members):
+        wrong.member(i, ids, _objective(i), {"score": FlatGradient(params)})
+    wrong_sink = FlatGradient(params)
+    wrong.backward({"score": sum(held[i][1] for i in range(size)) * scale}, {"score": wrong_sink})
+    assert _relative(policy + wrong_sink.vector, policy_reference) > 1e-2
+
+
+def test_members_not_sharing_the_prompt_fall_back_naming_the_group():
+    members = _members(3)
+    rewritten = [members[0], members[1][:4] + [members[1][4] + 1] + members[1][5:], members[2]]
+    fallback = plan_prefix(9, rewritten, prompt_length=12)
+    assert isinstance(fallback, PrefixFallback) and fallback.group == 9 and "share only 4" in fallback.reason
+
+    prefix = GroupPrefix(_model(), _params(), prompt_plan(9, members[0][:12]))
+    with pytest.raises(PrefixMismatchError, match="group 9 member 1"):
+        prefix.member(1, rewritten[1], _objective(0), {"score": FlatGradient(_params())})
+
+
+def test_prefix_longer_than_the_context_window_falls_back():
+    members = _members(2)
+    assert "context window (8)" in plan_prefix(4, members, prompt_length=12, window=8).reason
+    assert isinstance(prompt_plan(4, members[0][:12], window=8), PrefixFallback)
+    assert isinstance(prompt_plan(4, members[0][:12], window=12), PrefixPlan)
+
+
+class _AnySink:
+    """Takes parameter gradients without checking them, so the adjoint check is what must refuse."""
+
+    def add(self, grads, where: str) -> None:
+        return None
+
+
+def test_non_finite_adjoints_raise_naming_the_group():
+    members = _members(2)
+    prefix = GroupPrefix(_model(), _params(), prompt_plan(6, members[0][:12]))
+    with pytest.raises(NonFiniteGradientError, match="group 6 member 0"):
+        prefix.member(0, members[0], _objective(0, coefficient=float("nan")), {"score": _AnySink()})
+    adjoint = prefix.member(1, members[1], _objective(1), {"score": _AnySink()}).adjoints["score"]
+    adjoint[3] = float("inf")
+    with pytest.raises(NonFiniteGradientError, match="group 6 shared prefix"):
+        prefix.backward({"score": adjoint}, {"score": FlatGradient(_params())})
+    assert prefix.closed and prefix.held_bytes() == 0
+
+
+def test_work_counts_the_prefix_once_and_its_flops_follow_the_ledger():
+    members = _members(4)
+    prefix = GroupPrefix(_model(), _params(), prompt_plan(0, members[0][:12]))
+    assert prefix.held_bytes() > 0
+    for i, ids in enumerate(members):
+        prefix.member(i, ids, _objective(i), {"score": FlatGradient(_params())})
+    prefix.discard()
+    continuations = [len(ids) - 12 for ids in members]
+    assert prefix.work == [PassWork(12, 0, 0), *[PassWork(c, 12, 1) for c in continuations]]
+
+    shape = ModelShape.from_config(_model().config)
+    assert pass_flops(shape, PassWork(40, 0, 1)) == learner_flops(shape, 40)
+    assert pass_flops(shape, PassWork(40, 0, 1), 1000) == learner_flops(shape, 40, 1000)
+    shared = pass_flops(shape, PassWork(12, 0, 1)) + sum(pass_flops(shape, w) for w in prefix.work[1:])
+    full = sum(pass_flops(shape, w) for w in full_pass_work([len(ids) for ids in members]))
+    assert shared < full
