@@ -17,7 +17,9 @@ from trl_thundersync.streaming.shared_prefix import (
     PassWork,
     PrefixFallback,
     PrefixPlan,
+    ReferencePrefix,
     full_pass_work,
+    pass_flop_counter,
     pass_flops,
     plan_prefix,
     prompt_plan,
@@ -193,6 +195,27 @@ def test_work_counts_the_prefix_once_and_its_flops_follow_the_ledger():
     shape = ModelShape.from_config(_model().config)
     assert pass_flops(shape, PassWork(40, 0, 1)) == learner_flops(shape, 40)
     assert pass_flops(shape, PassWork(40, 0, 1), 1000) == learner_flops(shape, 40, 1000)
+    assert pass_flop_counter(_model(), _params())(PassWork(40, 5, 2)) == pass_flops(shape, PassWork(40, 5, 2))
+    assert pass_flop_counter(object(), []) is None
     shared = pass_flops(shape, PassWork(12, 0, 1)) + sum(pass_flops(shape, w) for w in prefix.work[1:])
     full = sum(pass_flops(shape, w) for w in full_pass_work([len(ids) for ids in members]))
     assert shared < full
+
+
+@pytest.mark.parametrize("shared_completion", [0, 3])
+def test_reference_prefix_gives_each_member_its_full_forward_logits(shared_completion):
+    """The KL reference gets the same treatment: its prefix forwarded once (no graph), members' rows as their own
+    full no-grad forwards give them."""
+    members = _members(3, shared_completion=shared_completion, seed=20)
+    plan = plan_prefix(2, members, prompt_length=12)
+    reference = ReferencePrefix(_model(), plan)
+    for i, ids in enumerate(members):
+        with torch.no_grad():
+            full = model_logits(_model(), ids, CPU, keep=len(ids) - 12 + 1)[:-1]
+        rows = reference.logits(i, ids)
+        assert rows.shape == full.shape and not rows.requires_grad
+        assert float((rows - full).abs().max()) <= TOLERANCE * float(full.abs().max())
+    assert [w.tokens for w in reference.work] == [len(plan.ids), *[len(ids) - len(plan.ids) for ids in members]]
+    assert reference.logits(3, list(plan.ids)).shape[0] == shared_completion  # only the prefix's trailing rows
+    with pytest.raises(PrefixMismatchError, match="group 2 member 4"):
+        reference.logits(4, [members[0][0] + 1, *members[0][1:]])

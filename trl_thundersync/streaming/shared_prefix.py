@@ -22,6 +22,11 @@ over the flat adjoint does it), or as a plain sum when each member's coefficient
 per trajectory until its reward binds. `GroupPrefix.backward` then runs J_pᵀ once per destination sink with the
 combined adjoint. Work per group: P + Σ_i C_i token passes instead of Σ_i (P + C_i).
 
+The KL reference model (frozen, no graph) gets the same treatment: `ReferencePrefix` forwards the prefix once and
+each member's continuation over its key/values. The work that actually ran is listed as `PassWork` records
+(`GroupPrefix.work`: the prefix once, then the continuations with the prefix as cached context); `pass_flops` /
+`pass_flop_counter` price them in the learner FLOP ledger's accounting (`trace.flops`).
+
 Adjoints are flat FP32 vectors of `GroupPrefix.adjoint_size` entries: per layer K then V (1, kv_heads, P, head_dim),
 then ℓ (rows, vocab) when the prefix holds scored rows. Same requirements as the boundary cut: a Hugging Face causal
 LM with full-attention layers through `DynamicCache`, no activation checkpointing, no dropout.
@@ -29,8 +34,10 @@ LM with full-attention layers through `DynamicCache`, no activation checkpointin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -128,7 +135,46 @@ def full_pass_work(lengths: Sequence[int], backwards: int = 1) -> list[PassWork]
     return [PassWork(n, 0, backwards) for n in lengths]
 
 
+def pass_flop_counter(model: Any, trainable: Iterable[torch.nn.Parameter]) -> Callable[[PassWork], float] | None:
+    """`pass_flops` bound to a policy's shapes, as `trace.flops.model_flop_counter` binds `learner_flops` (PEFT
+    adapter: the `trainable` parameters are the adapter's); None for a config that is not a standard decoder's."""
+    adapter = sum(p.numel() for p in trainable) if hasattr(model, "peft_config") else None
+    try:
+        shape = ModelShape.from_config(getattr(model, "config", None))
+    except AttributeError:
+        return None
+    return partial(pass_flops, shape, lora_adapter_params=adapter)
+
+
 # -- the group's prefix pass -------------------------------------------------------------------------------------------
+def _prefix_forward(model: Any, plan: PrefixPlan, device: torch.device) -> tuple[list, list, torch.Tensor | None]:
+    """Per-layer keys and values (1, kv_heads, P, head_dim) of the prefix, and its trailing logits rows that predict
+    completion tokens (positions prompt_length − 1 … P − 1; None when the prefix ends before the completion)."""
+    rows = max(0, len(plan.ids) - plan.prompt_length + 1)
+    cache = proxy_cache([])
+    logits = model_logits(model, plan.ids, device, cache, keep=max(rows, 1))
+    return ([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+            logits[-rows:] if rows else None)
+
+
+def _member_logits(model: Any, plan: PrefixPlan, device: torch.device, keys: Sequence[torch.Tensor],
+                   values: Sequence[torch.Tensor], rows: torch.Tensor | None, ids: Sequence[int]) -> torch.Tensor:
+    """Logits (|ids| − prompt_length, V) predicting ids[prompt_length:]: the prefix's trailing rows, then a forward
+    of the continuation ids[P:] over the prefix's keys/values (as given: proxies, or a frozen model's own)."""
+    cut = len(plan.ids)
+    parts = [rows] if rows is not None else []
+    if len(ids) > cut:
+        cache = proxy_cache(list(zip(keys, values, strict=True)))
+        parts.append(model_logits(model, ids[cut:], device, cache, keep=len(ids) - cut)[:-1])
+    return torch.cat(parts)[: len(ids) - plan.prompt_length]
+
+
+def _check_member(plan: PrefixPlan, ids: Sequence[int], where: str) -> None:
+    if tuple(ids[: len(plan.ids)]) != plan.ids:
+        raise PrefixMismatchError(f"{where}: its tokens do not start with the group's {len(plan.ids)}-token shared "
+                                  "prefix; run its full pass instead")
+
+
 @dataclass(frozen=True)
 class MemberPass:
     """What one member's continuation pass produced besides the parameter gradients it put into the sinks."""
@@ -148,15 +194,10 @@ class GroupPrefix:
             raise ValueError(f"group {plan.group}: a prefix of {len(plan.ids)} tokens cannot feed the logits row "
                              f"before a {plan.prompt_length}-token prompt's completion")
         self.model, self.params, self.plan, self.device = model, list(params), plan, torch.device(device)
-        cut = len(plan.ids)
-        self.rows = max(0, cut - plan.prompt_length + 1)  # prefix logits rows that predict completion tokens
         saved = SavedBytes({p.untyped_storage().data_ptr() for p in self.params})
         with saved.hooks():
-            cache = proxy_cache([])
-            logits = model_logits(model, plan.ids, self.device, cache, keep=max(self.rows, 1))
-        self.keys = [layer.keys for layer in cache.layers]  # per layer (1, kv_heads, P, head_dim), graph-attached
-        self.values = [layer.values for layer in cache.layers]
-        self.logits = logits[-self.rows :] if self.rows else None  # (rows, V), graph-attached
+            # per layer (1, kv_heads, P, head_dim), and the trailing rows (rows, V) or None; graph-attached
+            self.keys, self.values, self.logits = _prefix_forward(model, plan, self.device)
         self.saved_bytes = saved.total  # what the retained graph holds (activations), parameters excluded
         self.member_work: list[PassWork] = []  # the members' continuation passes run so far
         self.prefix_backwards = 0  # backward products run through the prefix (at `backward`)
@@ -189,21 +230,14 @@ class GroupPrefix:
         plan, where = self.plan, f"group {self.plan.group} member {index}"
         if self.closed:
             raise RuntimeError(f"{where}: the group's prefix was already back-propagated or discarded")
-        cut = len(plan.ids)
-        if tuple(ids[:cut]) != plan.ids:
-            raise PrefixMismatchError(f"{where}: its tokens do not start with the group's {cut}-token shared prefix; "
-                                      "run its full pass instead")
-        scored = len(ids) - plan.prompt_length
+        _check_member(plan, ids, where)
+        cut, scored = len(plan.ids), len(ids) - plan.prompt_length
         if scored <= 0:
             return MemberPass({}, 0, 0, {})
         proxies = [t.detach().requires_grad_() for t in self.outputs]
         layers = len(self.keys)
-        row_proxy = proxies[2 * layers] if self.logits is not None else None
-        rows = [row_proxy] if row_proxy is not None else []
-        if len(ids) > cut:
-            cache = proxy_cache(list(zip(proxies[:layers], proxies[layers : 2 * layers], strict=True)))
-            rows.append(model_logits(self.model, ids[cut:], self.device, cache, keep=len(ids) - cut)[:-1])
-        logits = torch.cat(rows)[:scored]
+        logits = _member_logits(self.model, plan, self.device, proxies[:layers], proxies[layers : 2 * layers],
+                                proxies[2 * layers] if self.logits is not None else None, ids)
         tokens = torch.tensor(list(ids[plan.prompt_length :]), device=self.device)
         losses = {c: loss for c, loss in objective(logits, tokens).items() if loss.requires_grad}
         adjoints = {}
@@ -212,7 +246,8 @@ class GroupPrefix:
                                         allow_unused=True)
             sinks[channel].add(grads[: len(self.params)], where)
             adjoints[channel] = self._flat(grads[len(self.params) :], f"{where} channel {channel!r}")
-        self.member_work.append(PassWork(len(ids) - cut, cut, len(losses)))
+        if len(ids) > cut:  # (a member ending inside the prefix reads its trailing rows only: no pass)
+            self.member_work.append(PassWork(len(ids) - cut, cut, len(losses)))
         return MemberPass({c: float(v.detach()) for c, v in losses.items()}, scored, len(ids) - cut, adjoints)
 
     def backward(self, adjoints: Mapping[str, torch.Tensor | None], sinks: Mapping[str, GradientSink]) -> int:
@@ -249,3 +284,36 @@ class GroupPrefix:
         if not bool(torch.isfinite(flat).all()):
             raise NonFiniteGradientError(f"{where}: non-finite boundary adjoint; refusing to accumulate it")
         return flat
+
+
+class ReferencePrefix:
+    """A frozen scorer's (the KL reference model's) forward of the group's prefix, run once without a graph;
+    `logits(ids)` gives a member's rows as its own full forward would, forwarding only the continuation. `context`
+    wraps each forward (PEFT: the policy with its adapter disabled)."""
+
+    def __init__(self, model: Any, plan: PrefixPlan, device: torch.device | str = "cpu",
+                 context: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
+        self.model, self.plan, self.device = model, plan, torch.device(device)
+        self.context = context if context is not None else contextlib.nullcontext
+        with torch.no_grad(), self.context():
+            self.keys, self.values, self.rows = _prefix_forward(model, plan, self.device)
+        self.member_work: list[PassWork] = []  # continuation forwards run so far (no backward)
+
+    @property
+    def work(self) -> list[PassWork]:
+        return [PassWork(len(self.plan.ids), 0, 0), *self.member_work]
+
+    def held_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values, self.rows] if t is not None)
+
+    @torch.no_grad()
+    def logits(self, index: int, ids: Sequence[int]) -> torch.Tensor:
+        """Logits (|ids| − prompt_length, V) predicting member `index`'s completion tokens ids[prompt_length:]."""
+        _check_member(self.plan, ids, f"group {self.plan.group} member {index} (reference)")
+        if len(ids) <= self.plan.prompt_length:
+            return torch.empty(0, self.model.get_output_embeddings().weight.shape[0], device=self.device)
+        with self.context():
+            out = _member_logits(self.model, self.plan, self.device, self.keys, self.values, self.rows, ids)
+        if len(ids) > len(self.plan.ids):
+            self.member_work.append(PassWork(len(ids) - len(self.plan.ids), len(self.plan.ids), 0))
+        return out
