@@ -185,7 +185,8 @@ def test_non_finite_adjoints_raise_naming_the_group():
 def test_work_counts_the_prefix_once_and_its_flops_follow_the_ledger():
     members = _members(4)
     prefix = GroupPrefix(_model(), _params(), prompt_plan(0, members[0][:12]))
-    assert prefix.held_bytes() > 0
+    kv_bytes = sum(t.numel() * t.element_size() for t in prefix.outputs)
+    assert prefix.held_bytes() >= kv_bytes > 0  # its key/values at least, plus the activations the graph saved
     for i, ids in enumerate(members):
         prefix.member(i, ids, _objective(i), {"score": FlatGradient(_params())})
     prefix.discard()

@@ -198,6 +198,8 @@ class GroupPrefix:
         with saved.hooks():
             # per layer (1, kv_heads, P, head_dim), and the trailing rows (rows, V) or None; graph-attached
             self.keys, self.values, self.logits = _prefix_forward(model, plan, self.device)
+        if self.logits is not None:
+            saved.pack(self.logits)  # held by the trailing rows even where no operation saved it
         self.saved_bytes = saved.total  # what the retained graph holds (activations), parameters excluded
         self.member_work: list[PassWork] = []  # the members' continuation passes run so far
         self.prefix_backwards = 0  # backward products run through the prefix (at `backward`)
