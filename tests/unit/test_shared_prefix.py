@@ -5,6 +5,7 @@ propagated through the prefix once."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -66,11 +67,12 @@ def _objective(seed: int, coefficient: float = 1.0, free: bool = False):
     return objective
 
 
-def _full_gradient(members, prompt_length, objectives, coefficients) -> dict[str, torch.Tensor]:
+def _full_gradient(members, prompt_length, objectives, coefficients, model=None) -> dict[str, torch.Tensor]:
     """Σ_i A_i ∇S_i^c per channel, each member forwarded and back-propagated over its whole sequence."""
-    params, out = _params(), {}
+    model = model if model is not None else _model()
+    params, out = [p for p in model.parameters() if p.requires_grad], {}
     for ids, objective, coefficient in zip(members, objectives, coefficients, strict=True):
-        logits = model_logits(_model(), ids, CPU, keep=len(ids) - prompt_length + 1)[:-1]
+        logits = model_logits(model, ids, CPU, keep=len(ids) - prompt_length + 1)[:-1]
         for channel, loss in objective(logits, torch.tensor(ids[prompt_length:])).items():
             sink = out.setdefault(channel, FlatGradient(params))
             sink.add(torch.autograd.grad(loss * coefficient, params, retain_graph=True, allow_unused=True), "reference")
@@ -106,13 +108,15 @@ def test_coefficients_known_upfront_match_full_passes(size, shared_completion):
     assert _relative(continuations, reference) > 1e-2
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_group_statistics_fold_of_held_adjoints_matches_full_passes(size):
+@pytest.mark.parametrize("rewards", [[1.0, 0.0], [1.0, 0.0, 0.5, 3.0], [2.0, float("nan"), 0.5, 1.0]],
+                         ids=["2", "4", "4-one-unscorable"])
+def test_group_statistics_fold_of_held_adjoints_matches_full_passes(rewards):
     """Content release: members run before any reward (adjoints held per trajectory), rewards bind later in another
-    order, G1/G2 fold parameter gradients and adjoints alike; A_i = (R_i − μ)/(σ+eps) applied only then. A second,
-    advantage-free channel goes to its own sink with the plain sum of its adjoints."""
+    order, G1/G2 fold parameter gradients and adjoints alike; A_i = (R_i − μ)/(σ+eps) applied only then (A = 0 for
+    an unscorable member, as in TRL). A second, advantage-free channel goes to its own sink with the plain sum of
+    its adjoints."""
+    size = len(rewards)
     members = _members(size, seed=10 + size)
-    rewards = [1.0, 0.0, 0.5, 3.0][:size]
     plan = prompt_plan(5, members[0][:12])
     prefix = GroupPrefix(_model(), _params(), plan)
     params, count = _params(), sum(p.numel() for p in _params())
@@ -131,7 +135,7 @@ def test_group_statistics_fold_of_held_adjoints_matches_full_passes(size):
     prefix.backward({"score": adjoints.fold(scale)[0], "free": free_adjoint},
                     {"score": prefix_sink, "free": free_sink})
 
-    advantages = [(r - grads.mean) * scale for r in rewards]
+    advantages = [0.0 if math.isnan(r) else (r - grads.mean) * scale for r in rewards]
     reference = _full_gradient(members, 12, [_objective(i, free=True) for i in range(size)], [1.0] * size)
     policy_reference = _full_gradient(members, 12, [_objective(i) for i in range(size)], advantages)["score"]
     assert _relative(policy + prefix_sink.vector, policy_reference) <= TOLERANCE
@@ -161,6 +165,29 @@ def test_prefix_longer_than_the_context_window_falls_back():
     assert "context window (8)" in plan_prefix(4, members, prompt_length=12, window=8).reason
     assert isinstance(prompt_plan(4, members[0][:12], window=8), PrefixFallback)
     assert isinstance(prompt_plan(4, members[0][:12], window=12), PrefixPlan)
+
+
+def test_lora_adapters_only_match_full_passes():
+    """With a PEFT adapter only the adapters train; the frozen base still carries the prefix adjoints to them."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_tiny_model(build_tiny_tokenizer(), hidden_size=64, num_layers=2, seed=1),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1, generator=torch.Generator().manual_seed(0))
+    params = [p for p in model.parameters() if p.requires_grad]
+    members, coefficients = _members(3, seed=30), [1.5, -0.5, 0.8]
+    prefix = GroupPrefix(model, params, plan_prefix(1, members, prompt_length=12))
+    sink, combined = FlatGradient(params), 0
+    for i, (ids, a) in enumerate(zip(members, coefficients, strict=True)):
+        combined = combined + prefix.member(i, ids, _objective(i, a), {"score": sink}).adjoints["score"]
+    continuations = sink.vector.clone()
+    prefix.backward({"score": combined}, {"score": sink})
+    reference = _full_gradient(members, 12, [_objective(i) for i in range(3)], coefficients, model)["score"]
+    assert _relative(sink.vector, reference) <= TOLERANCE
+    assert _relative(continuations, reference) > 1e-2
 
 
 class _AnySink:

@@ -97,7 +97,8 @@ class SegmentOutcome:
 
 def model_logits(model: Any, ids: Sequence[int], device: torch.device, cache=None, keep: int = 0) -> torch.Tensor:
     """Logits (keep, V) of the last `keep` positions of `ids` (all positions when keep is 0), through `cache`."""
-    parameters = inspect.signature(model.forward).parameters
+    # a PEFT wrapper's forward takes **kwargs and hands them to the wrapped model: read the wrapped model's signature
+    parameters = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
     # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
     name = "cache" if "cache" in parameters else "past_key_values"
     kwargs: dict[str, Any] = {name: cache, "use_cache": True} if cache is not None else {"use_cache": False}
