@@ -5,7 +5,7 @@ lengths around `--completion`) is learned twice at the same θ, side by side in 
 
     full:    every member forwarded and back-propagated over prompt + completion; H_i folded by `GroupStatistics`
     shared:  the prompt forwarded once, each member's continuation over its detached key/values, boundary adjoints
-             folded by the same `GroupStatistics` algebra, one backward through the prompt at group close
+             folded by the same algebra (`PrefixAdjoints`), one backward through the prompt at group close
 
 Learner FLOPs come from the ledger's accounting (`trace.flops`, via `shared_prefix.pass_flops` over the passes that
 actually ran); wall time is the median of `--repeats` runs of each variant, interleaved, after one untimed warm-up
@@ -28,7 +28,13 @@ import torch
 
 from trl_thundersync.streaming.accumulators import GroupStatistics
 from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
-from trl_thundersync.streaming.shared_prefix import GroupPrefix, full_pass_work, pass_flops, prompt_plan
+from trl_thundersync.streaming.shared_prefix import (
+    GroupPrefix,
+    PrefixAdjoints,
+    full_pass_work,
+    pass_flops,
+    prompt_plan,
+)
 from trl_thundersync.tiny.model import build_tiny_tokenizer, model_from_config, tiny_shape
 from trl_thundersync.trace.flops import ModelShape
 
@@ -76,14 +82,14 @@ def run_full(model, params, members, rewards, prompt: int) -> torch.Tensor:
 def run_shared(model, params, members, rewards, prompt: int) -> tuple[torch.Tensor, GroupPrefix]:
     prefix = GroupPrefix(model, params, prompt_plan(0, members[0][:prompt]))
     grads = GroupStatistics(0, len(members), sum(p.numel() for p in params))
-    adjoints = GroupStatistics(0, len(members), prefix.adjoint_size)
+    adjoints = PrefixAdjoints(0, len(members), prefix.adjoint_size)
     for i, (ids, reward) in enumerate(zip(members, rewards, strict=True)):
         sink = FlatGradient(params)
         out = prefix.member(i, ids, _objective, {"score": sink})
         grads.add(reward, sink.vector)
         adjoints.add(reward, out.adjoints["score"])
     through_prefix = FlatGradient(params)
-    prefix.backward({"score": _fold(adjoints)}, {"score": through_prefix})
+    prefix.backward(adjoints.fold(1.0 / (grads.std + EPS)), {("score", 0): through_prefix})
     return _fold(grads) + through_prefix.vector, prefix
 
 

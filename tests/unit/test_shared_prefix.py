@@ -10,16 +10,18 @@ import math
 import pytest
 import torch
 
-from trl_thundersync.errors import NonFiniteGradientError, PrefixMismatchError
+from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
 from trl_thundersync.streaming.accumulators import GroupStatistics
 from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
 from trl_thundersync.streaming.shared_prefix import (
     GroupPrefix,
     PassWork,
+    PrefixAdjoints,
     PrefixFallback,
     PrefixPlan,
     ReferencePrefix,
     full_pass_work,
+    model_refusal,
     pass_flop_counter,
     pass_flops,
     plan_prefix,
@@ -120,20 +122,25 @@ def test_group_statistics_fold_of_held_adjoints_matches_full_passes(rewards):
     plan = prompt_plan(5, members[0][:12])
     prefix = GroupPrefix(_model(), _params(), plan)
     params, count = _params(), sum(p.numel() for p in _params())
-    held, free_sink, free_adjoint = {}, FlatGradient(params), None
+    held, free_sink = {}, FlatGradient(params)
+    adjoints = PrefixAdjoints(5, size, prefix.adjoint_size)
     for i, ids in enumerate(members):
         score_sink = FlatGradient(params)
         out = prefix.member(i, ids, _objective(i, free=True), {"score": score_sink, "free": free_sink})
         held[i] = (score_sink.vector, out.adjoints["score"])
-        free_adjoint = out.adjoints["free"] if free_adjoint is None else free_adjoint + out.adjoints["free"]
-    grads, adjoints = GroupStatistics(5, size, count), GroupStatistics(5, size, prefix.adjoint_size)
+        adjoints.hold(i, out.adjoints["score"])
+        adjoints.add_free("free", out.adjoints["free"])
+    with pytest.raises(ValueError, match="hold adjoints without a reward"):
+        adjoints.fold(1.0)
+    grads = GroupStatistics(5, size, count)
     for i in reversed(range(size)):  # rewards bind in another order than the passes ran
         grads.add(rewards[i], held[i][0])
-        adjoints.add(rewards[i], held[i][1])
+        adjoints.bind(i, rewards[i])
     scale = 1.0 / (grads.std + EPS)
     policy, prefix_sink = grads.fold(scale)[0], FlatGradient(params)
-    prefix.backward({"score": adjoints.fold(scale)[0], "free": free_adjoint},
-                    {"score": prefix_sink, "free": free_sink})
+    folded = adjoints.fold(scale)
+    assert set(folded) == {("score", 0), ("free", 0)}
+    prefix.backward(folded, {("score", 0): prefix_sink, ("free", 0): free_sink})
 
     advantages = [0.0 if math.isnan(r) else (r - grads.mean) * scale for r in rewards]
     reference = _full_gradient(members, 12, [_objective(i, free=True) for i in range(size)], [1.0] * size)
@@ -188,6 +195,18 @@ def test_lora_adapters_only_match_full_passes():
     reference = _full_gradient(members, 12, [_objective(i) for i in range(3)], coefficients, model)["score"]
     assert _relative(sink.vector, reference) <= TOLERANCE
     assert _relative(continuations, reference) > 1e-2
+
+
+def test_models_the_prefix_cut_cannot_serve_are_refused_with_the_reason():
+    assert model_refusal(_model()) is None
+    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=64, num_layers=2, seed=2)
+    model.config.layer_types = ["full_attention", "sliding_attention"]
+    assert "sliding_attention" in model_refusal(model)
+    model.config.layer_types = ["full_attention"] * 2
+    model.activation_checkpointing_enable()
+    assert "checkpointing" in model_refusal(model)
+    with pytest.raises(ConfigurationError, match="group 8: no shared-prefix pass"):
+        GroupPrefix(model, [p for p in model.parameters() if p.requires_grad], prompt_plan(8, [1, 2, 3]))
 
 
 class _AnySink:

@@ -17,10 +17,10 @@ weighting of the members' gradients is the same weighting of their adjoints:
     Σ_i A_i ∇S_i = Σ_i A_i ∂S_i/∂θ  +  J_pᵀ (Σ_i A_i a_i)
 
 and Σ_i A_i a_i folds with GRPO's group statistics exactly like the parameter gradients do (`accumulators`:
-a_G1 = Σ (R_i − c) a_i, a_G2 = Σ a_i, then (a_G1 − (μ − c) a_G2)·scale when the group closes; `GroupStatistics`
-over the flat adjoint does it), or as a plain sum when each member's coefficient was already in its objective, or held
-per trajectory until its reward binds. `GroupPrefix.backward` then runs J_pᵀ once per destination sink with the
-combined adjoint. Work per group: P + Σ_i C_i token passes instead of Σ_i (P + C_i).
+a_G1 = Σ (R_i − c) a_i, a_G2 = Σ a_i, then (a_G1 − (μ − c) a_G2)·scale when the group closes; `PrefixAdjoints` does
+it with `GroupStatistics` over the flat adjoint), or as a plain sum when each member's coefficient was already in its
+objective, or held per trajectory until its reward binds. `GroupPrefix.backward` then runs J_pᵀ once per
+destination sink with the combined adjoint. Work per group: P + Σ_i C_i token passes instead of Σ_i (P + C_i).
 
 The KL reference model (frozen, no graph) gets the same treatment: `ReferencePrefix` forwards the prefix once and
 each member's continuation over its key/values. The work that actually ran is listed as `PassWork` records
@@ -35,15 +35,16 @@ LM with full-attention layers through `DynamicCache`, no activation checkpointin
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
-from ..errors import NonFiniteGradientError, PrefixMismatchError
+from ..errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
 from ..trace.flops import ModelShape, forward_flops
+from .accumulators import GroupStatistics
 from .segment_backward import ChannelObjective, GradientSink, SavedBytes, model_logits, proxy_cache
 
 
@@ -68,6 +69,22 @@ def context_window(model: Any) -> int | None:
     """The model's context length (`max_position_embeddings`), None when its config does not say."""
     config = getattr(model, "config", None)
     return getattr(getattr(config, "text_config", config), "max_position_embeddings", None)
+
+
+def model_refusal(model: Any) -> str | None:
+    """Why this model's groups cannot use a shared-prefix pass exactly (None: they can): activation checkpointing
+    drops the retained prefix graph, and a sliding-window (or other non-full) attention layer would not see the
+    prefix's key/values through the cache as its full pass does."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers ≥ 5.2x; older name below
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if checkpointing:
+        return "activation (gradient) checkpointing is on; it drops the retained prefix graph"
+    config = getattr(model, "config", None)
+    kinds = set(getattr(getattr(config, "text_config", config), "layer_types", None) or ())
+    if kinds - {"full_attention"}:
+        return f"attention layer types {sorted(kinds)}: only full-attention layers read a prefix cache exactly"
+    return None
 
 
 def _common_length(members: Sequence[Sequence[int]]) -> int:
@@ -193,6 +210,9 @@ class GroupPrefix:
         if not plan.ids or len(plan.ids) < plan.prompt_length - 1:
             raise ValueError(f"group {plan.group}: a prefix of {len(plan.ids)} tokens cannot feed the logits row "
                              f"before a {plan.prompt_length}-token prompt's completion")
+        refusal = model_refusal(model)
+        if refusal is not None:
+            raise ConfigurationError(f"group {plan.group}: no shared-prefix pass: {refusal}; use full passes")
         self.model, self.params, self.plan, self.device = model, list(params), plan, torch.device(device)
         saved = SavedBytes({p.untyped_storage().data_ptr() for p in self.params})
         with saved.hooks():
@@ -252,9 +272,11 @@ class GroupPrefix:
             self.member_work.append(PassWork(len(ids) - cut, cut, len(losses)))
         return MemberPass({c: float(v.detach()) for c, v in losses.items()}, scored, len(ids) - cut, adjoints)
 
-    def backward(self, adjoints: Mapping[str, torch.Tensor | None], sinks: Mapping[str, GradientSink]) -> int:
-        """J_pᵀ · adjoint into `sinks[name]`, once per named combined adjoint (None or absent: nothing for that
-        sink), then frees the prefix graph. Returns the prefix tokens back-propagated (0 when nothing was)."""
+    def backward(self, adjoints: Mapping[Hashable, torch.Tensor | None],
+                 sinks: Mapping[Hashable, GradientSink]) -> int:
+        """J_pᵀ · adjoint into `sinks[key]`, once per combined adjoint (None or absent: nothing for that sink; keys
+        as `PrefixAdjoints.fold` gives them, or channel names), then frees the prefix graph. Returns the prefix
+        tokens back-propagated (0 when nothing was)."""
         where = f"group {self.plan.group} shared prefix"
         if self.closed:
             raise RuntimeError(f"{where}: already back-propagated or discarded")
@@ -286,6 +308,49 @@ class GroupPrefix:
         if not bool(torch.isfinite(flat).all()):
             raise NonFiniteGradientError(f"{where}: non-finite boundary adjoint; refusing to accumulate it")
         return flat
+
+
+class PrefixAdjoints:
+    """One group's boundary adjoints, folded with the algebra of its parameter gradients (`GroupStatistics`).
+
+    Score channel (advantage-weighted): a_G1 = Σ (R_i − c) a_i and a_G2 = Σ a_i per bucket, fixed into
+    (a_G1 − (μ − c) a_G2)·scale by `fold` when the group's rewards are; an unscorable member (NaN reward) enters μ and
+    σ as nothing, exactly as for H_i. Under content release a member's score adjoint is `hold`-en until its reward
+    `bind`s it. Advantage-free channels (β·KL, entropy) are plain sums per key (bucket, entropy micro-batch)."""
+
+    def __init__(self, group: int, size: int, adjoint_size: int, score: str = "score") -> None:
+        self.group, self.score_channel = group, score
+        self.score = GroupStatistics(group, size, adjoint_size)  # a_G1, a_G2 per bucket (flat, FP32)
+        self.sums: dict[tuple[str, Hashable], torch.Tensor] = {}  # (channel, key) -> Σ a_i
+        self.held: dict[int, torch.Tensor | None] = {}  # trajectory -> its score adjoint, until its reward binds
+
+    def add(self, reward: float, adjoint: torch.Tensor | None, bucket: int = 0) -> None:
+        """A member whose reward is known (None: it had no score adjoint, e.g. no scored tokens)."""
+        self.score.add(reward, adjoint, bucket)
+
+    def hold(self, index: int, adjoint: torch.Tensor | None) -> None:
+        self.held[index] = adjoint
+
+    def bind(self, index: int, reward: float, bucket: int = 0) -> None:
+        if index not in self.held:
+            raise KeyError(f"group {self.group}: trajectory {index} holds no boundary adjoint to bind")
+        self.add(reward, self.held.pop(index), bucket)
+
+    def add_free(self, channel: str, adjoint: torch.Tensor, key: Hashable = 0) -> None:
+        slot = self.sums.get((channel, key))
+        self.sums[(channel, key)] = adjoint.clone() if slot is None else slot.add_(adjoint)
+
+    def fold(self, scale: float) -> dict[tuple[str, Hashable], torch.Tensor]:
+        """(channel, key) -> combined adjoint for `GroupPrefix.backward`: the score channel's per bucket with
+        A_i = (R_i − μ)·scale (nothing for a non-finite scale, as `GroupStatistics.fold`), then the sums."""
+        if self.held:
+            raise ValueError(f"group {self.group}: trajectories {sorted(self.held)} hold adjoints without a reward")
+        folded = {(self.score_channel, b): a for b, a in self.score.fold(scale).items()}
+        return {**folded, **self.sums}
+
+    def nbytes(self) -> int:
+        held = sum(a.numel() * 4 for a in self.held.values() if a is not None)
+        return self.score.nbytes() + held + sum(a.numel() * 4 for a in self.sums.values())
 
 
 class ReferencePrefix:
