@@ -162,6 +162,7 @@ def test_members_not_sharing_the_prompt_fall_back_naming_the_group():
     fallback = plan_prefix(9, rewritten, prompt_length=12)
     assert isinstance(fallback, PrefixFallback) and fallback.group == 9 and "share only 4" in fallback.reason
 
+    assert isinstance(plan_prefix(9, [[5], [5, 6]], prompt_length=1), PrefixFallback)
     prefix = GroupPrefix(_model(), _params(), prompt_plan(9, members[0][:12]))
     with pytest.raises(PrefixMismatchError, match="group 9 member 1"):
         prefix.member(1, rewritten[1], _objective(0), {"score": FlatGradient(_params())})

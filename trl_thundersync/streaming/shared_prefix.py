@@ -109,6 +109,8 @@ def plan_prefix(group: int, members: Sequence[Sequence[int]], prompt_length: int
         return PrefixFallback(group, f"its members share only {shared} leading tokens of a {prompt_length}-token "
                                      "prompt (a prompt rewritten or rendered differently per member)")
     cut = min(shared, min(len(m) for m in members) - 1)
+    if cut < 1:
+        return PrefixFallback(group, "a member is a single token: there is no prefix to share")
     if window is not None and cut > window:
         return PrefixFallback(group, f"its shared prefix of {cut} tokens exceeds the model's context window "
                                      f"({window})")
