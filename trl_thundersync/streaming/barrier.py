@@ -119,7 +119,7 @@ def policy_loss_terms(totals: BatchTotals, advantages: tuple[float, ...], scales
         if value is None:  # a backward that reports none: TRL's grpo-like value Σ_t m_it u_i
             value = n * normalization.sequence_weight(n)
         advantage = advantages[index]
-        if normalization.loss_type == "sapo":
+        if normalization.kind.value_gate == "sapo":
             positive, negative = rule.sapo_temperatures
             value *= 2.0 / (positive if advantage > 0 else negative)
         if index in dropped:

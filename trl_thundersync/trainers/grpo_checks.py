@@ -10,6 +10,7 @@ from trl.trainer.utils import get_config_model_id
 
 from ..errors import ConfigurationError, UnsupportedOptionError
 from ..rollout.request_fields import request_fields
+from ..streaming.loss_types import loss_type
 from .grpo_config import ThunderSyncGRPOConfig
 from .placement import check_engine
 
@@ -39,11 +40,12 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
     engine = args.resolved_rollout_engine(False)
     if args.samples_from_vllm():
         request_fields(args.generation_kwargs, args.vllm_structured_outputs_regex)
-        if args.vllm_importance_sampling_correction and args.loss_type == "vespo":  # 'auto' chose vLLM
+        streams = loss_type(args.loss_type).streams_vllm_correction
+        if args.vllm_importance_sampling_correction and not streams:  # 'auto' chose vLLM
             raise UnsupportedOptionError(
-                f"vllm_importance_sampling_correction=True with loss_type='vespo' and rollout_engine={engine!r}: TRL "
-                "folds the ratio into VESPO's gamma weights, which is not streamed; set it to False or pick another "
-                "loss_type")
+                f"vllm_importance_sampling_correction=True with loss_type={args.loss_type!r} and rollout_engine="
+                f"{engine!r}: TRL folds the ratio into the loss's own weights (VESPO's gamma weights), which is not "
+                "streamed; set it to False or pick another loss_type")
         return
     for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
         value = getattr(args, name)

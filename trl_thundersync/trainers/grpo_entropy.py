@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..streaming.barrier import EntropyNormalizers
+from ..streaming.loss_types import loss_type
 from ..streaming.normalization import entropy_scales, micro_batch_of
 
 
@@ -60,7 +61,7 @@ def entropy_step(trainer: Any, bonus: EntropyNormalizers, policy_terms, entropy_
     ratio 1 (`streaming.barrier.policy_loss_terms`); `entropy_sums[i]` its Σ_t m H."""
     ga, device = len(bonus.tokens), trainer.accelerator.device
     sums, policy = bonus.sums(entropy_sums), bonus.sums(policy_terms)
-    if trainer.loss_type not in ("cispo", "dapo", "vespo"):  # TRL takes policy_loss before its /GA for these
+    if not loss_type(trainer.loss_type).policy_metric_per_micro_batch:  # TRL: policy_loss after its /GA
         policy = [ga * v for v in policy]
     stats = torch.tensor([[sums[b], float(bonus.tokens[b])] for b in range(ga)], dtype=torch.float64, device=device)
     world = trainer.accelerator.reduce(stats.clone(), reduction="sum").cpu()

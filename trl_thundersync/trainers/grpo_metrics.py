@@ -33,6 +33,7 @@ import torch
 
 from ..envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
 from ..streaming.batch_metrics import reward_metrics
+from ..streaming.loss_types import loss_type
 from ..streaming.normalization import micro_batch_of
 from ..streaming.sampling_difference import SamplingStats, merge, sampling_metrics
 from ..types import AgentStats
@@ -103,9 +104,6 @@ def micro_batch_counts(scored_tokens: Sequence[int], advantages: Sequence[float]
     return tuple(MicroBatchCounts(*c) for c in counts)
 
 
-CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # TRL logs clip_ratio/* for these
-
-
 def micro_batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> dict[str, list[float]]:
     """TRL's `_compute_loss` metrics, one value per micro-batch, global over processes: `kl` (Σ KL / Σ tokens), and
     the clip ratios of the streamed pass, where θ = θ_k makes every importance ratio exactly 1 — so no token is low-
@@ -113,17 +111,18 @@ def micro_batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSetting
     are the positive-advantage ones exactly when ε_high < 1. `clip_ratio/low_min|high_max` are NaN, as TRL's
     nanmin/nanmax of per-row means, when no row of the micro-batch has a loss token."""
     out: dict[str, list[float]] = {}
+    clip_metrics = loss_type(settings.loss_type).clip_metrics
     for b in range(len(logs[0].micro_batches)):
         parts = [log.micro_batches[b] for log in logs]
         tokens, rows = sum(c.tokens for c in parts), sum(c.rows for c in parts)
         if settings.kl:
             out.setdefault("kl", []).append(sum(c.kl_sum for c in parts) / max(tokens, 1))
-        if settings.loss_type in CLIPPED_LOSSES:
+        if clip_metrics == "clip_ratio":
             extreme = math.nan if tokens == 0 and not settings.sequence_level else 0.0
             for name, value in (("low_mean", 0.0), ("high_mean", 0.0), ("region_mean", 0.0), ("low_min", extreme),
                                 ("high_max", extreme)):
                 out.setdefault(f"clip_ratio/{name}", []).append(value)
-        elif settings.loss_type == "cispo":
+        elif clip_metrics == "cispo":
             clipped, total = ((sum(c.positive_rows for c in parts), rows) if settings.sequence_level
                               else (sum(c.positive_tokens for c in parts), tokens))
             out.setdefault("cispo_clip_ratio", []).append(clipped / max(total, 1) if 1.0 > settings.epsilon_high

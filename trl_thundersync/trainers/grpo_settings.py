@@ -7,6 +7,7 @@ from typing import Any
 
 from ..streaming.barrier import PolicyValueRule
 from ..streaming.importance import SamplingCorrection
+from ..streaming.loss_types import loss_type
 from ..streaming.normalization import LossNormalization
 
 
@@ -16,7 +17,8 @@ def loss_normalization(args: Any, batch_size: int, num_processes: int = 1) -> Lo
     cispo's policy coefficient is TRL's detached clamp min(1, ε_high), ε_high = `epsilon_high`, or `epsilon` when
     that is None (TRL's trainer falls back the same way)."""
     epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon  # as GRPOTrainer
-    coefficient = min(1.0, epsilon_high) if args.loss_type == "cispo" else 1.0
+    clamped = loss_type(args.loss_type).policy_coefficient == "epsilon_high_clamp"
+    coefficient = min(1.0, epsilon_high) if clamped else 1.0
     return LossNormalization(args.loss_type, batch_size, args.steps_per_generation, args.max_completion_length,
                              coefficient, num_processes)
 
@@ -31,6 +33,6 @@ def sampling_correction(args: Any) -> SamplingCorrection | None:
 
 def policy_value_rule(args: Any) -> PolicyValueRule:
     """sapo's gate temperatures for the loss value (`barrier.policy_loss_terms`); nothing for the other losses."""
-    if args.loss_type != "sapo":
+    if loss_type(args.loss_type).value_gate != "sapo":
         return PolicyValueRule()
     return PolicyValueRule(sapo_temperatures=(args.sapo_temperature_pos, args.sapo_temperature_neg))
