@@ -30,12 +30,12 @@ def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
         "are checked")
 
 
-def refuse_dropped_generation_fields(trainer: Any) -> None:
+def refuse_dropped_generation_fields(args: Any, uses_trl_generation: bool) -> None:
     """`generation_kwargs` and `vllm_structured_outputs_regex`: with vLLM servers (use_vllm=True) they go into every
     request as TRL's server client sends them, checked here so a key vLLM would ignore or the engine must set is
-    refused by name at construction (`rollout.request_fields`); the embedded engines implement none of them."""
-    args = trainer.args
-    if trainer._uses_trl_generation():
+    refused by name at construction (`rollout.request_fields`); the embedded engines implement none of them.
+    `uses_trl_generation`: TRL's own generation samples (rollout_func, rollout_engine='trl'), nothing to check."""
+    if uses_trl_generation:
         return
     engine = args.resolved_rollout_engine(False)
     if args.samples_from_vllm():
@@ -57,13 +57,13 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
                 "TRL's own generation (rollout_engine='trl')")
 
 
-def check_distributed(trainer: Any) -> None:
+def check_distributed(accelerator: Any, args: Any, num_generations: int) -> None:
     """Refuse sharded setups and, with several processes, groups split across processes."""
-    check_engine(trainer.accelerator, trainer.args)
-    local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
-    if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
+    check_engine(accelerator, args)
+    local_rows = args.per_device_train_batch_size * args.steps_per_generation
+    if accelerator.num_processes > 1 and local_rows % num_generations:
         raise ConfigurationError(
             f"per_device_train_batch_size × steps_per_generation = {local_rows} is not a multiple of "
-            f"num_generations={trainer.num_generations}: with {trainer.accelerator.num_processes} processes every "
+            f"num_generations={num_generations}: with {accelerator.num_processes} processes every "
             "GRPO group must live on one process so it can close there; change per_device_train_batch_size"
         )

@@ -13,29 +13,31 @@ from trl.data_utils import apply_chat_template, is_conversational
 from ..streaming.rewards import RewardScorer
 
 
-def decode_completion(trainer: Any, prompt, prompt_ids, completion_ids):
-    """TRL's completion decoding for one trajectory (parse_response for chat prompts with a response schema)."""
+def decode_completion(tokenizer: Any, processing_class: Any, tools, prompt, prompt_ids, completion_ids):
+    """TRL's completion decoding for one trajectory (parse_response for chat prompts with a response schema);
+    `tokenizer` is TRL's `_tokenizer`, `processing_class` and `tools` TRL's own."""
     if is_conversational({"prompt": prompt}):
-        tok = trainer._tokenizer
+        tok = tokenizer
         if Version(transformers.__version__) >= Version("5.0.0") and (
             getattr(tok, "response_template", None) is not None or getattr(tok, "response_schema", None) is not None
         ):
-            return [parse_response(tok, list(completion_ids), prefix=list(prompt_ids), tools=trainer.tools)]
-        text = trainer.processing_class.decode(list(completion_ids), skip_special_tokens=True)
+            return [parse_response(tok, list(completion_ids), prefix=list(prompt_ids), tools=tools)]
+        text = processing_class.decode(list(completion_ids), skip_special_tokens=True)
         return [{"role": "assistant", "content": text}]
-    return trainer.processing_class.decode(list(completion_ids), skip_special_tokens=True)
+    return processing_class.decode(list(completion_ids), skip_special_tokens=True)
 
 
-def reward_scorer(trainer: Any) -> RewardScorer:
-    """TRL's reward functions, weights and processing classes behind `streaming.rewards.RewardScorer`."""
+def reward_scorer(reward_funcs, names, weights, processing_classes, chat_template_kwargs: dict,
+                  async_loop=None) -> RewardScorer:
+    """TRL's reward functions, names, weights and processing classes (its `reward_funcs`, `reward_func_names`,
+    `reward_weights`, `reward_processing_classes`) behind `streaming.rewards.RewardScorer`."""
 
     def render(prompt, completion, processing_class):
         if is_conversational({"prompt": prompt}):
             messages = {"messages": prompt + completion}
-            return apply_chat_template(messages, processing_class, **trainer.chat_template_kwargs)["text"]
+            return apply_chat_template(messages, processing_class, **chat_template_kwargs)["text"]
         return prompt + completion
 
-    return RewardScorer(trainer.reward_funcs, trainer.reward_func_names, trainer.reward_weights,
-                        processing_classes=trainer.reward_processing_classes,
-                        async_loop=getattr(trainer, "async_loop", None), render_text=render)
+    return RewardScorer(reward_funcs, names, weights, processing_classes=processing_classes, async_loop=async_loop,
+                        render_text=render)
 
