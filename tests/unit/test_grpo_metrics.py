@@ -1,4 +1,4 @@
-"""GRPO batch metrics over several processes (`trainers/grpo_metrics.py`): a batch split over two fake processes
+"""GRPO batch metrics over several processes (`trainers/grpo/metrics.py`): a batch split over two fake processes
 logs, on each of them, what one process logs for the whole batch and what TRL's formulas give on the gathered
 tensors. The fake world exchanges payloads between threads, as `gather_object` does between processes."""
 
@@ -15,7 +15,7 @@ import torch
 from trl.trainer.utils import nanstd
 
 from trl_thundersync.envs.harness.metrics import length_metrics, truncation_flags
-from trl_thundersync.trainers.grpo_metrics import (
+from trl_thundersync.trainers.grpo.metrics import (
     MetricSettings,
     MicroBatchCounts,
     ProcessBatchLog,

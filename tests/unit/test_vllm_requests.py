@@ -30,7 +30,7 @@ from trl_thundersync.rollout.request_fields import request_fields
 from trl_thundersync.rollout.server_info import VLLM_DEFAULT_MAX_NUM_SEQS
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.serve import protocol
-from trl_thundersync.trainers.grpo_checks import refuse_dropped_generation_fields
+from trl_thundersync.trainers.grpo.checks import refuse_dropped_generation_fields
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
 DEFAULT = SamplingParams(max_new_tokens=4)  # temperature 1, no top-k/p: raw log-probs are the sampler's

@@ -30,7 +30,7 @@ from .normalization import LossNormalization
 
 @dataclass(frozen=True)
 class EntropyNormalizers:
-    """TRL's entropy bonus of one batch at the barrier (`trainers/grpo_entropy.py` builds it)."""
+    """TRL's entropy bonus of one batch at the barrier (`trainers/grpo/entropy.py` builds it)."""
 
     coef: float  # apply_coef: the coefficient every micro-batch of this batch applied
     micro_batch: Mapping[int, int]  # row → TRL micro-batch

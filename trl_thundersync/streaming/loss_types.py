@@ -18,9 +18,9 @@ is refused with `UnknownLossTypeError` wherever it is looked up. What each field
 | vespo     | 1            | W/max(N,1)                | log π(o_t) | —      | 1                 | —                |
 
 Two more facts of TRL's `_compute_loss` the table records: `policy_loss` is logged before TRL's division by GA for
-the global-token losses (dapo, cispo, vespo) and after it for the others (`trainers/grpo_entropy.py`); vespo folds
-vLLM's importance-sampling ratio into its gamma weights, which is not streamed (`grpo_config`, `grpo_checks` refuse
-the correction with it).
+the global-token losses (dapo, cispo, vespo) and after it for the others (`trainers/grpo/entropy.py`); vespo folds
+vLLM's importance-sampling ratio into its gamma weights, which is not streamed (`trainers/grpo/config.py` and
+`checks.py` refuse the correction with it).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..errors import UnknownLossTypeError
 BucketScale = Literal["sequences", "completion_budget", "micro_batch_tokens", "global_tokens"]
 # g(A_i), the factor of the policy value at ratio 1 (`barrier.policy_loss_terms`): "none" 1; "sapo" 2/τ_± by sign A_i
 ValueGate = Literal["none", "sapo"]
-# c, the detached policy coefficient (`grpo_settings.loss_normalization`): "one" 1; "epsilon_high_clamp" min(1, ε_high)
+# c, the detached policy coefficient (`trainers/grpo/settings.py`): "one" 1; "epsilon_high_clamp" min(1, ε_high)
 PolicyCoefficient = Literal["one", "epsilon_high_clamp"]
 # which clip-ratio metrics TRL's `_compute_loss` logs: "clip_ratio" clip_ratio/*, "cispo" cispo_clip_ratio, "none"
 ClipMetrics = Literal["clip_ratio", "cispo", "none"]

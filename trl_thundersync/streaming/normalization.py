@@ -31,7 +31,7 @@ from .loss_types import LossType, loss_type
 @dataclass(frozen=True)
 class LossNormalization:
     """Normalization rule of one loss type for one generation batch shape (built from a config by
-    `trainers/grpo_settings.loss_normalization`)."""
+    `trainers/grpo/settings.loss_normalization`)."""
 
     loss_type: str
     batch_size: int  # B: trajectories in the local generation batch

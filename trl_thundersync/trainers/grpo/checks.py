@@ -8,11 +8,11 @@ from typing import Any
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from ..errors import ConfigurationError, UnsupportedOptionError
-from ..rollout.request_fields import request_fields
-from ..streaming.loss_types import loss_type
-from .grpo_config import ThunderSyncGRPOConfig
-from .placement import check_engine
+from ...errors import ConfigurationError, UnsupportedOptionError
+from ...rollout.request_fields import request_fields
+from ...streaming.loss_types import loss_type
+from ..placement import check_engine
+from .config import ThunderSyncGRPOConfig
 
 
 def thundersync_args(model, args) -> ThunderSyncGRPOConfig:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from ..streaming.barrier import PolicyValueRule
-from ..streaming.importance import SamplingCorrection
-from ..streaming.loss_types import loss_type
-from ..streaming.normalization import LossNormalization
+from ...streaming.barrier import PolicyValueRule
+from ...streaming.importance import SamplingCorrection
+from ...streaming.loss_types import loss_type
+from ...streaming.normalization import LossNormalization
 
 
 def loss_normalization(args: Any, batch_size: int, num_processes: int = 1) -> LossNormalization:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..streaming.barrier import Collectives, EntropyNormalizers
-from ..streaming.loss_types import loss_type
-from ..streaming.normalization import entropy_scales, micro_batch_of
-from .grpo_settings import EntropySettings
+from ...streaming.barrier import Collectives, EntropyNormalizers
+from ...streaming.loss_types import loss_type
+from ...streaming.normalization import entropy_scales, micro_batch_of
+from .settings import EntropySettings
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import get_args
 
 from trl import GRPOConfig
 
-from ..errors import ConfigurationError, UnsupportedOptionError
-from ..streaming.loss_types import SUPPORTED_LOSS_TYPES, loss_type
-from ..types import AgentProtocol, ReleasePoint, RewardScope, Schedule
-from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
-from .agent_config import AgentLoopFields, GenerationBudget
-from .config_checks import converted_config, require_choice, require_counts
-from .rollout_config import RolloutEngine, RolloutFields
+from ...errors import ConfigurationError, UnsupportedOptionError
+from ...streaming.loss_types import SUPPORTED_LOSS_TYPES, loss_type
+from ...types import AgentProtocol, ReleasePoint, RewardScope, Schedule
+from ..agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
+from ..agent_config import AgentLoopFields, GenerationBudget
+from ..config_checks import converted_config, require_choice, require_counts
+from ..rollout_config import RolloutEngine, RolloutFields
 
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ROLLOUT_ENGINES: tuple[RolloutEngine, ...] = get_args(RolloutEngine)

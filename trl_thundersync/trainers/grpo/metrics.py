@@ -31,14 +31,14 @@ from typing import Any
 
 import torch
 
-from ..envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
-from ..streaming.barrier import Collectives
-from ..streaming.batch_metrics import reward_metrics, stats_bound_bytes
-from ..streaming.loss_types import loss_type
-from ..streaming.normalization import micro_batch_of
-from ..streaming.sampling_difference import SamplingStats, merge, sampling_metrics
-from ..types import AgentStats
-from .grpo_settings import GRPOSettings
+from ...envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
+from ...streaming.barrier import Collectives
+from ...streaming.batch_metrics import reward_metrics, stats_bound_bytes
+from ...streaming.loss_types import loss_type
+from ...streaming.normalization import micro_batch_of
+from ...streaming.sampling_difference import SamplingStats, merge, sampling_metrics
+from ...types import AgentStats
+from .settings import GRPOSettings
 
 # One process's payload in, every process's payloads out, in rank order (`accelerate.utils.gather_object`).
 GatherLogs = Callable[["ProcessBatchLog"], list["ProcessBatchLog"]]

@@ -5,11 +5,11 @@ first micro-step of every generation batch runs the whole logical batch through 
 θ_k, each trajectory scored and back-propagated as soon as it finishes, group statistics folded as groups close,
 and at the barrier the fully normalized batch direction is written into `param.grad`. TRL's own loop then clips it
 and takes the one optimizer step; a callback publishes θ_{k+1} to the rollout engine and waits for its ack.
-The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. Its helpers (`grpo_*.py`)
-read one frozen `GRPOSettings` built in `__init__` and the callables handed to them, never the trainer; the barrier
-is one core call (`streaming.barrier.close_grpo_batch`) through `self.collectives`; each logical batch returns an
+The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. The modules beside it read one
+frozen `GRPOSettings` built in `__init__` and the callables handed to them, never the trainer; the barrier is one
+core call (`streaming.barrier.close_grpo_batch`) through `self.collectives`; each logical batch returns an
 `OpenBatch` record. With num_iterations = μ > 1, passes 2..μ over the batch run TRL's own training step on the
-buffered batch (`grpo_iterations`).
+buffered batch (`iterations.py`).
 """
 
 from __future__ import annotations
@@ -22,33 +22,33 @@ import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
-from ..errors import UnsupportedOptionError
-from ..rollout.agent_setup import make_agent_engine
-from ..rollout.batches import as_rollout_engine
-from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
-from ..rollout.trl_batch import TRLBatchEngine
-from ..streaming.barrier import close_grpo_batch
-from ..streaming.grading import grading_workers
-from ..streaming.learner import BatchTotals, GRPOBatchLearner
-from ..streaming.learner_records import BatchTiming
-from ..streaming.normalization import micro_batch_of
-from ..streaming.pipeline import TurnRouter, run_logical_batch
-from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
-from ..streaming.rewards import RewardContext, ScoringInput
-from ..streaming.unscorable import unscorable_warning
-from ..trace.recorder import build_step_trace
-from ..types import Rollout, RolloutRequest, SamplingParams
-from . import grpo_iterations, grpo_metrics
-from .grpo_backward import BatchModels, router_aux_loss, trajectory_backward, turn_backward
-from .grpo_batch import OpenBatch, accelerator_collectives
-from .grpo_checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
-from .grpo_entropy import EntropyBatch, entropy_batch, entropy_normalizers, entropy_step
-from .grpo_iterations import RecordedLogProbs
-from .grpo_progress import RolloutProgress
-from .grpo_rewards import decode_completion, reward_scorer
-from .grpo_settings import EntropySettings, GRPOSettings, objective_weights, off_policy_sampling, release_in_effect
-from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
-from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+from ...errors import UnsupportedOptionError
+from ...rollout.agent_setup import make_agent_engine
+from ...rollout.batches import as_rollout_engine
+from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
+from ...rollout.trl_batch import TRLBatchEngine
+from ...streaming.barrier import close_grpo_batch
+from ...streaming.grading import grading_workers
+from ...streaming.learner import BatchTotals, GRPOBatchLearner
+from ...streaming.learner_records import BatchTiming
+from ...streaming.normalization import micro_batch_of
+from ...streaming.pipeline import TurnRouter, run_logical_batch
+from ...streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
+from ...streaming.rewards import RewardContext, ScoringInput
+from ...streaming.unscorable import unscorable_warning
+from ...trace.recorder import build_step_trace
+from ...types import Rollout, RolloutRequest, SamplingParams
+from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
+from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+from . import iterations, metrics
+from .backward import BatchModels, router_aux_loss, trajectory_backward, turn_backward
+from .batch import OpenBatch, accelerator_collectives
+from .checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
+from .entropy import EntropyBatch, entropy_batch, entropy_normalizers, entropy_step
+from .iterations import RecordedLogProbs
+from .progress import RolloutProgress
+from .rewards import decode_completion, reward_scorer
+from .settings import EntropySettings, GRPOSettings, objective_weights, off_policy_sampling, release_in_effect
 
 __all__ = ["ThunderSyncGRPOTrainer", "trajectory_seed"]  # trajectory_seed: re-exported from `lifecycle`
 
@@ -102,7 +102,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         # the barrier's cross-process operations (a test may hand in a failing one)
         self.collectives = accelerator_collectives(self.accelerator, self._learner_placement)
         # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
-        # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
+        # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `backward.router_aux_loss`)
         self.policy_version = 0
         self._engine: RolloutEngine | None = None
         self._turns = TurnRouter(required=False)  # agent turns → the open batch's learner (release="turn")
@@ -137,7 +137,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if grpo_iterations.replays(self._step, self.args, self._buffered_inputs):  # passes 2..μ of num_iterations
+        if iterations.replays(self._step, self.args, self._buffered_inputs):  # passes 2..μ of num_iterations
             return self._replay_step(model, inputs, num_items_in_batch)
         started = time.perf_counter()
         model.train()
@@ -145,10 +145,10 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             batch = self._run_logical_batch(model, inputs)
             self._open_step, loss = batch.step, batch.loss
             if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
-                models = grpo_iterations.replay_models(self._get_per_token_logps_and_entropies, self.model,
+                models = iterations.replay_models(self._get_per_token_logps_and_entropies, self.model,
                                                        self.ref_model, self.accelerator,
                                                        self.args.gradient_checkpointing_kwargs)
-                self._buffered_inputs = grpo_iterations.buffer_generation_batch(
+                self._buffered_inputs = iterations.buffer_generation_batch(
                     self.settings, models, batch.step.items, list(batch.advantages),
                     batch.permutation, batch.recorded_logps)
         else:  # the batch direction is already handed over; later micro-steps of the window add nothing
@@ -250,7 +250,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
     def _batch_learner(self, models: BatchModels, version: int, batch_size: int, normalization, buckets,
                        permutation: list[int],
                        entropy: EntropyBatch | None) -> tuple[GRPOBatchLearner, RecordedLogProbs | None]:
-        """The learner of one logical batch, with this run's per-source backward passes (`grpo_backward`), and the
+        """The learner of one logical batch, with this run's per-source backward passes (`backward.py`), and the
         θ_k log-probs it records for passes 2..μ (None with one iteration)."""
         settings = self.settings
         entropy_coef = entropy.coef if entropy is not None else None
@@ -296,7 +296,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                 self._last_world_entropy = step.world_entropy
             step.record(self._metrics["train"])
         if totals.router_aux is not None:  # TRL's `aux_loss`: per micro-batch, the mean over processes
-            self._metrics["train"]["aux_loss"].extend(grpo_metrics.router_aux_metric(totals.router_aux.values,
+            self._metrics["train"]["aux_loss"].extend(metrics.router_aux_metric(totals.router_aux.values,
                                                                                      self.collectives))
         return advantages.values, torch.tensor(result.loss, device=self.args.device)
 
@@ -356,7 +356,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
     def _agent_engine(self, generator: TurnGenerator):
         """The agent loop over `generator`, rendering prompts with TRL's own template choice (`self.chat_template`,
         from the tools TRL collected: `make_agent_engine` applies the same rule to the same tools)."""
-        from ..envs.harness.agent_loop import ToolRunner
+        from ...envs.harness.agent_loop import ToolRunner
 
         return make_agent_engine(
             generator, processing_class=self.processing_class, tokenizer=self._tokenizer,
@@ -386,23 +386,23 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     def _publish_due(self, global_step: int) -> bool:
         """`PublishCallback`: θ goes out after the last pass over a generation batch (`num_iterations`)."""
-        return grpo_iterations.publishes_after(global_step, self.args.num_iterations)
+        return iterations.publishes_after(global_step, self.args.num_iterations)
 
     # -- metrics ------------------------------------------------------------------------------------------------------
     def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts,
                    zero_std_fraction: float, permutation: list[int]) -> None:
-        """The batch's metrics and completions table over every process, as TRL logs them (`grpo_metrics`); the
+        """The batch's metrics and completions table over every process, as TRL logs them (`metrics.py`); the
         timings and the engine's counters are this process's. Flushes what the reward functions logged."""
-        local = grpo_metrics.process_batch_log(self.settings, totals, scored, advantages, prompts, zero_std_fraction,
-                                               grpo_metrics.stats_bound(self.settings, totals, len(scored),
+        local = metrics.process_batch_log(self.settings, totals, scored, advantages, prompts, zero_std_fraction,
+                                               metrics.stats_bound(self.settings, totals, len(scored),
                                                                         len(self.reward_funcs)), permutation,
                                                self._pending_extra_rows, self._pending_metrics)
         self._pending_extra_rows.clear()
         self._pending_metrics.clear()
         own_generation = not self.settings.uses_trl_generation
-        self.state.num_input_tokens_seen = grpo_metrics.record_batch(
-            local, grpo_metrics.gather_logs_of(self.accelerator),
-            grpo_metrics.metric_settings(self.settings, lengths=own_generation), self._metrics["train"], self._logs,
+        self.state.num_input_tokens_seen = metrics.record_batch(
+            local, metrics.gather_logs_of(self.accelerator),
+            metrics.metric_settings(self.settings, lengths=own_generation), self._metrics["train"], self._logs,
             self.state.num_input_tokens_seen)
         m = self._metrics["train"]
         for name, value in step_timing_metrics(timing).items():

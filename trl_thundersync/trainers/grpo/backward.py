@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from trl.trainer.grpo_trainer import use_adapter
 
-from ..streaming.moe_aux import ChunkBackward, RouterAuxLoss, padded_micro_batch
-from ..streaming.normalization import LossNormalization
-from ..streaming.source import TrajectoryBackward, flatten_grads, loss_mask
-from ..streaming.turn_grpo import TurnScoreBackward
-from .grpo_settings import GRPOSettings
+from ...streaming.moe_aux import ChunkBackward, RouterAuxLoss, padded_micro_batch
+from ...streaming.normalization import LossNormalization
+from ...streaming.source import TrajectoryBackward, flatten_grads, loss_mask
+from ...streaming.turn_grpo import TurnScoreBackward
+from .settings import GRPOSettings
 
 # TRL's `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)`
 ModelLogProbs = Callable[..., tuple[Any, Any, Any]]

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from trl.trainer.utils import pad, split_tensor_dict
 
-from ..errors import ConfigurationError
-from .grpo_settings import GRPOSettings
+from ...errors import ConfigurationError
+from .settings import GRPOSettings
 
 
 def replays(step: int, args: Any, buffered: Any) -> bool:

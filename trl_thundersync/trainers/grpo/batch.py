@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from ..streaming.barrier import Collectives
-from .grpo_entropy import EntropyBatch
-from .grpo_iterations import RecordedLogProbs
-from .lifecycle import StepRecord
+from ...streaming.barrier import Collectives
+from ..lifecycle import StepRecord
+from .entropy import EntropyBatch
+from .iterations import RecordedLogProbs
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The reward side of `ThunderSyncGRPOTrainer`: TRL's completion decoding, its reward functions behind
-`RewardScorer` (what reward functions log during a generation batch is flushed by `grpo_metrics`)."""
+`RewardScorer` (what reward functions log during a generation batch is flushed by `metrics.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from packaging.version import Version
 from trl.chat_template_utils import parse_response
 from trl.data_utils import apply_chat_template, is_conversational
 
-from ..streaming.rewards import RewardScorer
+from ...streaming.rewards import RewardScorer
 
 
 def decode_completion(tokenizer: Any, processing_class: Any, tools, prompt, prompt_ids, completion_ids):
