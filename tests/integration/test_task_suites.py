@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from trl_thundersync.envs.environments.validate import validate
+from trl_thundersync.envs.suites.validate import validate
 from trl_thundersync.envs.tasks import load_swe_suite, load_terminal_suite
 from trl_thundersync.envs.tasks.lookup import load_lookup_suite
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.environments.validate import FULL_REWARD
+from trl_thundersync.envs.suites import get_suite
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # a distribution's interpreter: `pip install --user` is how users add to it
@@ -206,7 +206,7 @@ def _check_validation(table: str) -> None:
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if "/" in line.split(" ")[0]}
     assert set(rows) == {f"{suite}/{task}" for suite, task in VALIDATED.items()}, table
     for name, (noop, solved, _seconds, status) in rows.items():
-        full = FULL_REWARD[name.split("/")[0]]
+        full = get_suite(name.split("/")[0]).full_reward
         assert status == "ok" and float(noop) < full and float(solved) == full, (name, table)
     assert table.strip().splitlines()[-1].endswith("4 ok, 0 failed, 0 infrastructure errors"), table
 

@@ -1,7 +1,8 @@
 """The layout of `trl_thundersync.envs`: layers that depend one way, one errors module, old import paths that work.
 
 Layers (envs/__init__.py): harness/ stands alone; runtimes/ needs only the errors; tasks/ (task data) may use
-runtimes/; environments/ may use both. The modules left at the top of envs/ re-export the names that moved.
+runtimes/; environments/ may use both; suites/ (one record per task suite) may use every layer below it. The
+modules left at the top of envs/ re-export the names that moved.
 Pure: reads source files and imports modules, no sandbox or model.
 Run: python -m pytest tests/unit/test_envs_layout.py -q
 """
@@ -28,15 +29,16 @@ MOVED = {
     "sandbox": ["runtimes.api", "runtimes.bwrap"],
     "swe": ["environments.swe"],
     "terminal": ["environments.terminal"],
-    "validate": ["environments.validate"],
+    "validate": ["suites.validate"],
 }
-LAYERS = ("harness", "runtimes", "tasks", "environments")
+LAYERS = ("harness", "runtimes", "tasks", "environments", "suites")
 # layer -> the envs subpackages and top-level modules it may import
 ALLOWED = {
     "harness": {"harness"},
     "runtimes": {"runtimes", "errors"},
     "tasks": {"tasks", "runtimes", "errors"},
     "environments": {"environments", "tasks", "runtimes", "errors"},
+    "suites": {"suites", "environments", "tasks", "runtimes", "harness", "errors"},
 }
 
 

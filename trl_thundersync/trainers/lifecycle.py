@@ -95,7 +95,7 @@ class StreamingLifecycle:
 
     def evaluation_generator(self):
         """The `TurnGenerator` this run samples with (built on first use, like `rollout_engine`), serving the current
-        policy version between batches: evaluations sample held-out episodes with it (`suite_eval.evaluate_suite`),
+        policy version between batches: evaluations sample held-out episodes with it (`envs.suites.evaluate`),
         on the same servers and with the same sampling settings as training. None where TRL's own batch generation
         samples (rollout_func, rollout_engine='trl')."""
         uses_trl = getattr(self, "_uses_trl_generation", None)
