@@ -41,7 +41,7 @@ from tests.fixtures.parity import CaptureGrads, load_model
 from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import TeacherScoringError
-from trl_thundersync.trainers.gkd_rollout import agent_engine
+from trl_thundersync.trainers.gkd.rollout import agent_engine
 
 out, model_path, teacher_path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 world = int(os.environ.get("WORLD_SIZE", "1"))

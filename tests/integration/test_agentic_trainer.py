@@ -67,9 +67,9 @@ def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
     captured = []
     original = trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         captured.append([(s.rollout, s.reward) for s in scored])
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     return trainer, capture, captured, generator
