@@ -74,7 +74,7 @@ def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_pa
 @pytest.mark.parametrize("case", ["mu2_dapo_clipping", "mu2_ga2_bnpo_beta", "mu3_grpo"])
 def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, tiny_model_path):
     """AdamW amplifies rounding on near-zero coordinates; the floor is stock TRL against itself with each group's
-    members permuted, or with its backward's per-token seeds rescaled (`bench/seed_floor.py`: what any streaming
+    members permuted, or with its backward's per-token seeds rescaled (`benchmarks/seed_floor.py`: what any streaming
     learner, which back-propagates before the advantage exists, needs)."""
     mu = ITERATION_PARITY_CASES[case]["num_iterations"]
     overrides = dict(ITERATION_PARITY_CASES[case], max_steps=2 * mu, optim="adamw_torch", learning_rate=1e-4,

@@ -1,4 +1,4 @@
-"""bench/realgen.py's pure logic: the overlap bound and the per-schedule table (no runs)."""
+"""benchmarks/realgen.py's pure logic: the overlap bound and the per-schedule table (no runs)."""
 
 from types import SimpleNamespace
 

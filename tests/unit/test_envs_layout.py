@@ -1,7 +1,8 @@
-"""The layout of `trl_thundersync.envs`: layers that depend one way, one errors module, old import paths that work.
+"""The layout of `trl_thundersync.envs`: layers that depend one way, one errors module, no old import paths left.
 
 Layers (envs/__init__.py): harness/ stands alone; runtimes/ needs only the errors; tasks/ (task data) may use
-runtimes/; environments/ may use both. The modules left at the top of envs/ re-export the names that moved.
+runtimes/; environments/ may use both. The modules that once re-exported the moved names from the top of envs/ are
+gone: only `__init__.py` and `errors.py` live there.
 Pure: reads source files and imports modules, no sandbox or model.
 Run: python -m pytest tests/unit/test_envs_layout.py -q
 """
@@ -20,16 +21,8 @@ from trl_thundersync.errors import ThunderSyncError
 ENVS = Path(envs_package.__file__).parent
 PREFIX = "trl_thundersync.envs"
 
-# old module path -> the modules whose public names it re-exports
-MOVED = {
-    "agent_loop": ["harness.agent_loop"],
-    "trl_tool_loop": ["harness.trl_tool_loop"],
-    "sandbox_api": ["runtimes.api"],
-    "sandbox": ["runtimes.api", "runtimes.bwrap"],
-    "swe": ["environments.swe"],
-    "terminal": ["environments.terminal"],
-    "validate": ["environments.validate"],
-}
+# the module paths of envs/ before the split into layers (now envs.harness.*, envs.runtimes.*, envs.environments.*)
+MOVED = ("agent_loop", "trl_tool_loop", "sandbox_api", "sandbox", "swe", "terminal", "validate")
 LAYERS = ("harness", "runtimes", "tasks", "environments")
 # layer -> the envs subpackages and top-level modules it may import
 ALLOWED = {
@@ -71,16 +64,16 @@ def envs_imports(module_file: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_paths_re_export_every_moved_name_as_the_same_object(old: str) -> None:
-    shim = importlib.import_module(f"{PREFIX}.{old}")
-    for new in MOVED[old]:
-        module = importlib.import_module(f"{PREFIX}.{new}")
-        names = public_names(Path(module.__file__))
-        assert names <= set(shim.__all__), f"envs.{old} does not re-export {sorted(names - set(shim.__all__))}"
-        for name in names:
-            assert getattr(shim, name) is getattr(module, name), f"envs.{old}.{name}"
-    assert {name for name in vars(shim) if not name.startswith("_")} - {"annotations", "sys"} == set(shim.__all__)
+@pytest.mark.parametrize("old", MOVED)
+def test_the_old_paths_are_gone(old: str) -> None:
+    assert not (ENVS / f"{old}.py").exists()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"{PREFIX}.{old}")
+
+
+def test_the_top_of_envs_holds_only_the_package_and_its_errors() -> None:
+    assert {p.name for p in ENVS.glob("*.py")} == {"__init__.py", "errors.py"}
+    assert {p.name for p in ENVS.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(LAYERS)
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -98,7 +91,7 @@ def test_the_layers_never_import_an_old_path() -> None:
 
 
 def test_sandbox_and_task_errors_live_in_one_module_and_are_the_same_classes_everywhere() -> None:
-    from trl_thundersync.envs import errors, runtimes, sandbox, sandbox_api, tasks
+    from trl_thundersync.envs import errors, runtimes, tasks
     from trl_thundersync.envs.runtimes import api
     from trl_thundersync.envs.tasks import grading
 
@@ -106,7 +99,7 @@ def test_sandbox_and_task_errors_live_in_one_module_and_are_the_same_classes_eve
     assert set(classes) == {"SandboxError", "TaskFormatError", "UnknownTaskError", "TaskSetupError",
                             "UngradableWorkspace"}
     assert all(issubclass(cls, ThunderSyncError) for cls in classes.values())
-    for module in (runtimes, api, sandbox, sandbox_api):
+    for module in (runtimes, api):
         assert module.SandboxError is errors.SandboxError
     for name in ("TaskFormatError", "UnknownTaskError", "TaskSetupError"):
         assert getattr(tasks, name) is classes[name]

@@ -57,12 +57,10 @@ def test_the_wheel_ships_the_library_only():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["trl_thundersync*"]
     assert not (LIBRARY / "bench").exists() and not (LIBRARY / "scripts.py").exists()
-    assert {p.stem for p in (LIBRARY / "testing").glob("*.py")} <= {"__init__", "tiny", "tiny_agent"}  # re-exports
+    assert not (LIBRARY / "testing").exists()  # the tiny builders are `trl_thundersync.tiny`, fixtures in tests/
 
 
-def test_the_old_tiny_paths_re_export_the_new_builders():
-    from trl_thundersync.testing import tiny, tiny_agent
-    from trl_thundersync.tiny import agent, model
-
-    assert tiny.save_tiny_model is model.save_tiny_model
-    assert tiny_agent.save_tiny_agent_model is agent.save_tiny_agent_model
+def test_no_module_of_the_library_only_re_exports_a_moved_one():
+    moved = {str(p.relative_to(ROOT)) for p in library_modules()
+             if (ast.get_docstring(ast.parse(p.read_text())) or "").startswith(("Moved to", "Moved:"))}
+    assert moved == set()

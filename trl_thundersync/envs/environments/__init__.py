@@ -5,8 +5,8 @@
 - `pytest_graded.py`: `PytestGradedEnv`, grading one attempt with one pytest run in a fresh grading copy.
 - `swe.py`: `SWERepairEnv` (repair a repository until its tests pass); `terminal.py`: `TerminalTaskEnv` (shell
   tasks graded by a hidden verifier).
-- `validate.py`: `python -m trl_thundersync.envs.validate`, every bundled task unsolved as shipped and solved by its
-  reference solution, through these environments.
+- `validate.py`: `python -m trl_thundersync.envs.environments.validate`, every bundled task unsolved as shipped and
+  solved by its reference solution, through these environments.
 
 They run commands through a `runtimes` sandbox and read their tasks from `tasks` (records, suites, grading).
 """
