@@ -240,7 +240,7 @@ def bench_dataset(n: int = 64):
 
 def bench_script(w: Workload, step_fn: Callable[[], int]):
     """The scripted agent: `turns` sandboxed commands, then an answer; `step_fn()` gives the optimizer step."""
-    from tests.fixtures.scripted import tool_call_text
+    from benchmarks.scripted import tool_call_text
 
     def script(index: int, turn: int, context: str) -> str:
         if turn < w.turns:

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
+from benchmarks.parity import reward_batch_relative_length, reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 out, model_path, cases = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
@@ -55,7 +55,7 @@ tokenizer = AutoTokenizer.from_pretrained(model_path)
 if case.startswith("server_"):  # one shared embedded server; the global batch split over the processes
     from peft import LoraConfig
 
-    from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, prompt_dataset
+    from benchmarks.parity import CaptureGrads, cpu_config, load_model, prompt_dataset
 
     world = int(os.environ["WORLD_SIZE"])  # accelerate initializes the process group later (one process: none)
     lora = case == "server_lora"

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     cpu_config,
     load_model,
     prompt_dataset,

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, TrainerCallback
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     cpu_config,
     load_model,
     prompt_dataset,

@@ -20,7 +20,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import load_model
+from benchmarks.parity import load_model
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 
 

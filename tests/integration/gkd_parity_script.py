@@ -37,8 +37,8 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import CaptureGrads, load_model
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.parity import CaptureGrads, load_model
+from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import TeacherScoringError
 from trl_thundersync.trainers.gkd_rollout import agent_engine

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import reward_len, run_trainer
+from benchmarks.parity import reward_len, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 out, model_path, case, ddp_timeout = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])

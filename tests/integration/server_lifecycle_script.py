@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from benchmarks.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 

@@ -7,8 +7,8 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, relative_error
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.parity import CaptureGrads, cpu_config, load_model, relative_error
+from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from tests.fixtures.parity import cpu_config, load_model, relative_error
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.parity import cpu_config, load_model, relative_error
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
+from benchmarks.parity import relative_error
 from tests.integration.test_distributed import free_port
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/setup.sh (CI)")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.parity import relative_error
 from tests.fixtures.logged_metrics import assert_logs_match_one_process
-from tests.fixtures.parity import relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def _server_run(tmp_path, model_path: str, case: str, processes: int) -> dict:
         return run_ddp_parity(tmp_path, model_path, case, processes)[1]
     from transformers import AutoTokenizer
 
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.serve.launcher import EmbeddedServers, ServerOptions
 
     other = load_model(model_path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import PARITY_CASES, load_model, relative_error, reward_len, reward_parity, run_trainer
+from benchmarks.parity import PARITY_CASES, load_model, relative_error, reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
+from benchmarks.parity import relative_error
 from tests.integration.test_distributed import free_port
 from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.tiny.model import save_tiny_model

@@ -24,8 +24,8 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.experimental.utils import DataCollatorForChatML
 
-from tests.fixtures.parity import CaptureGrads, load_model
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.parity import CaptureGrads, load_model
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import NoScoredTokensError, TeacherScoringError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model

@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     CaptureGrads,
     cpu_config,
     load_model,
@@ -149,7 +149,7 @@ TURN_CASES = {
 def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenizer, tiny_model_path, monkeypatch):
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.fixtures.scripted import ScriptedTurnGenerator
+    from benchmarks.scripted import ScriptedTurnGenerator
     from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
 
     uniform = -math.log(len(tokenizer))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
+from benchmarks.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -106,7 +106,7 @@ def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, 
 @pytest.mark.parametrize("release", ["reward", "content", "turn"])
 def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_path, moe_tokenizer, moe_model_path):
     """Agent trajectories (tool tokens attended, not scored) through every release point, vs TRL's rollout_func."""
-    from tests.fixtures.parity import CaptureGrads, cpu_config
+    from benchmarks.parity import CaptureGrads, cpu_config
     from tests.integration.test_agentic_trainer import dataset, make_trainer
 
     trainer, capture, captured, _ = make_trainer(tmp_path / "ts", moe_tokenizer, moe_model_path,

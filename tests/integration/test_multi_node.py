@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.parity import relative_error
 from tests.fixtures.launch import run_together
-from tests.fixtures.parity import relative_error
 from tests.integration.test_distributed import _server_run, free_port
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def separate_server(model_path: str):
     know it only by its URL."""
     from transformers import AutoTokenizer
 
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.serve.launcher import EmbeddedServers, ServerOptions
 
     other = load_model(model_path)

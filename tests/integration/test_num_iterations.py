@@ -12,8 +12,8 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from benchmarks.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
-from tests.fixtures.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from tests.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -133,7 +133,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     stubbed, the same scripted trajectories and sampler log-probs for both trainers)."""
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.fixtures.parity import CaptureGrads, cpu_config, prompt_dataset
+    from benchmarks.parity import CaptureGrads, cpu_config, prompt_dataset
     from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
@@ -160,7 +160,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
 @pytest.mark.parametrize("case", ["ga2_bnpo_beta", "ga4_field_coef"])
 def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     """MoE: pass 1 streams the router term per TRL micro-batch; passes 2..μ add it in TRL's own loss."""
-    from tests.fixtures.parity import MOE_PARITY_CASES
+    from benchmarks.parity import MOE_PARITY_CASES
 
     tokenizer, model_path = tiny_moe
     overrides = dict(MOE_PARITY_CASES[case], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2,
@@ -202,7 +202,7 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
 def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
-    from tests.fixtures.parity import CaptureGrads, cpu_config
+    from benchmarks.parity import CaptureGrads, cpu_config
     from tests.integration.test_agentic_trainer import dataset, make_trainer
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
@@ -255,7 +255,7 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
 def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_model_path):
     """Resumed at a generation-batch boundary (step 2) or inside one (step 1, where the buffered batch is gone and
     TRL generates afresh at the current θ, as ThunderSync streams afresh): the same parameters as stock TRL."""
-    from tests.fixtures.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
+    from benchmarks.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
 
     common = dict(num_iterations=2, max_steps=4, optim="sgd", max_grad_norm=0.5, save_strategy="steps",
                   save_steps=stop)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.parity import reward_len
 from benchmarks.seed_floor import displacement_errors
-from tests.fixtures.parity import reward_len
 
 pytestmark = pytest.mark.slow
 

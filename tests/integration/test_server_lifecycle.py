@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
+from benchmarks.parity import relative_error
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from benchmarks.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from tests.integration.test_exactness_vs_trl import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     CaptureGrads,
     cpu_config,
     load_model,

@@ -66,7 +66,7 @@ def test_a_model_a_cpu_vllm_cannot_serve_is_refused_before_any_server_starts(vll
     installation's build, with no 40-second server start first; 'auto' falls back to the embedded server."""
     from transformers import Qwen3Config
 
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.errors import UnsupportedOptionError
 

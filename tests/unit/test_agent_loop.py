@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.fixtures.scripted import tool_call_text
+from benchmarks.scripted import tool_call_text
 from tests.tools import add, observation_spans
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import (

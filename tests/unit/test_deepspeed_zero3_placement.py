@@ -10,7 +10,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from tests.fixtures.parity import load_model
+from benchmarks.parity import load_model
 from trl_thundersync.trainers.placement.deepspeed import deepspeed_placement
 from trl_thundersync.trainers.placement.deepspeed_zero3 import ZeRO3Placement
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
+from benchmarks.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.learner import DistillBatchLearner, batch_direction
 from trl_thundersync.distill.losses import generalized_jsd_per_token, opd_loss_sum
 from trl_thundersync.distill.pipeline import TurnRouter, run_distill_batch

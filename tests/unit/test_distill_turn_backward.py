@@ -6,7 +6,7 @@ import pytest
 import torch
 from trl.experimental.gkd import GKDTrainer
 
-from tests.fixtures.turns import SeededTeacher, synthetic_trajectory
+from benchmarks.turns import SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.losses import generalized_jsd_per_token, opd_loss_sum
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from trl_thundersync.errors import TurnOrderError

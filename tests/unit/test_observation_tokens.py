@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync.envs.harness.agent_loop import AgentLimits
 from trl_thundersync.envs.harness.observation_tokens import encode_data, split_inside_markers, valid_text
 from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer, truncate_observation

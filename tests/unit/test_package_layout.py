@@ -1,5 +1,6 @@
-"""The package's edges (issue 12): the library never imports test fixtures or benchmarks, trainers never import each
-other, the wheel ships only the library, and the runnable code outside it resolves."""
+"""The package's edges (issue 12): the library never imports test fixtures or benchmarks, nothing outside tests/
+imports tests, trainers never import each other, the wheel ships only the library, and the runnable code outside it
+resolves."""
 
 from __future__ import annotations
 
@@ -36,10 +37,21 @@ def test_the_library_never_imports_test_fixtures_or_benchmarks():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_nothing_outside_tests_imports_tests():
+    # benchmarks/, scripts/ and examples/ run from a checkout; what they share with the tests lives in benchmarks/
+    outside = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).parts[0] != "tests"
+               and not p.relative_to(ROOT).parts[0].startswith(".") and not any(d in p.as_posix() for d in TASK_DATA)]
+    assert {"benchmarks", "scripts", "examples", "trl_thundersync"} <= {p.relative_to(ROOT).parts[0] for p in outside}
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in imported_modules(p) if n.split(".")[0] == "tests")
+                 for p in outside}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
 def test_imports_are_resolved_the_way_this_test_reads_them():
-    # the check above would pass vacuously if relative imports were misread
+    # the checks above would pass vacuously if relative or function-level imports were misread
     assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo_trainer.py")
-    assert "tests.fixtures.parity" in imported_modules(ROOT / "benchmarks" / "exactness.py")
+    assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "exactness.py")
+    assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "time_to_quality.py")  # inside a function
 
 
 def test_no_trainer_module_imports_another_trainers_module():

@@ -207,7 +207,7 @@ def test_servers_without_the_version_routes_are_unchecked_not_refused():
 
 # -- the config field -----------------------------------------------------------------------------------------------
 def test_the_publish_dir_field_is_refused_where_nothing_is_written(tmp_path):
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
 
     with pytest.raises(ConfigurationError, match="vllm_publish_dir=.*NCCL"):

@@ -249,7 +249,7 @@ def test_a_grpo_turn_router_drops_events_nobody_listens_to_and_a_distillation_on
 
 
 def test_config_refuses_unknown_release_points_caps_and_turn_release_with_checkpointing(tmp_path):
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.errors import ConfigurationError
 

@@ -314,7 +314,7 @@ def test_lora_on_a_server_without_version_routes_is_logged_not_refused(peft_poli
 
 # -- the config fields ------------------------------------------------------------------------------------------------
 def test_the_config_accepts_reload_with_a_publish_dir_and_refuses_what_cannot_work(tmp_path):
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
 
     vllm = dict(use_vllm=True, vllm_mode="server")

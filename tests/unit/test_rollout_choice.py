@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmarks.parity import cpu_config
 from tests.fixtures.fake_vllm import fake_vllm_install
-from tests.fixtures.parity import cpu_config
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError
 

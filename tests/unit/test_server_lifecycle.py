@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.parity import cpu_config
 from tests.fixtures import http_stub
-from tests.fixtures.parity import cpu_config
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError, RolloutError
 from trl_thundersync.rollout.tempdir import OwnedTempDir

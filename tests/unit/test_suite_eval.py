@@ -4,7 +4,7 @@ the thermostat rule (every episode succeeds) or submits at once (none does)."""
 
 from __future__ import annotations
 
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync.suite_eval import evaluate_suite
 
 

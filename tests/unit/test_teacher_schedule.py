@@ -9,7 +9,7 @@ import queue
 import pytest
 import torch
 
-from tests.fixtures.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
+from benchmarks.turns import ReplayTurnEngine, SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.learner import DistillBatchLearner, batch_direction
 from trl_thundersync.distill.losses import opd_loss_sum
 from trl_thundersync.distill.pipeline import DONE, TurnRouter, _teach, run_distill_batch

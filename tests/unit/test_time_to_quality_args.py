@@ -18,7 +18,7 @@ def test_the_rollout_engine_reaches_the_thundersync_configs(monkeypatch, tmp_pat
 
     import trl_thundersync.trainers.gkd_trainer as gkd
     import trl_thundersync.trainers.grpo_trainer as grpo
-    from tests.fixtures import parity
+    from benchmarks import parity
 
     monkeypatch.setattr(grpo, "ThunderSyncGRPOTrainer", Recorder)
     monkeypatch.setattr(gkd, "ThunderSyncGKDTrainer", Recorder)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.fixtures.scripted import tool_call_text
+from benchmarks.scripted import tool_call_text
 from tests.tools import echo, observation_spans
 from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
 from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory

@@ -13,7 +13,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from tests.fixtures.turns import synthetic_trajectory
+from benchmarks.turns import synthetic_trajectory
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization

@@ -10,7 +10,7 @@ import pytest
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from tests.fixtures.scripted import tool_call_text
+from benchmarks.scripted import tool_call_text
 from tests.tools import add, echo
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer

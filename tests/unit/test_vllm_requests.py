@@ -194,7 +194,7 @@ def test_the_trainer_checks_the_fields_for_vllm_and_refuses_them_for_the_embedde
 def test_rollout_setup_hands_the_fields_and_the_correction_to_the_engine(monkeypatch, tmp_path):
     import torch
 
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.trainers.rollout_setup import RolloutTarget, build_turn_generator
 

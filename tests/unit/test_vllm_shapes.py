@@ -117,7 +117,7 @@ def test_a_vllm_server_engine_checks_the_policy_shape_before_publishing(monkeypa
     before the first publication (the engine is closed), and accepted against a GPU one."""
     import torch
 
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.rollout import vllm_client
     from trl_thundersync.trainers.rollout_setup import RolloutTarget, build_turn_generator
