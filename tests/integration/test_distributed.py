@@ -35,7 +35,7 @@ _session_runs: dict[str, Path] = {}  # model path -> the folder holding every SE
 def launch_ddp_parity(folder: Path, model_path: str, cases: str, processes: int = 2,
                       extra_env: dict[str, str] | None = None) -> None:
     """`ddp_parity_script.py` with `cases` (comma separated) on `processes` CPU processes (gloo), into `folder`."""
-    script = Path(__file__).with_name("ddp_parity_script.py")
+    script = Path(__file__).parents[1] / "fixtures" / "ddp_parity_script.py"
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(extra_env or {}))

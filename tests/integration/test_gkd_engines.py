@@ -29,7 +29,7 @@ from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("gkd_engine_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "gkd_engine_script.py"
 ENGINES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp2": "FSDP2 (fully_shard)"}  # zero1: zero2's
 # placement class
 

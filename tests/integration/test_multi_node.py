@@ -24,7 +24,7 @@ from tests.integration.test_distributed import _server_run, free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("ddp_parity_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "ddp_parity_script.py"
 
 
 @contextmanager

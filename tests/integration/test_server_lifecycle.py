@@ -22,7 +22,7 @@ from benchmarks.parity import relative_error
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).with_name("server_lifecycle_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "server_lifecycle_script.py"
 REPO = Path(__file__).resolve().parents[2]
 HANG_S = 60.0  # far above the few seconds these take, far below the 300 s of the defects
 

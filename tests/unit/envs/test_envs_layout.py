@@ -4,7 +4,7 @@ Layers (envs/__init__.py): harness/ stands alone; runtimes/ needs only the error
 runtimes/; environments/ may use both. The modules that once re-exported the moved names from the top of envs/ are
 gone: only `__init__.py` and `errors.py` live there.
 Pure: reads source files and imports modules, no sandbox or model.
-Run: python -m pytest tests/unit/test_envs_layout.py -q
+Run: python -m pytest tests/unit/envs/test_envs_layout.py -q
 """
 
 from __future__ import annotations

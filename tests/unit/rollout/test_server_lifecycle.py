@@ -326,7 +326,7 @@ def test_close_removes_an_owned_temp_folder(tmp_path, monkeypatch):
 def test_an_owned_temp_folder_goes_with_its_process_even_on_sigkill(tmp_path, signum):
     code = ("import sys, time; from trl_thundersync.rollout.tempdir import OwnedTempDir; "
             "d = OwnedTempDir('thundersync-test-'); print(d.path, flush=True); time.sleep(120)")
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                env={"PYTHONPATH": str(repo), "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     path = Path(process.stdout.readline().strip())

@@ -30,7 +30,7 @@ from trl_thundersync.rollout.vllm_publish import TRLNCCLPublisher
 from trl_thundersync.serve import protocol
 from trl_thundersync.types import SamplingParams
 
-CONTRACT = json.loads((Path(__file__).parents[1] / "data" / "vllm_contract.json").read_text())
+CONTRACT = json.loads((Path(__file__).parents[2] / "data" / "vllm_contract.json").read_text())
 VERSIONS = CONTRACT["versions"]
 SUPPORTED = ["0.22.0", "0.26.0", "0.27.0", "0.28.0", "0.31.0"]
 SAMPLING = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05,

@@ -143,7 +143,7 @@ def test_the_server_and_its_engine_process_stop_when_the_trainer_is_killed(tmp_p
         "print('ready', flush=True)",
         "import time; time.sleep(600)"])
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                               cwd=Path(__file__).resolve().parents[2])
+                               cwd=Path(__file__).resolve().parents[3])
     try:
         assert trainer.stdout.readline().strip() == "ready"
         server, engine = map(int, (tmp_path / "serve" / "pids").read_text().split())

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures import http_stub
 
-_SPEC = importlib.util.spec_from_file_location("vllm_smoke", Path(__file__).parents[2] / "scripts" / "vllm_smoke.py")
+_SPEC = importlib.util.spec_from_file_location("vllm_smoke", Path(__file__).parents[3] / "scripts" / "vllm_smoke.py")
 smoke = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(smoke)
 

@@ -2,7 +2,7 @@
 
 Environment tests run every command under the real bubblewrap sandbox (skipped where `bwrap` is missing, unless CI
 sets THUNDERSYNC_REQUIRE_SANDBOX=1); the pure helpers, the loaders and the tool surface need no sandbox.
-Run: python -m pytest tests/unit/test_task_envs.py -q
+Run: python -m pytest tests/unit/envs/environments/test_task_envs.py -q
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """BwrapSandbox: isolation, limits and bounded output, checked by running real commands under bubblewrap.
 
 Skipped where `bwrap` is not installed (Debian package `bubblewrap`). Each test takes well under 5 s.
-Run: python -m pytest tests/unit/test_sandbox.py -q
+Run: python -m pytest tests/unit/envs/runtimes/test_sandbox.py -q
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ
                                 reason="needs bubblewrap (Debian package `bubblewrap`)")
 
 LIMITS = SandboxLimits(timeout_s=10.0, output_bytes=4096)
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Discovery is checked on synthetic /proc/self/cgroup and mountinfo text over fake mount points (cgroup v1 as on the
 development host, and v2, which the host does not have); the real per-command cgroups are checked as root.
-Run: python -m pytest tests/unit/test_sandbox_cgroup.py -q
+Run: python -m pytest tests/unit/envs/runtimes/test_sandbox_cgroup.py -q
 """
 
 from __future__ import annotations

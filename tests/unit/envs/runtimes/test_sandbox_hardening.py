@@ -3,7 +3,7 @@
 Real commands under bubblewrap; skipped where `bwrap` is not installed. The /proc, memory-cgroup and quota tests
 matter as root (CI runs as root): that is where the sandbox uid is host uid 0 and where the cgroup and tmpfs caps
 apply. No test changes a host setting: /proc/sys files are written with the value they already hold.
-Run: python -m pytest tests/unit/test_sandbox_hardening.py -q
+Run: python -m pytest tests/unit/envs/runtimes/test_sandbox_hardening.py -q
 """
 
 from __future__ import annotations

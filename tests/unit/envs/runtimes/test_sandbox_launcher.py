@@ -4,7 +4,7 @@ Bubblewrap reads a command's output from pipes (`BoundedCapture.feed`, chunk by 
 files (`BoundedCapture.feed_file`, reading only the bytes kept): both must keep the same head, tail and count. The
 local backend runs commands through the same launcher as bubblewrap's, so it also runs commands longer than one
 argv string and applies the rlimits the launcher is given. No bubblewrap needed; the local runs are host processes.
-Run: python -m pytest tests/unit/test_sandbox_launcher.py -q
+Run: python -m pytest tests/unit/envs/runtimes/test_sandbox_launcher.py -q
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ forging PASSED lines, reading or replacing the verifier, ending the test run to 
 to a host directory, or filling the workspace. The runner-level tests use the unsandboxed local fallback (no
 bubblewrap needed); the environment tests run under the real sandbox (skipped without `bwrap`, unless CI sets
 THUNDERSYNC_REQUIRE_SANDBOX=1).
-Run: python -m pytest tests/unit/test_grading_integrity.py -q
+Run: python -m pytest tests/unit/envs/tasks/test_grading_integrity.py -q
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def test_remove_path_opens_up_directories_the_agent_locked() -> None:
         (tree / "read_only").chmod(0o500)
         # the package as the other user can read it: a checkout under a private directory (a fresh `mktemp -d`
         # clone, a home directory) is not traversable by uid 65534
-        shutil.copytree(Path(__file__).parents[2] / "trl_thundersync", base / "src" / "trl_thundersync",
+        shutil.copytree(Path(__file__).parents[4] / "trl_thundersync", base / "src" / "trl_thundersync",
                         ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(["chown", "-R", "65534:65534", str(base)], check=True)
         code = ("import shutil, sys\nfrom pathlib import Path\n"

@@ -3,7 +3,7 @@ bundled task data included, so an installed copy of a task holds `__pycache__` f
 workspace an agent gets (and the reference tree) must be the same from either.
 
 Runs without bubblewrap (the environment test uses the unsandboxed local backend: only the workspace's files matter).
-Run: python -m pytest tests/unit/test_task_files_copy.py -q
+Run: python -m pytest tests/unit/envs/tasks/test_task_files_copy.py -q
 """
 
 from __future__ import annotations
