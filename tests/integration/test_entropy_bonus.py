@@ -15,7 +15,7 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError
 
@@ -158,7 +158,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
     """Agent trajectories (tool tokens neither scored nor in N_b) through every release point, vs TRL's rollout_func
     on the same tokens; under release="turn" the bonus is one more per-turn channel of the boundary-cut backward."""
     from benchmarks.parity import CaptureGrads, load_model
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from tests.fixtures.agentic_trainer import dataset, make_trainer
 
     options = dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2, beta=0.1,
                    loss_type="grpo")
@@ -189,7 +189,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
 def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path):
     """DDP over gloo: each process normalizes its own micro-batches, the controller's window is global over ranks.
     Step 1 applies coefficient 0 (no window yet), step 2 the updated 0.25."""
-    from tests.integration.test_distributed import run_ddp_parity
+    from tests.fixtures.ddp_parity import run_ddp_parity
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "entropy_adaptive_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks.parity import relative_error
-from tests.integration.test_distributed import free_port
+from tests.fixtures.launch import free_port
 
 pytestmark = pytest.mark.slow
 

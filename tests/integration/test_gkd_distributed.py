@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks.parity import relative_error
-from tests.integration.test_distributed import free_port
+from tests.fixtures.launch import free_port
 from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.tiny.model import save_tiny_model
 

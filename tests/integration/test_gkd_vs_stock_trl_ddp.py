@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_distributed import free_port
-from tests.integration.test_gkd_vs_stock_trl import CASES, relative_error
+from tests.fixtures.gkd_stock import CASES, relative_error
+from tests.fixtures.launch import free_port
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow

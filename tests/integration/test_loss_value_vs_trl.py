@@ -27,8 +27,8 @@ from benchmarks.parity import (
     reward_len,
     run_trainer,
 )
-from tests.integration.test_vllm_importance_sampling import _NoVLLM, rollout_with_sampler_logprobs
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.sampler_logprobs import _NoVLLM, rollout_with_sampler_logprobs
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -150,7 +150,7 @@ def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenize
     import trl.trainer.grpo_trainer as trl_grpo
 
     from benchmarks.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     uniform = -math.log(len(tokenizer))
 

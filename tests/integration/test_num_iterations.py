@@ -14,7 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     import trl.trainer.grpo_trainer as trl_grpo
 
     from benchmarks.parity import CaptureGrads, cpu_config, prompt_dataset
-    from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
+    from tests.fixtures.sampler_logprobs import CASES, _NoVLLM, rollout_with_sampler_logprobs
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
@@ -188,7 +188,7 @@ def tiny_moe(tmp_path_factory):
 def test_two_processes_match_trl(tmp_path, tiny_model_path):
     """DDP (two CPU processes over gloo): pass 1's direction is averaged at the barrier, passes 2..μ are TRL's own
     DDP backward (`ddp_parity_script.py`, case mu2_bnpo_ga2_beta: two generation batches of two passes)."""
-    from tests.integration.test_distributed import run_ddp_parity
+    from tests.fixtures.ddp_parity import run_ddp_parity
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "mu2_bnpo_ga2_beta")
     assert len(ref["directions"]) == len(got["directions"]) == 4
@@ -203,7 +203,7 @@ def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, ti
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
     from benchmarks.parity import CaptureGrads, cpu_config
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from tests.fixtures.agentic_trainer import dataset, make_trainer
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,

@@ -26,7 +26,7 @@ from benchmarks.parity import (
     reward_parity,
     run_trainer,
 )
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -192,7 +192,7 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     import trl.trainer.grpo_trainer as trl_grpo
 
     from benchmarks.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     class OffsetSampler(ScriptedTurnGenerator):
         def _act(self, request, key, max_new_tokens, version):

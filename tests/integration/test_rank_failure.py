@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.launch import run_together
-from tests.integration.test_distributed import free_port
-from tests.integration.test_multi_node import launch_nodes
+from tests.fixtures.launch import free_port, launch_nodes, run_together
 from trl_thundersync.trainers.rank_failure import POLL_S, STOP_GRACE_S
 
 pytestmark = pytest.mark.slow

@@ -201,7 +201,7 @@ class EnvironmentRank:
 def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_sizes, tmp_path, tokenizer,
                                                                  tiny_model_path):
     from benchmarks.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     params, logged = {}, {}
     for run_scope in (scope, "trajectory"):

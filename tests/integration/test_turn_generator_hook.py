@@ -8,7 +8,7 @@ import pytest
 from datasets import Dataset
 
 from benchmarks.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
-from tests.unit.rollout.test_rollout_seam import StubGenerator
+from tests.fixtures.stub_generator import StubGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer, ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine

@@ -47,6 +47,17 @@ def test_nothing_outside_tests_imports_tests():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_test_modules_share_helpers_through_fixtures_not_through_each_other():
+    # what several test modules use lives in tests/fixtures/ (or benchmarks/); a test module imports no other one
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in imported_modules(p) if n.split(".")[0] == "tests"
+                                                  and n.split(".")[-1].startswith("test_"))
+                 for p in tests}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    launched = [p.name for p in (ROOT / "tests" / "integration").glob("*_script.py") if not p.name.startswith("test_")]
+    assert launched == []  # the programs the multi-process tests launch are fixtures
+
+
 def test_imports_are_resolved_the_way_this_test_reads_them():
     # the checks above would pass vacuously if relative or function-level imports were misread
     assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo_trainer.py")

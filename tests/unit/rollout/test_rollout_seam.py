@@ -4,56 +4,16 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 
 import pytest
 
+from tests.fixtures.stub_generator import StubGenerator
 from trl_thundersync.errors import RolloutError
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine
 from trl_thundersync.rollout.agent_setup import agent_chat_template, environment_factories, make_agent_engine
 from trl_thundersync.rollout.batches import SubmittedBatch, TurnBatchEngine, as_rollout_engine
 from trl_thundersync.rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
-from trl_thundersync.types import Rollout, RolloutRequest
-
-
-class StubGenerator:
-    """A `TurnGenerator` in 30 lines: answers each request with fixed tokens, in the order `release` says."""
-
-    def __init__(self, answer=(7, 8), *, hold: bool = False) -> None:
-        self.answer, self.policy_version = tuple(answer), 0
-        self.futures: dict = {}  # key -> (future, request), resolved by release()
-        self.keys: list = []  # every key submitted, in order
-        self.publications: list[int] = []
-        self.hold, self.closed = hold, False
-
-    def submit(self, request: RolloutRequest, *, key=None, max_new_tokens=None) -> Future:
-        key = request.index if key is None else key
-        future: Future = Future()
-        self.keys.append(key)
-        self.futures[key] = (future, request)
-        if not self.hold:
-            self.release(key)
-        return future
-
-    def release(self, key, error: Exception | None = None) -> None:
-        future, request = self.futures.pop(key)
-        if error is not None:
-            future.set_exception(error)
-            return
-        future.set_result(Rollout(index=request.index, group=request.group, policy_version=self.policy_version,
-                                  prompt_ids=tuple(request.prompt_ids), completion_ids=self.answer,
-                                  sampling_logprobs=tuple(0.0 for _ in self.answer), started_at=0.0, finished_at=0.0))
-
-    def publish(self, model, policy_version: int) -> float:
-        self.policy_version = policy_version
-        self.publications.append(policy_version)
-        return 0.0
-
-    def close(self) -> None:
-        self.closed = True
-
-    def step_metrics(self) -> dict[str, float]:
-        return {"rollout/stub_requests": float(len(self.keys))}
+from trl_thundersync.types import RolloutRequest
 
 
 def requests(n: int, start: int = 0) -> list[RolloutRequest]:

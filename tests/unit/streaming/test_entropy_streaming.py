@@ -12,7 +12,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from tests.unit.streaming.test_turn_grpo import EOS, TOLERANCE, _rel, _rollout, _trajectories
+from tests.fixtures.turn_grpo import EOS, TOLERANCE, _rel, _rollout, _trajectories
 from trl_thundersync.streaming.learner import GRPOBatchLearner, SourceGradients
 from trl_thundersync.streaming.normalization import LossNormalization, entropy_scales
 from trl_thundersync.streaming.source import TrajectoryBackward

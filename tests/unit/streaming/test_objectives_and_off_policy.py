@@ -206,7 +206,7 @@ def test_off_policy_kl_is_trls_masked_mean():
 @pytest.mark.parametrize("mode", [None, "token_mask"])
 def test_turn_release_computes_the_same_off_policy_kl(mode):
     """release="turn": the statistic comes from the turns' recorded log-probs, equal to the whole trajectory's."""
-    from tests.unit.streaming.test_turn_grpo import _rollout, _setup, _trajectories, _with_sampler
+    from tests.fixtures.turn_grpo import _rollout, _setup, _trajectories, _with_sampler
     from trl_thundersync.streaming.importance import SamplingCorrection
 
     policy, whole, turns = _setup("grpo", 0.0, 0.7, SamplingCorrection(mode, 0.8, 1.25) if mode else None)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.unit.streaming.test_turn_grpo import EOS, _rollout, _setup, _trajectories, _trl_logps, _with_sampler
+from tests.fixtures.turn_grpo import EOS, _rollout, _setup, _trajectories, _trl_logps, _with_sampler
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.source import loss_mask
 from trl_thundersync.types import ScoredRollout

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.unit.trainers.test_grpo_metrics import RANK0, RANK1, SETTINGS  # two fake processes' payloads
+from tests.fixtures.batch_logs import RANK0, RANK1, SETTINGS  # two fake processes' payloads
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.sampling_difference import SamplingStats, merge, row_stats, sampling_metrics

@@ -3,17 +3,24 @@ log-probabilities with TRL's own `_get_per_token_logps_and_entropies` (fused LM 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from benchmarks.turns import synthetic_trajectory
+from tests.fixtures.turn_grpo import (
+    EOS,
+    TOLERANCE,
+    _model,
+    _rel,
+    _rollout,
+    _setup,
+    _trajectories,
+    _trl_logps,
+    _with_sampler,
+)
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
@@ -22,83 +29,6 @@ from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
-
-EOS = 7
-TOLERANCE = 1e-5  # FP32 floor of a one-trajectory gradient (observed ≤ ~1e-6)
-
-
-@functools.cache
-def _model(seed: int, temperature: float):
-    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=seed)
-    add_fused_lm_head(model, temperature=temperature)  # as GRPOTrainer.__init__ does for the policy and the reference
-    model.train()
-    return model
-
-
-def _trl_logps(model):
-    """TRL 1.16's `_get_per_token_logps_and_entropies` (unwrapped from its profiling decorator), as the trainer's
-    `logps_fn`."""
-    fn = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__
-    owner = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext))
-    return lambda ids, mask, keep: fn(owner, model, ids, mask, keep)[0]
-
-
-def _trajectories(vocab: int) -> list[list[TurnEvent]]:
-    return [
-        synthetic_trajectory(0, vocab, prompt=6, actions=[4, 5, 3, 6], framings=[3, 2, 4], seed=0),
-        # an action right after the previous one (the logits-row proxy) and an empty action
-        synthetic_trajectory(1, vocab, prompt=5, actions=[3, 4, 0, 5], framings=[0, 2, 3], seed=1),
-        synthetic_trajectory(2, vocab, prompt=4, actions=[7], framings=[], seed=2),
-    ]
-
-
-def _rollout(events: list[TurnEvent], *, trailing: tuple[int, ...] = (), truncated: bool | None = None,
-             eos_last: bool = False) -> tuple[list[TurnEvent], Rollout]:
-    """The Rollout an agent loop builds from these turns (optionally a final observation after the last action)."""
-    if eos_last:  # the last action ends with EOS (TRL's truncation rule then says: not truncated)
-        last = events[-1]
-        events = events[:-1] + [TurnEvent(last.index, last.turn, last.policy_version, last.context_ids,
-                                          last.action_ids[:-1] + (EOS,), 0.0)]
-    prompt = events[0].context_ids
-    full = events[-1].context_ids + events[-1].action_ids + trailing
-    mask = [0] * len(full)
-    for e in events:
-        mask[len(e.context_ids) : len(e.context_ids) + len(e.action_ids)] = [1] * len(e.action_ids)
-    rollout = Rollout(index=events[0].index, group=0, policy_version=0, prompt_ids=prompt,
-                      completion_ids=full[len(prompt):], env_mask=tuple(mask[len(prompt):]), truncated=truncated)
-    return events, rollout
-
-
-def _with_sampler(events, rollout, policy, scale: float, seed: int):
-    """Sampler log-probs = the learner's at θ_k plus noise (a vLLM-like mismatch), on the events and the rollout."""
-    ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)])
-    with torch.no_grad():
-        logps = _trl_logps(policy)(ids, torch.ones_like(ids), len(rollout.completion_ids))[0]
-    noise = torch.randn(logps.shape, generator=torch.Generator().manual_seed(seed)) * scale
-    mask = torch.tensor(rollout.env_mask, dtype=torch.float32)
-    sampled = ((logps + noise) * mask).tolist()
-    offset = len(rollout.prompt_ids)
-    events = [TurnEvent(e.index, e.turn, e.policy_version, e.context_ids, e.action_ids, e.time,
-                        tuple(sampled[len(e.context_ids) - offset : len(e.context_ids) - offset + len(e.action_ids)]))
-              for e in events]
-    return events, Rollout(**{**rollout.__dict__, "sampling_logprobs": tuple(sampled)})
-
-
-def _setup(loss_type, beta, temperature, correction, mask_truncated=False, bias_correction_kl=True,
-           turn_backward="boundary_cut"):
-    policy, ref = _model(1, temperature), (_model(2, temperature) if beta else None)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    norm = LossNormalization(loss_type, batch_size=4, micro_batches=1, max_completion_length=64)
-    common = dict(params=params, normalization=norm, eos_and_pad=(EOS,), mask_truncated=mask_truncated, beta=beta,
-                  bias_correction_kl=bias_correction_kl, correction=correction)
-    whole = TrajectoryBackward(logps_fn=_trl_logps(policy), ref_logps_fn=_trl_logps(ref) if ref else None, **common)
-    turns = TurnScoreBackward(model=policy, ref_model=ref, temperature=temperature, policy_version=0,
-                              turn_backward=turn_backward, **common)
-    return policy, whole, turns
-
-
-def _rel(a, b) -> float:
-    return float((a - b).norm() / b.norm()) if b.norm() > 0 else float(a.norm())
 
 
 def _compare(whole, turns, events, rollout) -> float:

@@ -11,7 +11,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from benchmarks.scripted import tool_call_text
-from tests.tools import add, echo
+from tests.fixtures.tools import add, echo
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import ToolResponseRenderer
 from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer

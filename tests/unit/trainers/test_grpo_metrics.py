@@ -14,10 +14,9 @@ import pytest
 import torch
 from trl.trainer.utils import nanstd
 
+from tests.fixtures.batch_logs import NAMES, RANK0, RANK1, SETTINGS, counts
 from trl_thundersync.envs.harness.metrics import length_metrics, truncation_flags
 from trl_thundersync.trainers.grpo_metrics import (
-    MetricSettings,
-    MicroBatchCounts,
     ProcessBatchLog,
     batch_metrics,
     batch_tokens,
@@ -25,44 +24,6 @@ from trl_thundersync.trainers.grpo_metrics import (
     gather_logs_of,
     micro_batch_counts,
     record_batch,
-)
-from trl_thundersync.types import AgentStats
-
-NAMES = ("len", "parity")
-NAN = math.nan
-SETTINGS = MetricSettings(NAMES, lengths=True, release="turn", kl=True, loss_type="dapo", epsilon_high=0.2,
-                          sequence_level=False)
-
-
-def counts(*micro_batches) -> tuple[MicroBatchCounts, ...]:
-    return tuple(MicroBatchCounts(*c) for c in micro_batches)
-
-
-def agent(calls: int, failures: int, latencies: tuple[float, ...], stop: str = "answered") -> AgentStats:
-    return AgentStats(turns=calls + 1, tool_calls=calls, tool_failures=failures, parse_errors=0,
-                      observation_truncations=0, tool_intervals=tuple((0.0, t) for t in latencies),
-                      turn_intervals=(), wall_seconds=sum(latencies) + 1.0, stop_reason=stop, protocol="trl")
-
-
-# Two processes of 4 rows each (groups of 2); rank 1's second group has zero spread, one of its rows is unscorable.
-RANK0 = ProcessBatchLog(
-    rewards_per_func=((3.0, 1.0), (5.0, NAN), (2.0, -2.0), (7.0, 0.0)), rewards=(4.0, 5.0, 0.0, 7.0),
-    advantages=(-0.7, 0.7, -0.7, 0.7), prompt_tokens=(5, 5, 6, 6), model_tokens=(3, 5, 2, 7),
-    truncated=(False, True, False, True), zero_std_rows=0,
-    micro_batches=counts((5, 2, 3, 1, 0.25), (9, 2, 5, 1, 0.5)),
-    agent=(agent(1, 0, (0.1,)), agent(2, 1, (0.3, 0.5), "max_tool_calling_iterations")),
-    prompts=("p0", "p0", "p1", "p1"), completions=("a", "b", "c", "d"), extra={"judge": ("ok", None, "bad", None)},
-    reported={"judge_seconds": (3.0, 2)}, peak_stats_bytes=2**20, stats_bound_bytes=3 * 2**20, peak_held=2,
-    turn_fallbacks=1,
-)
-RANK1 = ProcessBatchLog(
-    rewards_per_func=((1.0, 1.0), (NAN, NAN), (4.0, 0.0), (4.0, 0.0)), rewards=(2.0, NAN, 4.0, 4.0),
-    advantages=(0.0, 0.0, 0.0, 0.0), prompt_tokens=(4, 4, 7, 7), model_tokens=(8, 1, 4, 4),
-    truncated=(True, False, False, False), zero_std_rows=2,
-    micro_batches=counts((6, 2, 0, 0, 1.0), (2, 2, 0, 0, 0.0)),
-    agent=(agent(0, 0, ()),), prompts=("p2", "p2", "p3", "p3"), completions=("e", "f", "g", "h"), extra={},
-    reported={"judge_seconds": (6.0, 1), "only_here": (1.0, 1)}, peak_stats_bytes=2 * 2**20,
-    stats_bound_bytes=3 * 2**20, peak_held=3, turn_fallbacks=2,
 )
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from benchmarks.scripted import tool_call_text
-from tests.tools import add, observation_spans
+from tests.fixtures.tools import HOSTILE_CALLS, TOOLS, observation_spans, raw_call
 from trl_thundersync.envs.harness.agent_loop import AgentLimits, run_agent_trajectory
 from trl_thundersync.envs.harness.tool_calls import (
     PARSER_ERROR_OBSERVATION,
@@ -17,37 +17,6 @@ from trl_thundersync.envs.harness.tool_calls import (
     parse_turn,
     truncate_observation,
 )
-
-
-def explode(reason: str) -> str:
-    """Always fails.
-
-    Args:
-        reason: why
-    """
-    raise ValueError(f"boom: {reason}")
-
-
-def sleepy(seconds: float) -> str:
-    """Sleeps.
-
-    Args:
-        seconds: how long
-    """
-    time.sleep(seconds)
-    return "woke up"
-
-
-def shout(text: str) -> str:
-    """Returns a long text.
-
-    Args:
-        text: what to repeat
-    """
-    return " ".join(f"{text}{i}" for i in range(400))
-
-
-TOOLS = {f.__name__: f for f in (add, explode, sleepy, shout)}
 
 
 def scripted(tokenizer, actions, version=0, close_with_eos=True):
@@ -221,23 +190,6 @@ def test_mixed_versions_inside_a_trajectory_are_refused(tokenizer, runner, rende
 
 
 # -- any model output ends as an observation, never as a crash ------------------------------------------------------
-
-def raw_call(name_json: str, arguments_json: str) -> str:
-    return '<tool_call>\n{"name": ' + name_json + ', "arguments": ' + arguments_json + '}\n</tool_call>'
-
-
-HOSTILE_CALLS = {
-    "string of 1000 [": raw_call('"add"', '"' + "[" * 1000 + '"'),
-    "1000 nested arrays": raw_call('"add"', "[" * 1000 + "]" * 1000),
-    "string of deeply nested JSON": raw_call('"add"', json.dumps("[" * 5000 + "]" * 5000)),
-    "5000-digit integer": raw_call('"add"', '{"a": ' + "9" * 5000 + ', "b": 1}'),
-    "5000-digit integer in a string": raw_call('"add"', json.dumps('{"a": ' + "9" * 5000 + ', "b": 1}')),
-    "arguments a list": raw_call('"add"', "[1, 2]"),
-    "arguments a number": raw_call('"add"', "7"),
-    "name a number": raw_call("7", '{"a": 1, "b": 2}'),
-    "name an object": raw_call('{"x": 1}', '{"a": 1, "b": 2}'),
-}
-
 
 @pytest.mark.parametrize("action", HOSTILE_CALLS.values(), ids=HOSTILE_CALLS.keys())
 def test_unparsable_calls_become_the_parser_observation(tokenizer, action):

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from benchmarks.scripted import tool_call_text
-from tests.tools import echo, observation_spans
+from tests.fixtures.tools import echo, observation_spans
 from trl_thundersync.envs.harness.tool_messages import ToolMessagesRenderer
 from trl_thundersync.envs.harness.trl_tool_loop import TRLLoopLimits, run_trl_trajectory
 
@@ -170,8 +170,8 @@ def test_control_text_in_a_result_stays_data(tokenizer, template, runner):
 
 
 def test_hostile_model_output_never_crashes_the_trl_loop(tokenizer, template, runner):
-    from tests.unit.envs.harness.test_agent_loop import HOSTILE_CALLS
-    from tests.unit.envs.harness.test_agent_loop import TOOLS as PAPER_TOOLS
+    from tests.fixtures.tools import HOSTILE_CALLS
+    from tests.fixtures.tools import TOOLS as PAPER_TOOLS
 
     for action in HOSTILE_CALLS.values():
         traj, _ = run(tokenizer, template, runner, [action, "done"], limits=TRLLoopLimits(max_completion_length=50_000),
