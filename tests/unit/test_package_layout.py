@@ -58,6 +58,14 @@ def test_test_modules_share_helpers_through_fixtures_not_through_each_other():
     assert launched == []  # the programs the multi-process tests launch are fixtures
 
 
+def test_the_unit_tests_mirror_the_package():
+    # tests/unit/<folder>/ tests trl_thundersync/<folder>/ (benchmarks/ and scripts/: the runnable code outside it)
+    unit = ROOT / "tests" / "unit"
+    folders = {p.parent.relative_to(unit) for p in unit.rglob("test_*.py")} - {Path(".")}
+    assert folders and all((LIBRARY / f).is_dir() or f.parts[0] in {"benchmarks", "scripts"} for f in folders), folders
+    assert all((unit / f / "__init__.py").is_file() for f in folders)  # equal basenames in other folders stay distinct
+
+
 def test_imports_are_resolved_the_way_this_test_reads_them():
     # the checks above would pass vacuously if relative or function-level imports were misread
     assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo_trainer.py")
