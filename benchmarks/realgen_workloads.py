@@ -105,10 +105,14 @@ def example_call(path: Path = THERMOSTAT_EXAMPLE) -> tuple[list[Any], dict[str, 
 
 def thermostat_settings(path: Path = THERMOSTAT_EXAMPLE) -> dict[str, Any]:
     """The example's training settings (config keywords without folders and reporting; `max_steps` is the
-    learning-rate schedule's length here) and its suite-arguments class and model name."""
+    learning-rate schedule's length here), its suite and its model name (default: the suite's tiny agent, as
+    `run_learning_example` picks it)."""
+    from trl_thundersync.envs.suites import get_suite
+
     args, kwargs = example_call(path)
     config = {k: v for k, v in kwargs.items() if k not in _NOT_CONFIG}
-    return {"suite_arguments": args[0], "model": kwargs["model_name_or_path"], "config": config,
+    suite = get_suite(args[0])
+    return {"suite": suite.name, "model": kwargs.get("model_name_or_path", suite.tiny_agent), "config": config,
             "schedule_steps": kwargs.get("max_steps")}
 
 
@@ -147,7 +151,7 @@ def thermostat_workload(**overrides: Any) -> RealgenWorkload:
 
 
 def _suite(w: RealgenWorkload):
-    from trl_thundersync.agentic import load_suite
+    from trl_thundersync.envs.suites import load_suite
 
     return load_suite(w.workload, num_tasks=w.num_tasks)
 
@@ -165,7 +169,7 @@ def config_kwargs(w: RealgenWorkload, trainer: str = "thundersync") -> dict[str,
         # the learning-rate schedule of the example's run; the benchmark stops after w.steps (StopAt)
         out = {**settings["config"], **common, "max_steps": max(w.steps, settings["schedule_steps"] or w.steps)}
     else:
-        from trl_thundersync.agentic import LENGTH_PENALTY  # the examples' weight of `shorter_is_better`
+        from trl_thundersync.examples_support.arguments import LENGTH_PENALTY  # the examples' `shorter_is_better`
 
         out = {**common, "max_steps": w.steps, "learning_rate": 1e-5, "reward_weights": [LENGTH_PENALTY]}
         if trainer != "trl":
@@ -179,7 +183,7 @@ def reward_funcs(w: RealgenWorkload) -> list:
     """The reward functions besides the environment's `get_reward`: none for thermostat (the example's)."""
     if w.workload == "thermostat":
         return []
-    from trl_thundersync.agentic import shorter_is_better
+    from trl_thundersync.examples_support.arguments import shorter_is_better
 
     return [shorter_is_better]
 
@@ -256,10 +260,11 @@ def prepare_models(work: Path, w: RealgenWorkload, teacher: bool) -> tuple[str, 
     from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     if w.workload == "thermostat":
-        from trl_thundersync.example_support import resolve_model
+        from trl_thundersync.examples_support.arguments import SuiteArguments
+        from trl_thundersync.examples_support.plumbing import resolve_model
 
         settings = thermostat_settings()
-        tiny_dir = work / settings["suite_arguments"]().tiny_model_dir
+        tiny_dir = work / SuiteArguments(suite=settings["suite"]).tiny_model_dir
         return resolve_model(settings["model"], str(tiny_dir)), None
     student = str(save_tiny_agent_model(work / "tiny-agent"))
     return student, str(save_tiny_agent_model(work / "tiny-agent-teacher", seed=1)) if teacher else None

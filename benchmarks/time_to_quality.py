@@ -104,7 +104,7 @@ def _config_fields(w: QualityWorkload, seed: int) -> dict[str, Any]:
 def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teacher_dir: str, out_dir: Path, curve):
     """A distillation run: ThunderSyncGKDTrainer with `schedule`, on-policy (lmbda 1) in the paper's agent loop."""
     from benchmarks.parity import load_model
-    from trl_thundersync.agentic import load_suite
+    from trl_thundersync.envs.suites import load_suite
     from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
     from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
 
@@ -124,7 +124,7 @@ def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir:
           teacher_dir: str | None = None):
     """The trainer of one run: stock TRL or ThunderSync with `schedule`, the same model, data, env and config."""
     from benchmarks.parity import cpu_config, load_model
-    from trl_thundersync.agentic import load_suite
+    from trl_thundersync.envs.suites import load_suite
 
     if w.trainer == "gkd":
         return build_gkd(schedule, w, seed, model_dir, teacher_dir, out_dir, curve)
@@ -152,8 +152,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from trl_thundersync.envs.suites.evaluate import evaluate_suite
     from trl_thundersync.learning import LearningCurve
-    from trl_thundersync.suite_eval import evaluate_suite
 
     w = QualityWorkload(**spec["workload"])
     hf_logging.set_verbosity_error()
@@ -340,17 +340,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     seeds = [int(s) for s in args.seeds.split(",")]
     model, teacher = args.model, None
     if not args.reuse and model is None:
-        from trl_thundersync.tiny.agent import LOOKUP_HIDDEN, save_tiny_agent_model
-
-        if args.suite == "lookup":
-            model = save_tiny_agent_model(work / "tiny-agent-lookup", lookup=True, hidden_size=LOOKUP_HIDDEN)
-        else:
-            model = save_tiny_agent_model(work / "tiny-agent-thermostat", thermostat=True)
-    if not args.reuse and w.trainer == "gkd":
+        from trl_thundersync.envs.suites import get_suite
         from trl_thundersync.tiny.agent import save_tiny_agent_model
 
-        teacher = save_tiny_agent_model(work / "tiny-teacher-thermostat", seed=1, thermostat=True,
-                                        thermostat_follow=1.0, thermostat_distances=TEACHER_DISTANCES)
+        suite = get_suite("lookup" if args.suite == "lookup" else "thermostat")  # the suite's own warm start
+        model = save_tiny_agent_model(work / suite.tiny_agent, suite=suite.warm_start())
+    if not args.reuse and w.trainer == "gkd":
+        from trl_thundersync.envs.suites.thermostat import thermostat_warm_start
+        from trl_thundersync.tiny.agent import save_tiny_agent_model
+
+        teacher = save_tiny_agent_model(work / "tiny-teacher-thermostat", seed=1,
+                                        suite=thermostat_warm_start(follow=1.0, distances=TEACHER_DISTANCES))
     runs = []
     for seed in seeds:
         for schedule in schedules:  # interleaved: machine noise hits every schedule

@@ -10,15 +10,14 @@ the training reward stays where the warm start left it (~0.7, noisy); BENCHMARKS
     accelerate launch examples/lookup_grpo.py
     python examples/lookup_grpo.py --max_steps 80          # longer
 
-The summary at the end is the thermostat example's (`example_support.run_learning_example`).
+The summary at the end is the thermostat example's (`examples_support.reports.run_learning_example`).
 """
 
-from trl_thundersync.agentic import LookupSuiteArguments
-from trl_thundersync.example_support import TINY_AGENT_LOOKUP, run_learning_example
+from trl_thundersync.examples_support.reports import run_learning_example
 
 if __name__ == "__main__":
     run_learning_example(
-        LookupSuiteArguments, "lookup", model_name_or_path=TINY_AGENT_LOOKUP, output_dir="outputs/lookup_grpo",
+        "lookup", output_dir="outputs/lookup_grpo",
         per_device_train_batch_size=16, num_generations=8, max_completion_length=512, max_tool_calling_iterations=6,
         max_steps=30, learning_rate=2e-4, beta=0.0, temperature=1.0, logging_steps=1, report_to="none",
         save_strategy="no",

@@ -21,13 +21,11 @@ training (episodes sampled at the training temperature by the run's own rollout 
 it), the timing summary of the other examples, and the path of a reward-versus-time plot in the output directory.
 """
 
-from trl_thundersync.agentic import ThermostatSuiteArguments
-from trl_thundersync.example_support import TINY_AGENT_THERMOSTAT, run_learning_example
+from trl_thundersync.examples_support.reports import run_learning_example
 
 if __name__ == "__main__":
     run_learning_example(
-        ThermostatSuiteArguments, "thermostat", model_name_or_path=TINY_AGENT_THERMOSTAT,
-        output_dir="outputs/thermostat_grpo", per_device_train_batch_size=32, num_generations=8,
+        "thermostat", output_dir="outputs/thermostat_grpo", per_device_train_batch_size=32, num_generations=8,
         max_completion_length=448, max_tool_calling_iterations=6, max_steps=12, learning_rate=6e-4, beta=0.0,
         temperature=0.7, logging_steps=1, report_to="none", save_strategy="no",
     )

@@ -19,7 +19,8 @@ from datasets import Dataset, load_dataset
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
-from trl_thundersync.example_support import finish_distributed, report_run, resolve_model, set_script_defaults
+from trl_thundersync.examples_support.plumbing import finish_distributed, resolve_model, set_script_defaults
+from trl_thundersync.examples_support.reports import report_run
 
 
 @dataclass

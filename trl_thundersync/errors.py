@@ -76,6 +76,11 @@ class TurnOrderError(ThunderSyncError):
     """A turn's context does not extend its trajectory's previous turn (the token history was rewritten)."""
 
 
+class PrefixMismatchError(ThunderSyncError):
+    """A group member's tokens do not start with the group's shared prefix (a prompt rewritten or rendered differently
+    per member): that member's pass must run over its whole sequence instead."""
+
+
 class TraceInUseError(ConfigurationError):
     """Another live run writes the step trace in this output_dir (two trainers sharing one output_dir at once)."""
 

@@ -79,7 +79,7 @@ def test_swe_example_schedules_give_identical_parameters(tmp_path, tiny_agent):
 def test_terminal_example_runs_under_accelerate_launch(tmp_path, tiny_agent):
     launcher = (sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu",
                 "--mixed_precision", "no", "--dynamo_backend", "no")
-    stdout = run_example("terminal_grpo.py", "--model_name_or_path", tiny_agent, "--max_steps", "2",
+    stdout = run_example("swe_grpo.py", "--suite", "terminal", "--model_name_or_path", tiny_agent, "--max_steps", "2",
                          "--output_dir", str(tmp_path), launcher=launcher)
     assert "done: 2 optimizer steps" in stdout
 

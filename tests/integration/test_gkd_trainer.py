@@ -66,6 +66,9 @@ def test_drop_in_gkd_script_mixes_on_and_off_policy(tmp_path, tokenizer, tiny_mo
     lines = (tmp_path / "thundersync_trace" / "steps.jsonl").read_text().splitlines()
     lanes = {event["lane"] for event in json.loads(lines[-1])["events"]}
     assert {"rollout", "teacher", "learner", "barrier"} <= lanes
+    # the learner's FLOPs, as GRPO's trace counts them (`trace.recorder.build_step_trace`), and their rate
+    assert any(e["flops"] > 0 for e in json.loads(lines[-1])["events"] if e["kind"] == "turn_backward")
+    assert all(entry["thundersync/learner_tflops_per_s"] > 0 for entry in on_policy)
 
 
 def test_generalized_jsd_gradient_matches_trl_on_the_same_samples(tmp_path, tokenizer, tiny_model_path,
@@ -210,6 +213,9 @@ def test_multi_turn_tools_stream_per_turn_and_schedules_agree(tmp_path, tokenize
         assert relative_error(results[other], results[0]) <= 1e-4
     first = logs[0][0]
     assert first["thundersync/turns"] == sum(2 + i % 3 for i in range(4))  # tool-call turns + the final answer
+    events = json.loads((tmp_path / "ts" / "thundersync_trace" / "steps.jsonl").read_text().splitlines()[0])["events"]
+    turns = [e for e in events if e["kind"] == "turn"]
+    assert len(turns) == first["thundersync/turns"] and all(e["tokens"] > 0 for e in turns)  # each turn's actions
     assert first["agent/turns_mean"] == 11 / 4 and first["thundersync/teacher_busy_seconds"] > 0
 
 

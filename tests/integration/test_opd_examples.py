@@ -20,12 +20,13 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("script", ["terminal_opd.py", "swe_opd.py"])
-def test_example_runs(tmp_path, script):
+@pytest.mark.parametrize("suite", ["terminal", "swe"])
+def test_example_runs(tmp_path, suite):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), "--max_steps", "1", "--per_device_train_batch_size", "2",
-         "--max_new_tokens", "24", "--output_dir", str(tmp_path / "out"), "--model_name_or_path", "tiny",
+        [sys.executable, str(ROOT / "examples" / "swe_opd.py"), "--suite", suite, "--max_steps", "1",
+         "--per_device_train_batch_size", "2", "--max_new_tokens", "24", "--output_dir", str(tmp_path / "out"),
+         "--model_name_or_path", "tiny",
          "--teacher_model_name_or_path", "tiny", "--tiny_model_dir", str(tmp_path / "student"),
          "--tiny_teacher_dir", str(tmp_path / "teacher")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,

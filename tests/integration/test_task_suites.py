@@ -1,6 +1,6 @@
 """Every bundled task is unsolved as shipped and solved by its reference solution, under the real sandbox.
 
-This is the suites' CI proof: `trl_thundersync.envs.environments.validate` grades each task twice (untouched, then
+This is the suites' CI proof: `trl_thundersync.envs.suites.validate` grades each task twice (untouched, then
 with the reference solution applied through `run_shell`), on a small thread pool; about 20-30 s on two cores.
 Run: python -m pytest tests/integration/test_task_suites.py -q
 """
@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from trl_thundersync.envs.environments.validate import validate
+from trl_thundersync.envs.suites.validate import validate
 from trl_thundersync.envs.tasks import load_swe_suite, load_terminal_suite
 from trl_thundersync.envs.tasks.lookup import load_lookup_suite
 

@@ -7,7 +7,7 @@ only the installed copy is importable (checked: the imported package lies in the
 1. a fresh venv in a temporary folder:
    - inventory: every file of the bundled task data (pyproject's [tool.setuptools.package-data]) is in the installed
      copy with the checkout's bytes, and nothing else is (bytecode aside);
-   - `python -m trl_thundersync.envs.environments.validate` on one task of each bundled suite: untouched it fails,
+   - `python -m trl_thundersync.envs.suites.validate` on one task of each bundled suite: untouched it fails,
      with its reference solution it passes (the whole suites run from the checkout in
      tests/integration/test_task_suites.py);
    - a SWE and a terminal episode (`_PROBE`): `run_shell` runs in the sandbox (`hostname` is bubblewrap's), the SWE
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_thundersync.envs.environments.validate import FULL_REWARD
+from trl_thundersync.envs.suites import get_suite
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # a distribution's interpreter: `pip install --user` is how users add to it
@@ -207,7 +207,7 @@ def _check_validation(table: str) -> None:
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if "/" in line.split(" ")[0]}
     assert set(rows) == {f"{suite}/{task}" for suite, task in VALIDATED.items()}, table
     for name, (noop, solved, _seconds, status) in rows.items():
-        full = FULL_REWARD[name.split("/")[0]]
+        full = get_suite(name.split("/")[0]).full_reward
         assert status == "ok" and float(noop) < full and float(solved) == full, (name, table)
     assert table.strip().splitlines()[-1].endswith("4 ok, 0 failed, 0 infrastructure errors"), table
 
@@ -221,7 +221,7 @@ def test_a_wheel_in_a_fresh_venv_ships_the_task_data_and_validates_every_suite(b
     (installed,) = venv.glob("lib/python3*/site-packages/trl_thundersync")
     _check_inventory(installed)
     tasks = [arg for task in VALIDATED.values() for arg in ("--task", task)]
-    table = _run([str(python), "-m", "trl_thundersync.envs.environments.validate", "--suite", "all", *tasks],
+    table = _run([str(python), "-m", "trl_thundersync.envs.suites.validate", "--suite", "all", *tasks],
                  cwd=outside, env=_clean_env(), timeout=300)
     _check_validation(table)
     _check_probe(json.loads(_run([str(python), "-c", _PROBE], cwd=outside, env=_clean_env())), venv)

@@ -66,9 +66,10 @@ def vllm_install() -> VLLMInstall:
 
 @pytest.fixture(scope="package")
 def served_model_path(tmp_path_factory) -> str:
-    """The quickstart's tiny agent (`save_tiny_agent_model(thermostat=True)`, the builder `examples/thermostat_grpo.py`
-    uses; about a minute): it calls tools, so runs with environments have turns to train on, and vLLM's CPU
-    attention must be able to serve its shape."""
+    """The quickstart's tiny agent (`save_tiny_agent_model(suite=get_suite("thermostat").warm_start())`, the builder
+    `examples/thermostat_grpo.py` uses; about a minute): it calls tools, so runs with environments have turns to
+    train on, and vLLM's CPU attention must be able to serve its shape."""
+    from trl_thundersync.envs.suites import get_suite
     from trl_thundersync.tiny.agent import save_tiny_agent_model
 
     if os.environ.get("THUNDERSYNC_REAL_VLLM_MODEL"):
@@ -76,7 +77,7 @@ def served_model_path(tmp_path_factory) -> str:
     # a third of the quickstart's warm start (~1 min instead of ~3 on two cores): the tool-call format is learned by
     # then (loss ~0.2), which is all these tests need — multi-turn episodes with tool calls
     return str(save_tiny_agent_model(tmp_path_factory.mktemp("served") / "tiny-agent-thermostat", steps=100,
-                                     thermostat=True))
+                                     suite=get_suite("thermostat").warm_start()))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""trl_thundersync.agentic: suite selection, the length-shaping reward and the example scripts' flags."""
+"""Suite selection (`envs.suites.load_suite`), the length-shaping reward and the example scripts' flags
+(`examples_support.arguments`)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,16 @@ from types import SimpleNamespace
 import pytest
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from trl_thundersync.agentic import (
+from trl_thundersync.envs.suites import load_suite
+from trl_thundersync.errors import ConfigurationError
+from trl_thundersync.examples_support.arguments import (
     LENGTH_PENALTY,
     LengthShapingArguments,
-    SWESuiteArguments,
-    TerminalSuiteArguments,
+    SuiteArguments,
     TinyTeacherArguments,
     length_shaping,
-    load_suite,
     shorter_is_better,
 )
-from trl_thundersync.errors import ConfigurationError
 
 
 @pytest.mark.parametrize("name", ["swe", "terminal"])
@@ -56,9 +56,10 @@ def _own_flags(*dataclasses) -> set[str]:
 
 
 def test_the_examples_keep_their_suite_flags():
-    """The flags the four agentic examples had before their suite part moved into the library."""
-    assert _own_flags(TerminalSuiteArguments) == {"--tiny_model_dir", "--num_tasks"}
-    assert _own_flags(SWESuiteArguments) == {"--tiny_model_dir", "--num_tasks", "--swe_rows", "--swe_repo_root"}
+    """The flags the agentic examples had before their suite part moved into the library, plus `--suite` (the swe and
+    terminal twins merged behind it)."""
+    assert _own_flags(SuiteArguments) == {"--suite", "--tiny_model_dir", "--num_tasks", "--swe_rows",
+                                          "--swe_repo_root"}
     assert _own_flags(LengthShapingArguments) == {"--length_penalty"}
     assert _own_flags(TinyTeacherArguments) == {"--tiny_teacher_dir"}
 
@@ -66,9 +67,22 @@ def test_the_examples_keep_their_suite_flags():
 def test_an_example_parser_reads_suite_and_shaping_flags():
     from trl_thundersync import ThunderSyncGRPOConfig
 
-    parser = TrlParser((SWESuiteArguments, LengthShapingArguments, ThunderSyncGRPOConfig, ModelConfig))
+    parser = TrlParser((SuiteArguments, LengthShapingArguments, ThunderSyncGRPOConfig, ModelConfig))
     suite_args, shaping_args, training_args, _ = parser.parse_args_and_config(
         ["--num_tasks", "3", "--swe_rows", "r.jsonl", "--output_dir", "out", "--use_cpu", "true", "--bf16", "false"])
     assert (suite_args.num_tasks, suite_args.swe_rows, suite_args.tiny_model_dir) == (3, "r.jsonl", "tiny-agent")
+    assert suite_args.suite == "swe"
     assert shaping_args.length_penalty == LENGTH_PENALTY
     assert training_args.output_dir == "out"
+
+
+def test_the_suite_flag_picks_the_suite_and_its_own_tiny_agent_folder():
+    parser = TrlParser((SuiteArguments,))
+    (terminal,) = parser.parse_args_and_config(["--suite", "terminal"])
+    assert terminal.load_suite().name == "terminal" and terminal.tiny_model_dir == "tiny-agent"
+    (thermostat,) = parser.parse_args_and_config(["--suite", "thermostat"])
+    assert thermostat.tiny_model_dir == "tiny-agent-thermostat"  # not the generic folder, rebuilt
+    (mine,) = parser.parse_args_and_config(["--suite", "thermostat", "--tiny_model_dir", "here"])
+    assert mine.tiny_model_dir == "here"
+    with pytest.raises(ConfigurationError, match="suite='web'"):
+        parser.parse_args_and_config(["--suite", "web"])

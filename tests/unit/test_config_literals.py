@@ -94,7 +94,8 @@ def test_trace_lanes_and_kinds_written_are_the_literals():
 
     trees = package_trees()
     assert constant_arguments(trees, "TraceEvent", 0, "lane") == set(typing.get_args(TraceLane))
-    learner = set(LEARNER_KINDS.values()) | constant_arguments(trees, "TurnWork", 0, "kind")
+    written = constant_arguments(trees, "WorkItem", 0, "kind")  # a learner item's kind, as its trace event names it
+    learner = set(LEARNER_KINDS.values()) | {LEARNER_KINDS.get(kind, kind) for kind in written}
     assert learner <= set(typing.get_args(LearnerKind))
     kinds = constant_arguments(trees, "TraceEvent", 1, "kind") | learner
     assert kinds == set(typing.get_args(TraceKind))

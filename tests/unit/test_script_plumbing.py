@@ -1,12 +1,12 @@
-"""example_support.resolve_model / resolve_teacher: the offline tiny folders are built once per node, with progress
-there."""
+"""examples_support.plumbing.resolve_model / resolve_teacher: the offline tiny folders are built once per node, with
+progress there."""
 
 from __future__ import annotations
 
 import contextlib
 from types import SimpleNamespace
 
-from trl_thundersync import example_support as scripts
+from trl_thundersync.examples_support import plumbing as scripts
 
 
 def fake_args(world_size: int, local_index: int, log: list):

@@ -1,11 +1,11 @@
-"""Held-out evaluation with the run's own turn generator (`suite_eval.evaluate_suite(generator=...)`): the agent
-loop over the suite's sandboxed environments, each turn sampled by the generator — here a scripted one that plays
-the thermostat rule (every episode succeeds) or submits at once (none does)."""
+"""Held-out evaluation with the run's own turn generator (`envs.suites.evaluate.evaluate_suite(generator=...)`): the
+agent loop over the suite's sandboxed environments, each turn sampled by the generator — here a scripted one that
+plays the thermostat rule (every episode succeeds) or submits at once (none does)."""
 
 from __future__ import annotations
 
 from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
-from trl_thundersync.suite_eval import evaluate_suite
+from trl_thundersync.envs.suites.evaluate import evaluate_suite
 
 
 def _rule(index: int, turn: int, context: str) -> str:

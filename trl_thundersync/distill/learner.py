@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import BatchIncompleteError, ConfigurationError, NoScoredTokensError, StalePolicyError
-from .records import DistillTotals, ScoredTurn, TrajectoryClosed, TurnWork
+from ..streaming.learner_records import TeacherInterval, WorkItem
+from .records import DistillTotals, ScoredTurn, TrajectoryClosed
 from .turn_backward import GradientSum, TurnBackward
 
 
@@ -49,7 +50,7 @@ class DistillBatchLearner:
         self.scored_tokens = 0
         self.loss_sum = 0.0
         self.turns = 0
-        self.work: list[TurnWork] = []
+        self.work: list[WorkItem] = []
 
     def submit(self, item: ScoredTurn | TrajectoryClosed) -> None:
         if isinstance(item, ScoredTurn):
@@ -108,9 +109,9 @@ class DistillBatchLearner:
         self.loss_sum += outcome.loss_value
         self.turns += 1
         e = scored.event
-        self.work.append(TurnWork("turn_backward", e.index, e.turn, e.policy_version, scored.scored_at, start,
-                                  time.perf_counter(), outcome.scored_tokens, scored.scoring_start - e.time,
-                                  scored.scored_at - scored.scoring_start))
+        self.work.append(WorkItem("turn_backward", e.index, -1, e.policy_version, scored.scored_at, start,
+                                  time.perf_counter(), outcome.scored_tokens, turn=e.turn,
+                                  teacher=TeacherInterval(e.time, scored.scoring_start, scored.scored_at)))
 
     def _maybe_close(self, index: int) -> bool:
         progress = self.progress[index]
@@ -123,7 +124,7 @@ class DistillBatchLearner:
         start = time.perf_counter()
         replayed = self.backward.close(index)
         progress.replayed = True
-        self.work.append(TurnWork("context_replay", index, -1, self.policy_version, closed.closed_at, start,
+        self.work.append(WorkItem("context_replay", index, -1, self.policy_version, closed.closed_at, start,
                                   time.perf_counter(), replayed))
         return True
 

@@ -20,36 +20,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
+from ..streaming.learner_records import BatchTiming
 from ..streaming.pipeline import DONE, TurnRouter, drain
 from ..types import RolloutRequest, TurnEvent
 from .learner import DistillBatchLearner
 from .records import DistillTotals, ScoredTurn, TrajectoryClosed
 from .teacher import TeacherScorer, check_teacher_scores
-from .teacher_schedule import TeacherLedger, TeacherLoad, TeacherScoring, plan_requests, score_spans
-
-
-@dataclass(frozen=True)
-class DistillTiming:
-    """Wall-clock landmarks of one logical batch (perf_counter seconds) and teacher accounting."""
-
-    start: float
-    rollout_end: float  # the last trajectory finished and its last turn was scored
-    learner_busy: float  # Σ service time of learner items
-    barrier: float  # every learner item done
-    teacher_wait: float  # Σ over turns: action complete → teacher starts scoring it
-    teacher: TeacherLoad  # the teacher's requests, prefill and busy time, and each schedule's prefill
-
-    @property
-    def teacher_seconds(self) -> float:  # Σ over teacher requests of their wall time
-        return self.teacher.busy_seconds
-
-    @property
-    def tail(self) -> float:
-        return max(0.0, self.barrier - self.rollout_end)
+from .teacher_schedule import TeacherLedger, TeacherScoring, plan_requests, score_spans
 
 
 def _results(engine: RolloutEngine, single_turn: bool, out: queue.Queue, stop: threading.Event) -> None:
@@ -123,7 +103,7 @@ def run_distill_batch(
     router: TurnRouter | None = None,
     logits_vocab_size: int | None = None,
     on_item: Callable[[ScoredTurn | TrajectoryClosed], None] | None = None,
-) -> tuple[DistillTotals, DistillTiming]:
+) -> tuple[DistillTotals, BatchTiming]:
     """`router`: the `TurnRouter` a multi-turn engine emits through (None: the engine is single-turn).
     `logits_vocab_size`: require full-vocabulary teacher logits of this width (generalized JSD).
     `teacher_scoring`: one teacher request per turn, or per trajectory at its close (`teacher_schedule`)."""
@@ -168,8 +148,8 @@ def run_distill_batch(
     barrier = time.perf_counter()
     # R: the last input fixed (a turn scored or a trajectory finished), not when the busy learner picked it up
     rollout_end = max((i.scored_at if isinstance(i, ScoredTurn) else i.closed_at for i in arrived), default=start)
-    turns = [w for w in totals.work if w.kind == "turn_backward"]
-    return totals, DistillTiming(
+    return totals, BatchTiming(
         start=start, rollout_end=rollout_end, learner_busy=sum(w.end - w.start for w in totals.work),
-        barrier=barrier, teacher_wait=sum(w.teacher_wait for w in turns), teacher=ledger.load(),
+        barrier=barrier, teacher_wait=sum(w.teacher.wait for w in totals.work if w.teacher is not None),
+        teacher=ledger.load(),
     )

@@ -35,9 +35,9 @@ import torch
 
 from ..envs.harness.metrics import agent_metrics
 from ..errors import PeerProcessError
+from ..streaming.learner_records import TeacherLoad
 from ..types import AgentStats
 from .records import DistillTotals
-from .teacher_schedule import TeacherLoad
 
 
 @dataclass(frozen=True)

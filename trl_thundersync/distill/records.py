@@ -1,4 +1,5 @@
-"""Frozen records of the distillation path: teacher scores, scored turns, learner work, batch totals."""
+"""Frozen records of the distillation path: teacher scores, scored turns, closed trajectories, batch totals (its learner
+work items are `streaming.learner_records.WorkItem`s, with the teacher lane)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..streaming.learner_records import WorkItem
 from ..types import Rollout, TurnEvent
 
 
@@ -39,23 +41,6 @@ class TrajectoryClosed:
 
 
 @dataclass(frozen=True)
-class TurnWork:
-    """One unit of distillation learner work, for the trace and metrics."""
-
-    kind: str  # "turn_backward" (objective backward of one turn) or "context_replay" (deferred adjoints at close)
-    index: int  # trajectory index in the batch
-    turn: int  # turn number (-1 for a replay)
-    policy_version: int
-    ready: float  # τ: teacher scores known (turn) / trajectory closed (replay)
-    start: float
-    end: float
-    tokens: int  # scored action tokens (turn) / context tokens replayed (replay)
-    teacher_wait: float = 0.0  # seconds the turn waited for the teacher after its action was complete
-    teacher_seconds: float = 0.0  # seconds of the teacher request that scored it (shared by a trajectory's turns
-    # under teacher_scoring="trajectory"; `DistillTiming.teacher` counts each request once)
-
-
-@dataclass(frozen=True)
 class DistillTotals:
     """Everything the barrier needs once every turn and trajectory of the batch has been processed."""
 
@@ -64,5 +49,5 @@ class DistillTotals:
     loss_sum: float  # Σ over scored tokens of the per-token loss value (OPD: −A; GJSD: the divergence)
     turns: int  # turns processed
     trajectories: int
-    work: tuple[TurnWork, ...]
+    work: tuple[WorkItem, ...]  # "turn_backward" items (each with its `TeacherInterval`) and "context_replay" items
     peak_open_trajectories: int  # most trajectories open (holding backward state) at once; ≤ the admission cap

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..streaming.learner_records import TeacherLoad
 from ..types import TurnEvent
 from .records import TeacherScores
 
@@ -68,25 +69,6 @@ def score_spans(teacher, ids: Sequence[int], spans: Sequence[Span]) -> list[Teac
     if hasattr(teacher, "score_spans"):
         return list(teacher.score_spans(ids, spans))
     return [teacher.score(ids[:start], ids[start:end]) for start, end in spans]
-
-
-@dataclass(frozen=True)
-class TeacherLoad:
-    """What the teacher did in one logical batch, and what each schedule would prefill for the same turns."""
-
-    requests: int = 0  # teacher forwards (HTTP requests to a teacher server)
-    prefill_tokens: int = 0  # tokens those forwards read (the prefill the teacher paid)
-    busy_seconds: float = 0.0  # Σ over requests of their wall time
-    turn_schedule_tokens: int = 0  # prefill of one request per turn: Σ_j |c_j| + |a_j|
-    trajectory_schedule_tokens: int = 0  # prefill of the fewest covering requests per trajectory
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "thundersync/teacher_requests": float(self.requests),
-            "thundersync/teacher_prefill_tokens": float(self.prefill_tokens),
-            "thundersync/teacher_prefill_tokens_turn_schedule": float(self.turn_schedule_tokens),
-            "thundersync/teacher_prefill_tokens_trajectory_schedule": float(self.trajectory_schedule_tokens),
-        }
 
 
 class TeacherLedger:

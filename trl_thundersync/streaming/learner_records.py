@@ -1,10 +1,13 @@
-"""Records of the GRPO learner: what a source's backward produced, one unit of work, the batch totals (frozen), and
-the per-row tallies it fills on the way (its running state)."""
+"""Records of the learners: one unit of learner work (`WorkItem`, GRPO's and distillation's alike, the latter with its
+teacher lane as an extra) and the wall-clock landmarks of one logical batch (`BatchTiming`, with the distillation
+teacher's load as an extra); and the GRPO learner's own: what a source's backward produced, the batch totals (frozen),
+and the per-row tallies it fills on the way (its running state)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -34,24 +37,97 @@ class SourceGradients:
     sampling: SamplingStats | None = None
 
 
+# What one learner item did. GRPO: "trajectory" (backward at reward release), "content" (backward before the reward),
+# "turn" (one turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a
+# buffered H_i folded into its group once the reward is known), "group_fold", "router_aux" (the MoE load-balancing term
+# of one TRL micro-batch, once its last member's tokens are final). Distillation: "turn_backward" (one turn's objective
+# backward), "context_replay" (a closed trajectory's deferred context adjoints). `trace.recorder.LEARNER_KINDS` maps
+# GRPO's names to the trace's.
+WorkKind = Literal["trajectory", "content", "turn", "close", "bind", "group_fold", "router_aux", "turn_backward",
+                   "context_replay"]
+
+
+@dataclass(frozen=True)
+class TeacherInterval:
+    """The teacher lane of a distillation learner item: how its turn waited for, and was scored by, the teacher."""
+
+    queued: float  # perf_counter when the turn's action was complete (it waits for the teacher from here)
+    start: float  # when the teacher request that scored it started
+    end: float  # when its scores were known (the item's ready time τ); one request can score several turns of a
+    # trajectory (teacher_scoring="trajectory"): those items carry the same (start, end)
+
+    @property
+    def wait(self) -> float:
+        """Seconds the turn waited for the teacher after its action was complete."""
+        return self.start - self.queued
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of the teacher request that scored it (shared by the turns one request scored)."""
+        return self.end - self.start
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """One unit of learner work, for the trace and the scheduling model (paper Eq. 1)."""
 
-    kind: str  # "trajectory" (backward at reward release), "content" (backward before the reward), "turn" (one
-    # turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered
-    # H_i folded into its group once the reward is known), "group_fold" or "router_aux" (the MoE load-balancing term
-    # of one TRL micro-batch, once its last member's tokens are final)
+    kind: WorkKind
     index: int  # trajectory index in the batch, or -1 for a group fold or a micro-batch term
-    group: int
+    group: int  # GRPO group (-1: a micro-batch term, or distillation, which has no groups)
     policy_version: int
-    ready: float  # τ: when its inputs were fixed (reward known / content fixed / turn complete / last member folded)
+    ready: float  # τ: when its inputs were fixed (reward known / content fixed / turn complete / last member folded /
+    # teacher scores known / trajectory closed)
     start: float  # service start (perf_counter)
     end: float  # service end (perf_counter)
-    tokens: int  # scored tokens (0 for folds and binds)
+    tokens: int  # scored tokens (0 for folds and binds; context tokens replayed for a "context_replay")
     content_ready: float | None = None  # trajectory items: when its last turn ended (tokens fixed)
     reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
-    turn: int = -1  # "turn" items: the turn number
+    turn: int = -1  # "turn" / "turn_backward" items: the turn number
+    teacher: TeacherInterval | None = None  # "turn_backward" items: the teacher scoring its turn (None: no teacher)
+
+
+@dataclass(frozen=True)
+class TeacherLoad:
+    """What the teacher did in one logical distillation batch, and what each schedule would prefill for the same turns
+    (`distill.teacher_schedule`)."""
+
+    requests: int = 0  # teacher forwards (HTTP requests to a teacher server)
+    prefill_tokens: int = 0  # tokens those forwards read (the prefill the teacher paid)
+    busy_seconds: float = 0.0  # Σ over requests of their wall time
+    turn_schedule_tokens: int = 0  # prefill of one request per turn: Σ_j |c_j| + |a_j|
+    trajectory_schedule_tokens: int = 0  # prefill of the fewest covering requests per trajectory
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "thundersync/teacher_requests": float(self.requests),
+            "thundersync/teacher_prefill_tokens": float(self.prefill_tokens),
+            "thundersync/teacher_prefill_tokens_turn_schedule": float(self.turn_schedule_tokens),
+            "thundersync/teacher_prefill_tokens_trajectory_schedule": float(self.trajectory_schedule_tokens),
+        }
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Wall-clock landmarks of one logical batch (perf_counter seconds), GRPO's or distillation's."""
+
+    start: float  # requests admitted
+    rollout_end: float  # R: the rollout batch closed (GRPO: the last trajectory scored; distillation: the last
+    # trajectory finished and its last turn scored)
+    learner_busy: float  # Σ service time of learner work items (L)
+    barrier: float  # every learner item done
+    arrival_order: tuple[int, ...] = ()  # GRPO: trajectory indices in the order they were scored (distillation: ())
+    teacher_wait: float = 0.0  # distillation: Σ over turns of `TeacherInterval.wait` (0 without a teacher)
+    teacher: TeacherLoad | None = None  # distillation: the teacher's requests, prefill and busy time (None: GRPO)
+
+    @property
+    def tail(self) -> float:
+        """Learner time after the rollout batch closed."""
+        return max(0.0, self.barrier - self.rollout_end)
+
+    @property
+    def teacher_seconds(self) -> float:
+        """Σ over teacher requests of their wall time (0 without a teacher)."""
+        return self.teacher.busy_seconds if self.teacher is not None else 0.0
 
 
 @dataclass(frozen=True)

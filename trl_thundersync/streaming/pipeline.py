@@ -19,31 +19,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
 from ..types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
 from .learner import BatchTotals, GRPOBatchLearner
+from .learner_records import BatchTiming
 
 DONE = object()  # the last thing a producer thread puts on its queue, after its items or its exception
-
-
-@dataclass(frozen=True)
-class BatchTiming:
-    """Wall-clock landmarks of one logical batch (perf_counter seconds)."""
-
-    start: float  # requests admitted
-    rollout_end: float  # last trajectory scored: the rollout batch closed (R)
-    learner_busy: float  # Σ service time of learner work items (L)
-    barrier: float  # every learner item done
-    arrival_order: tuple[int, ...]  # trajectory indices in the order they were scored
-
-    @property
-    def tail(self) -> float:
-        """Learner time after the rollout batch closed."""
-        return max(0.0, self.barrier - self.rollout_end)
 
 
 class TurnRouter:
@@ -178,7 +162,7 @@ def run_logical_batch(
     rollout_end = max([s.scored_at for s in arrived], default=start)
     busy = sum(w.end - w.start for w in totals.work)
     order = tuple(s.rollout.index for s in arrived)
-    return totals, BatchTiming(start, rollout_end, busy, barrier, order)
+    return totals, BatchTiming(start, rollout_end, busy, barrier, arrival_order=order)
 
 
 def _stream_batch(

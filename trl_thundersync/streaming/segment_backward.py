@@ -48,7 +48,7 @@ class GradientSink(Protocol):
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None: ...
 
 
-def _require_finite(grad: torch.Tensor, where: str) -> None:
+def require_finite(grad: torch.Tensor, where: str) -> None:
     if not bool(torch.isfinite(grad).all()):
         raise NonFiniteGradientError(f"{where} produced a non-finite gradient; refusing to accumulate it")
 
@@ -63,7 +63,7 @@ class GradientSum:
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
         for buffer, grad in zip(self.buffers, grads, strict=True):
             if grad is not None:
-                _require_finite(grad, where)
+                require_finite(grad, where)
                 buffer.add_(grad.to(torch.float32))
 
 
@@ -79,7 +79,7 @@ class FlatGradient:
         offset = 0
         for size, grad in zip(self.sizes, grads, strict=True):
             if grad is not None:
-                _require_finite(grad, where)
+                require_finite(grad, where)
                 self.vector[offset : offset + size].add_(grad.reshape(-1).to(torch.float32))
             offset += size
 
@@ -97,7 +97,8 @@ class SegmentOutcome:
 
 def model_logits(model: Any, ids: Sequence[int], device: torch.device, cache=None, keep: int = 0) -> torch.Tensor:
     """Logits (keep, V) of the last `keep` positions of `ids` (all positions when keep is 0), through `cache`."""
-    parameters = inspect.signature(model.forward).parameters
+    # a PEFT wrapper's forward takes **kwargs and hands them to the wrapped model: read the wrapped model's signature
+    parameters = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
     # transformers renamed `past_key_values` to `cache`; pass whichever this version's forward takes
     name = "cache" if "cache" in parameters else "past_key_values"
     kwargs: dict[str, Any] = {name: cache, "use_cache": True} if cache is not None else {"use_cache": False}
@@ -105,6 +106,15 @@ def model_logits(model: Any, ids: Sequence[int], device: torch.device, cache=Non
         kwargs["logits_to_keep"] = keep
     logits = model(input_ids=torch.tensor([list(ids)], device=device), **kwargs).logits[0]
     return logits[-keep:] if keep else logits
+
+
+def proxy_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A `DynamicCache` over per-layer (keys, values) of earlier tokens, each (1, kv_heads, length, head_dim); empty
+    when `layers` is. Pass detached leaves that require grad: a forward through the cache then leaves their adjoints
+    in `autograd.grad(..., inputs=leaves)` (the boundary cut), while their storage is shared, not copied."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=list(layers)) if layers else DynamicCache()
 
 
 def action_rows(n_new: int, n_action: int) -> int:
@@ -188,7 +198,7 @@ class _History:
     segments: list[_Segment] = field(default_factory=list)
 
 
-class _SavedBytes:
+class SavedBytes:
     """Autograd saved-tensor hooks that measure what a forward's graph retains (unique storages, parameters out)."""
 
     def __init__(self, exclude: set[int]) -> None:
@@ -224,8 +234,6 @@ class BoundaryCut:
 
     def turn(self, event: TurnEvent, objective: ChannelObjective, sinks: Mapping[str, GradientSink],
              where: str) -> SegmentOutcome:
-        from transformers import DynamicCache
-
         state = self.open.setdefault(event.index, _History())
         context, action = list(event.context_ids), list(event.action_ids)
         if context[: len(state.ids)] != state.ids:
@@ -241,14 +249,11 @@ class BoundaryCut:
         # one leaf per earlier segment and layer, sharing that segment's storage (no copy of the prefix)
         proxies = [t.detach().requires_grad_() for s in state.segments for pair in zip(s.keys, s.values, strict=True)
                    for t in pair]
-        saved = _SavedBytes(self._param_storages)
+        saved = SavedBytes(self._param_storages)
         with saved.hooks():
-            cache = DynamicCache()
-            if proxies:
-                width = 2 * len(state.segments[0].keys)
-                cache = DynamicCache(ddp_cache_data=[
-                    (torch.cat(proxies[2 * layer :: width], dim=-2), torch.cat(proxies[2 * layer + 1 :: width], dim=-2))
-                    for layer in range(width // 2)])
+            width = 2 * len(state.segments[0].keys) if proxies else 0
+            cache = proxy_cache([(torch.cat(proxies[2 * layer :: width], dim=-2),
+                                  torch.cat(proxies[2 * layer + 1 :: width], dim=-2)) for layer in range(width // 2)])
             logits = model_logits(self.model, new, self.device, cache, keep=action_rows(len(new), len(action)))
             start = len(state.ids)
             keys = [layer.keys[:, :, start:] for layer in cache.layers]

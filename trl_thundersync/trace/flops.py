@@ -14,7 +14,13 @@ checkpointing is not credited. An estimate from the config's shapes, not a kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+FlopCounter = Callable[[int], float]  # tokens of one source's context → FLOPs of its forward + backward
 
 
 @dataclass(frozen=True)
@@ -59,3 +65,20 @@ def learner_flops(shape: ModelShape, tokens: int, lora_adapter_params: int | Non
     if lora_adapter_params is None:
         return 3.0 * forward
     return 2.0 * forward + 3.0 * 2.0 * tokens * lora_adapter_params
+
+
+def flop_counter(config, lora_adapter_params: int | None = None) -> FlopCounter | None:
+    """`learner_flops` bound to a model's shapes, or None for a config that is not a standard decoder's (no estimate
+    rather than a wrong one)."""
+    try:
+        shape = ModelShape.from_config(config)
+    except AttributeError:
+        return None
+    return partial(learner_flops, shape, lora_adapter_params=lora_adapter_params)
+
+
+def model_flop_counter(model: torch.nn.Module, trainable: Iterable[torch.nn.Parameter]) -> FlopCounter | None:
+    """The `flop_counter` of an (unwrapped) policy: its config's shapes; with a PEFT adapter, the `trainable`
+    parameters are the adapter's (LoRA accounting)."""
+    adapter = sum(p.numel() for p in trainable) if hasattr(model, "peft_config") else None
+    return flop_counter(getattr(model, "config", None), adapter)

@@ -1,8 +1,9 @@
-"""Turn one batch's learner work, rollouts and landmarks into a `StepTrace`, and append it to a JSON-lines file.
+"""Turn one batch's learner work, rollouts and landmarks into a `StepTrace` (one builder for GRPO and distillation),
+and append it to a JSON-lines file.
 
-On by default (`ThunderSyncGRPOConfig.trace`): one line per optimizer step in `<output_dir>/thundersync_trace/
-steps.jsonl`, held by one run at a time (see `TraceWriter`). Cheap: the records already exist; writing is one
-`json.dumps` per step.
+On by default (`ThunderSyncGRPOConfig.trace`, `ThunderSyncGKDConfig.trace`): one line per optimizer step in
+`<output_dir>/thundersync_trace/steps.jsonl`, held by one run at a time (see `TraceWriter`). Cheap: the records
+already exist; writing is one `json.dumps` per step.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import TraceInUseError
-from ..streaming.learner import WorkItem
-from ..types import ScoredRollout
+from ..streaming.learner_records import BatchTiming, WorkItem
+from ..types import Rollout, ScoredRollout
+from .flops import FlopCounter
 from .records import StepTrace, TraceEvent
 
-# WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them).
+# GRPO's WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them); the other kinds ("router_aux",
+# distillation's "turn_backward" and "context_replay") are the trace's names already.
 LEARNER_KINDS = {"trajectory": "source_backward", "content": "content_backward", "turn": "turn_backward",
                  "close": "turn_close", "bind": "bind", "group_fold": "group_fold"}
 # Learner kinds that run a whole trajectory's forward + backward (their FLOPs count the full context).
@@ -41,13 +44,13 @@ def action_runs(env_mask: Sequence[int] | None, n_tokens: int) -> list[int]:
     return runs
 
 
-def rollout_events(scored: Sequence[ScoredRollout]) -> list[TraceEvent]:
+def rollout_events(rollouts: Sequence[Rollout | ScoredRollout]) -> list[TraceEvent]:
     """Per trajectory: its generation interval, each turn (request → action complete, with the turn's action tokens
-    when the completion's env_mask splits into one run per turn), its tool calls, and its reward interval
-    (finished → scored: grading and waiting for its reward call)."""
+    when the completion's env_mask splits into one run per turn), its tool calls, and, for a scored trajectory, its
+    reward interval (finished → scored: grading and waiting for its reward call)."""
     events = []
-    for s in scored:
-        r = s.rollout
+    for item in rollouts:
+        r = item.rollout if isinstance(item, ScoredRollout) else item
         events.append(TraceEvent("rollout", "trajectory", r.started_at, r.finished_at, r.index, r.group, -1,
                                  r.policy_version, None, len(r.completion_ids)))
         if r.agent is not None:
@@ -59,14 +62,41 @@ def rollout_events(scored: Sequence[ScoredRollout]) -> list[TraceEvent]:
                                          tokens=tokens))
             for start, end in r.agent.tool_intervals:
                 events.append(TraceEvent("tool", "tool_call", start, end, r.index, r.group, -1, r.policy_version))
-        if s.scored_at > r.finished_at:
-            events.append(TraceEvent("rollout", "reward", r.finished_at, s.scored_at, r.index, r.group, -1,
-                                     r.policy_version, content_ready=r.finished_at, reward_at=s.scored_at))
+        if isinstance(item, ScoredRollout) and item.scored_at > r.finished_at:
+            events.append(TraceEvent("rollout", "reward", r.finished_at, item.scored_at, r.index, r.group, -1,
+                                     r.policy_version, content_ready=r.finished_at, reward_at=item.scored_at))
+    return events
+
+
+def teacher_events(work: Sequence[WorkItem]) -> list[TraceEvent]:
+    """The teacher lane, from the learner items' `TeacherInterval`s: one event per teacher request, its `ready` the
+    earliest action end among the turns it scored (their queue wait). Under teacher_scoring="trajectory" one request
+    scores several turns of a trajectory (the same interval): its event carries the last of them and the action
+    tokens of all."""
+    events: list[TraceEvent] = []
+    requests: dict[tuple[int, float, float], int] = {}  # (trajectory, start, end) → its event
+    for w in work:
+        t = w.teacher
+        if t is None:
+            continue
+        key = (w.index, t.start, t.end)
+        if key in requests:
+            k = requests[key]
+            seen = events[k]
+            events[k] = dataclasses.replace(seen, turn=max(seen.turn, w.turn), ready=min(seen.ready, t.queued),
+                                            tokens=seen.tokens + w.tokens)
+            continue
+        requests[key] = len(events)
+        events.append(TraceEvent("teacher", "teacher_score", t.start, t.end, w.index, w.group, w.turn,
+                                 w.policy_version, t.queued, w.tokens))
     return events
 
 
 def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
-                   flops_of: Callable[[int], float] | None) -> list[TraceEvent]:
+                   flops_of: FlopCounter | None) -> list[TraceEvent]:
+    """One event per learner item. FLOPs: a whole-trajectory backward counts its trajectory's full context, a turn's
+    backward (GRPO's "turn", distillation's "turn_backward") its own tokens, the rest (closes, replays, binds, folds,
+    micro-batch terms) none."""
     events = []
     for w in work:
         kind = LEARNER_KINDS.get(w.kind, w.kind)
@@ -82,20 +112,40 @@ def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
     return events
 
 
-def build_step_trace(*, step: int, schedule: str, start: float, rollout_end: float, work: Sequence[WorkItem],
-                     scored: Sequence[ScoredRollout], optimizer_end: float, publish_start: float, publish_end: float,
-                     stats_bytes: int, flops_of: Callable[[int], float] | None = None,
+def build_step_trace(*, step: int, schedule: str, timing: BatchTiming, work: Sequence[WorkItem],
+                     rollouts: Sequence[Rollout | ScoredRollout], optimizer_end: float, publish_end: float,
+                     stats_bytes: int = 0, flops_of: FlopCounter | None = None,
                      peak_flops_per_s: float = 0.0) -> StepTrace:
-    context = {s.rollout.index: len(s.rollout.prompt_ids) + len(s.rollout.completion_ids) for s in scored}
-    events = rollout_events(scored) + learner_events(work, context, flops_of)
-    learner_end = max((w.end for w in work), default=rollout_end)
-    barrier_start = max(learner_end, rollout_end)
+    """One optimizer step as a `StepTrace`, for GRPO and distillation alike: the rollout lane (trajectories, turns,
+    tool calls, and the reward interval of `ScoredRollout`s), the teacher lane (from the items' `TeacherInterval`s),
+    the learner items with their FLOPs (`flops_of(tokens)`: one pass over a context of that many tokens, `trace.flops`;
+    None: no estimate), the barrier (from the last learner item or the rollout end, whichever is later, to
+    `optimizer_end`) and the publication (`optimizer_end` → `publish_end`, absent when nothing was published)."""
+    context = {}
+    for item in rollouts:
+        r = item.rollout if isinstance(item, ScoredRollout) else item
+        context[r.index] = len(r.prompt_ids) + len(r.completion_ids)
+    events = rollout_events(rollouts) + teacher_events(work) + learner_events(work, context, flops_of)
+    learner_end = max((w.end for w in work), default=timing.rollout_end)
+    barrier_start = max(learner_end, timing.rollout_end)
     events.append(TraceEvent("barrier", "optimizer", barrier_start, optimizer_end, policy_version=step))
-    if publish_end > publish_start:
-        events.append(TraceEvent("publish", "publish", publish_start, publish_end, policy_version=step + 1))
-    return StepTrace(step=step, schedule=schedule, start=start, rollout_end=rollout_end, learner_end=learner_end,
-                     barrier_end=optimizer_end, publish_end=publish_end, events=tuple(events),
-                     stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s)
+    if publish_end > optimizer_end:
+        events.append(TraceEvent("publish", "publish", optimizer_end, publish_end, policy_version=step + 1))
+    return StepTrace(step=step, schedule=schedule, start=timing.start, rollout_end=timing.rollout_end,
+                     learner_end=learner_end, barrier_end=optimizer_end, publish_end=publish_end,
+                     events=tuple(events), stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s)
+
+
+def flop_metrics(trace: StepTrace, processes: int) -> dict[str, float]:
+    """The step's learner FLOP rate from its trace (`thundersync/learner_tflops_per_s`) and, when the trace knows the
+    device peak, the trainer's active MFU and the number of trainer processes it was measured on."""
+    flops = sum(e.flops for e in trace.events)
+    rate = flops / trace.wall if trace.wall else 0.0
+    metrics = {"thundersync/learner_tflops_per_s": rate / 1e12}
+    if trace.peak_flops_per_s:
+        metrics["thundersync/trainer_active_mfu"] = rate / trace.peak_flops_per_s
+        metrics["thundersync/trainer_processes"] = float(processes)
+    return metrics
 
 
 TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"  # inside a run's output_dir

@@ -9,9 +9,10 @@ lane's (ready, start, end) and the step landmarks; exports turn a list of steps 
 Learner kinds: "source_backward" (a trajectory's backward at reward release), "content_backward" (its backward at
 content readiness, before the reward), "turn_backward" (one agentic turn's backward while its tool runs),
 "turn_close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered H_i folded into
-its group once the reward is known) and "group_fold"; stock TRL's whole-batch item is "score_loss_backward". Each
-per-trajectory item carries its trajectory's content-ready and reward times, so one trace replays every release
-point (`model.predict_release`). Traces written before these fields existed load with them None.
+its group once the reward is known), "group_fold" and "router_aux" (the MoE load-balancing term of one TRL
+micro-batch); stock TRL's whole-batch item is "score_loss_backward". Each per-trajectory item carries its
+trajectory's content-ready and reward times, so one trace replays every release point (`model.predict_release`).
+Traces written before these fields existed load with them None.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ TraceLane = Literal["rollout", "tool", "learner", "barrier", "publish", "teacher
 RolloutKind = Literal["trajectory", "turn", "reward", "generate_batch", "grading"]
 # Learner lane (module docstring); "context_replay": distillation's deferred context adjoints when a trajectory closes.
 LearnerKind = Literal["source_backward", "content_backward", "turn_backward", "turn_close", "bind", "group_fold",
-                      "context_replay", "score_loss_backward"]
+                      "router_aux", "context_replay", "score_loss_backward"]
 TraceKind = Literal[RolloutKind, "tool_call", LearnerKind, "teacher_score", "optimizer", "publish"]
 
 

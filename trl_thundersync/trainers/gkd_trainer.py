@@ -31,7 +31,7 @@ from trl.trainer.sft_trainer import SFTTrainer
 from ..distill.learner import DistillBatchLearner
 from ..distill.losses import generalized_jsd_per_token, opd_loss_sum
 from ..distill.normalizer import StepNormalizer, step_loss, step_normalizer
-from ..distill.pipeline import DistillTiming, TurnRouter, run_distill_batch
+from ..distill.pipeline import TurnRouter, run_distill_batch
 from ..distill.processes import (
     RankShare,
     batch_metrics,
@@ -40,15 +40,16 @@ from ..distill.processes import (
     finished_share,
     local_share,
 )
-from ..distill.records import DistillTotals, TeacherScores
+from ..distill.records import DistillTotals, TeacherScores, TrajectoryClosed
 from ..distill.teacher import LocalTeacher
-from ..distill.trace import distill_step_trace
 from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from ..distill.vocab_map import VocabularyMap
 from ..envs.harness.metrics import model_token_counts
 from ..errors import TeacherScoringError, UnsupportedOptionError
 from ..rollout.batches import as_rollout_engine
 from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
+from ..streaming.learner_records import BatchTiming
+from ..trace.recorder import build_step_trace
 from .gkd_checks import check_vocabularies, refuse_combinations
 from .gkd_config import ThunderSyncGKDConfig
 from .gkd_rollout import (
@@ -120,7 +121,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self._seeded_by: float | None = None  # the count this batch's turn losses are divided by (None: none)
         self._open_step: StepRecord | None = None  # the streamed batch awaiting its step's trace (`lifecycle.py`)
         self._window: list = []  # on-policy micro-batches of the current optimizer step, not yet streamed
-        self.last_batch: tuple[DistillTotals, DistillTiming] | None = None
+        self.last_batch: tuple[DistillTotals, BatchTiming] | None = None
         self.last_trace = None
         self.add_callback(PublishCallback(self))
 
@@ -340,11 +341,10 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         if self._seeded_by is not None:  # the share carries the plain loss sum (metrics, the normalizer's loss)
             totals = dataclasses.replace(totals, loss_sum=totals.loss_sum * self._seeded_by)
         rollouts = [i.rollout for i in items if hasattr(i, "rollout")]
-        turns = [w for w in totals.work if w.kind == "turn_backward"]
         return finished_share(rank, totals, step_timing_metrics(timing),
                               model_token_counts([r.completion_ids for r in rollouts], [r.env_mask for r in rollouts]),
                               [r.agent for r in rollouts if r.agent is not None], engine_step_metrics(self._engine),
-                              teacher_wait=sum(w.teacher_wait for w in turns), teacher=timing.teacher,
+                              teacher_wait=timing.teacher_wait, teacher=timing.teacher,
                               num_items=num_items)
 
     def _objective(self, logits: torch.Tensor, actions: torch.Tensor, teacher: TeacherScores) -> torch.Tensor:
@@ -392,9 +392,10 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         return True
 
     def _step_trace(self, step: StepRecord, optimizer_end: float, publish_end: float):
-        return distill_step_trace(step=step.version, schedule=self.args.schedule, start=step.timing.start,
-                                  rollout_end=step.timing.rollout_end, totals=step.totals, items=step.items,
-                                  optimizer_end=optimizer_end, publish_end=publish_end)
+        rollouts = [item.rollout for item in step.items if isinstance(item, TrajectoryClosed)]
+        return build_step_trace(step=step.version, schedule=self.args.schedule, timing=step.timing,
+                                work=step.totals.work, rollouts=rollouts, optimizer_end=optimizer_end,
+                                publish_end=publish_end, flops_of=self._flops_of)
 
     def close(self) -> None:
         """Stop the rollout engine, release the trace and close the teacher (also done at interpreter exit)."""

@@ -29,13 +29,15 @@ from ..streaming.barrier import grpo_barrier
 from ..streaming.batch_metrics import stats_bound_bytes
 from ..streaming.grading import grading_workers
 from ..streaming.learner import BatchTotals, GRPOBatchLearner
+from ..streaming.learner_records import BatchTiming
 from ..streaming.normalization import micro_batch_of
-from ..streaming.pipeline import BatchTiming, TurnRouter, run_logical_batch
+from ..streaming.pipeline import TurnRouter, run_logical_batch
 from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ..streaming.rewards import RewardContext, ScoringInput
 from ..streaming.unscorable import unscorable_warning
+from ..trace.recorder import build_step_trace
 from ..types import Rollout, RolloutRequest, SamplingParams
-from . import grpo_iterations, grpo_metrics, grpo_trace
+from . import grpo_iterations, grpo_metrics
 from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
 from .grpo_checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
 from .grpo_entropy import entropy_batch, entropy_normalizers, entropy_step
@@ -353,10 +355,10 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     # -- lifecycle hooks (`lifecycle.StreamingLifecycle` owns publication, the trace, close and train) ----------
     def _step_trace(self, step: StepRecord, optimizer_end: float, publish_end: float):
-        return grpo_trace.step_trace(self, step, optimizer_end, publish_end)
-
-    def _trace_metrics(self, trace) -> None:
-        grpo_trace.trace_metrics(self, trace)
+        return build_step_trace(step=step.version, schedule=self.args.schedule, timing=step.timing,
+                                work=step.totals.work, rollouts=step.items, optimizer_end=optimizer_end,
+                                publish_end=publish_end, stats_bytes=step.totals.peak_stats_bytes,
+                                flops_of=self._flops_of, peak_flops_per_s=self.args.peak_flops_per_s or 0.0)
 
     def _publish_due(self, global_step: int) -> bool:
         """`PublishCallback`: θ goes out after the last pass over a generation batch (`num_iterations`)."""

@@ -9,19 +9,23 @@ batch leaves a `StepRecord` in `_open_step`; after each optimizer step `PublishC
 
 A trainer using the mixin provides `_engine` (the rollout engine, None until built), `policy_version`,
 `_publish_due(global_step) -> bool` (is this optimizer step the last of its generation batch? always, except between
-the passes of GRPO's `num_iterations > 1`) and `_step_trace(step, optimizer_end, publish_end) -> StepTrace`; it may
-extend `_trace_metrics(trace)` (GRPO: learner FLOPs and MFU) and `close()`.
+the passes of GRPO's `num_iterations > 1`) and `_step_trace(step, optimizer_end, publish_end) -> StepTrace` (built with
+`trace.recorder.build_step_trace`, its FLOPs counted by `_flops_of`); it may extend `_trace_metrics(trace)` (by
+default the learner FLOP rate and MFU, `trace.recorder.flop_metrics`) and `close()`.
 """
 
 from __future__ import annotations
 
 import time
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from transformers import TrainerCallback
 
 from ..rollout.engine import RolloutEngine
-from ..trace.recorder import open_run_trace
+from ..streaming.learner_records import BatchTiming
+from ..trace.flops import FlopCounter, model_flop_counter
+from ..trace.recorder import flop_metrics, open_run_trace
 from .placement import learner_placement, unplaced_policy
 from .rank_failure import RankFailureGuard
 
@@ -37,11 +41,11 @@ class StepRecord(NamedTuple):
 
     version: int  # policy version θ_k the batch was sampled with (= the optimizer step it feeds)
     totals: Any  # the learner's totals (`BatchTotals` for GRPO, `DistillTotals` for GKD)
-    timing: Any  # wall-clock landmarks (`BatchTiming` / `DistillTiming`: start, rollout_end, learner_busy, barrier)
+    timing: BatchTiming  # wall-clock landmarks (start, rollout_end, learner_busy, barrier; GKD: the teacher's too)
     items: list  # what the trace is built from: GRPO's scored sources, GKD's scored turns and closed trajectories
 
 
-def step_timing_metrics(timing: Any) -> dict[str, float]:
+def step_timing_metrics(timing: BatchTiming) -> dict[str, float]:
     """The `thundersync/*` timing metrics of one streamed batch (both trainers log the same names)."""
     wall = timing.barrier - timing.start
     return {
@@ -91,7 +95,7 @@ class StreamingLifecycle:
 
     def evaluation_generator(self):
         """The `TurnGenerator` this run samples with (built on first use, like `rollout_engine`), serving the current
-        policy version between batches: evaluations sample held-out episodes with it (`suite_eval.evaluate_suite`),
+        policy version between batches: evaluations sample held-out episodes with it (`envs.suites.evaluate`),
         on the same servers and with the same sampling settings as training. None where TRL's own batch generation
         samples (rollout_func, rollout_engine='trl')."""
         uses_trl = getattr(self, "_uses_trl_generation", None)
@@ -140,7 +144,16 @@ class StreamingLifecycle:
         raise NotImplementedError
 
     def _trace_metrics(self, trace) -> None:
-        """Metrics derived from a finished step's trace (none by default)."""
+        """Metrics derived from a finished step's trace: the learner FLOP rate (and MFU with a known device peak)."""
+        for name, value in flop_metrics(trace, self.accelerator.num_processes).items():
+            self._metrics["train"][name].append(value)
+
+    @cached_property
+    def _flops_of(self) -> FlopCounter | None:
+        """Learner FLOPs of one pass over a context of n tokens (`trace.flops`), for `_step_trace`; built once, at
+        the first step's trace (the model prepared, its trainable parameters `_trainable` known); None for a
+        non-standard decoder config."""
+        return model_flop_counter(self.accelerator.unwrap_model(self.model), self._trainable)
 
     def close(self) -> None:
         """Stop the rollout engine's worker and release the trace (also done at interpreter exit)."""

@@ -145,13 +145,13 @@ def test_thermostat_workload_takes_the_examples_config_values(tmp_path):
         grpo_config,
         parse_schedule,
         reward_funcs,
+        thermostat_settings,
     )
-    from trl_thundersync.agentic import ThermostatSuiteArguments
-    from trl_thundersync.example_support import TINY_AGENT_THERMOSTAT
+    from trl_thundersync.envs.suites import get_suite
 
     positional, example = example_call(THERMOSTAT_EXAMPLE)
-    assert positional == [ThermostatSuiteArguments, "thermostat"]
-    assert example["model_name_or_path"] == TINY_AGENT_THERMOSTAT
+    assert positional == ["thermostat"]
+    assert thermostat_settings()["model"] == get_suite("thermostat").tiny_agent == "tiny-agent-thermostat"
     w = workload_of(parse_args(["--workload", "thermostat", "--steps", "3"]))
     assert (w.batch, w.group, w.max_completion_length, w.max_tool_calling_iterations) == (
         example["per_device_train_batch_size"], example["num_generations"], example["max_completion_length"],

@@ -16,8 +16,8 @@ from trl_thundersync.distill.processes import (
     local_share,
 )
 from trl_thundersync.distill.records import DistillTotals
-from trl_thundersync.distill.teacher_schedule import TeacherLoad
 from trl_thundersync.errors import NoScoredTokensError, PeerProcessError, TeacherScoringError
+from trl_thundersync.streaming.learner_records import TeacherLoad
 from trl_thundersync.types import AgentStats
 
 

@@ -16,10 +16,10 @@ from trl_thundersync.distill.pipeline import DONE, TurnRouter, _teach, run_disti
 from trl_thundersync.distill.records import ScoredTurn, TrajectoryClosed
 from trl_thundersync.distill.teacher import LocalTeacher
 from trl_thundersync.distill.teacher_schedule import TeacherLedger, plan_requests, score_spans
-from trl_thundersync.distill.trace import distill_step_trace
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum
 from trl_thundersync.errors import RolloutError
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.trace.recorder import build_step_trace
 from trl_thundersync.types import Rollout, RolloutRequest, TurnEvent
 
 pytestmark = pytest.mark.fast
@@ -117,9 +117,9 @@ def test_trajectory_scoring_gives_the_per_turn_update_with_one_request_per_traje
     assert j_timing.teacher.prefill_tokens == sum(len(t[-1].context_ids) + len(t[-1].action_ids) for t in trajectories)
     assert j_timing.teacher.prefill_tokens < t_timing.teacher.prefill_tokens
     # the trace shows one teacher interval per request, carrying every action token it scored
-    trace = distill_step_trace(step=0, schedule=schedule, start=j_timing.start, rollout_end=j_timing.rollout_end,
-                               totals=j_totals, items=items, optimizer_end=j_timing.barrier,
-                               publish_end=j_timing.barrier)
+    rollouts = [item.rollout for item in items if isinstance(item, TrajectoryClosed)]
+    trace = build_step_trace(step=0, schedule=schedule, timing=j_timing, work=j_totals.work, rollouts=rollouts,
+                             optimizer_end=j_timing.barrier, publish_end=j_timing.barrier)
     lane = [e for e in trace.events if e.lane == "teacher"]
     assert len(lane) == len(trajectories) and sum(e.tokens for e in lane) == j_totals.scored_tokens
 

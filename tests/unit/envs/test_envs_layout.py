@@ -1,8 +1,9 @@
 """The layout of `trl_thundersync.envs`: layers that depend one way, one errors module, no old import paths left.
 
 Layers (envs/__init__.py): harness/ stands alone; runtimes/ needs only the errors; tasks/ (task data) may use
-runtimes/; environments/ may use both. The modules that once re-exported the moved names from the top of envs/ are
-gone: only `__init__.py` and `errors.py` live there.
+runtimes/; environments/ may use both; suites/ (one record per task suite) may use every layer below it. The
+modules that once re-exported the moved names from the top of envs/ are gone: only `__init__.py` and `errors.py`
+live there.
 Pure: reads source files and imports modules, no sandbox or model.
 Run: python -m pytest tests/unit/envs/test_envs_layout.py -q
 """
@@ -21,15 +22,17 @@ from trl_thundersync.errors import ThunderSyncError
 ENVS = Path(envs_package.__file__).parent
 PREFIX = "trl_thundersync.envs"
 
-# the module paths of envs/ before the split into layers (now envs.harness.*, envs.runtimes.*, envs.environments.*)
+# the module paths of envs/ before the split into layers (now envs.harness.*, envs.runtimes.*, envs.environments.*,
+# envs.suites.validate)
 MOVED = ("agent_loop", "trl_tool_loop", "sandbox_api", "sandbox", "swe", "terminal", "validate")
-LAYERS = ("harness", "runtimes", "tasks", "environments")
+LAYERS = ("harness", "runtimes", "tasks", "environments", "suites")
 # layer -> the envs subpackages and top-level modules it may import
 ALLOWED = {
     "harness": {"harness"},
     "runtimes": {"runtimes", "errors"},
     "tasks": {"tasks", "runtimes", "errors"},
     "environments": {"environments", "tasks", "runtimes", "errors"},
+    "suites": {"suites", "environments", "tasks", "runtimes", "harness", "errors"},
 }
 
 

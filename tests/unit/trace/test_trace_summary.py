@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_thundersync.example_support import report_run
+from trl_thundersync.examples_support.reports import report_run
 from trl_thundersync.trace.export import write_jsonl
 from trl_thundersync.trace.recorder import TRACE_FILE
 from trl_thundersync.trace.records import StepTrace, TraceEvent

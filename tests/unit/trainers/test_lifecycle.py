@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trl_thundersync.trace.records import StepTrace
 from trl_thundersync.trainers import gkd_trainer, grpo_trainer
 from trl_thundersync.trainers.lifecycle import (
     PublishCallback,
@@ -43,7 +44,7 @@ class Writer:
 class Trainer(StreamingLifecycle):
     def __init__(self, due=True):
         self.model = "model"
-        self.accelerator = SimpleNamespace(unwrap_model=lambda m: f"unwrapped {m}")
+        self.accelerator = SimpleNamespace(unwrap_model=lambda m: f"unwrapped {m}", num_processes=1)
         self._metrics = {"train": defaultdict(list)}
         self._engine, self._trace_writer, self.policy_version, self.due = Engine(), Writer(), 0, due
         self.traced: list = []
@@ -53,7 +54,9 @@ class Trainer(StreamingLifecycle):
 
     def _step_trace(self, step, optimizer_end, publish_end):
         self.traced.append(step)
-        return SimpleNamespace(wall=publish_end - step.timing.start)
+        return StepTrace(step=step.version, schedule="sync", start=step.timing.start,
+                         rollout_end=step.timing.rollout_end, learner_end=step.timing.barrier,
+                         barrier_end=optimizer_end, publish_end=publish_end, events=())
 
 
 def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0):
@@ -71,6 +74,7 @@ def test_publish_then_record_closes_the_open_step_once():
     assert trainer._open_step is None and len(trainer.traced) == 1 and len(trainer._trace_writer.traces) == 1
     assert trainer.last_trace is trainer._trace_writer.traces[0]
     assert len(trainer._metrics["train"]["thundersync/step_wall_with_publish_seconds"]) == 1
+    assert trainer._metrics["train"]["thundersync/learner_tflops_per_s"] == [0.0]  # no learner events, no FLOPs
     callback.on_step_end(None, SimpleNamespace(global_step=2), None)  # nothing open: published, nothing traced
     assert len(trainer.traced) == 1 and trainer.policy_version == 2
 

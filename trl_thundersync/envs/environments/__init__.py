@@ -5,10 +5,11 @@
 - `pytest_graded.py`: `PytestGradedEnv`, grading one attempt with one pytest run in a fresh grading copy.
 - `swe.py`: `SWERepairEnv` (repair a repository until its tests pass); `terminal.py`: `TerminalTaskEnv` (shell
   tasks graded by a hidden verifier).
-- `validate.py`: `python -m trl_thundersync.envs.environments.validate`, every bundled task unsolved as shipped and
-  solved by its reference solution, through these environments.
+- `lookup.py`, `thermostat.py`: `LookupTaskEnv`, `ThermostatTaskEnv` (graded from the environment's own record of
+  the commands it ran).
 
-They run commands through a `runtimes` sandbox and read their tasks from `tasks` (records, suites, grading).
+They run commands through a `runtimes` sandbox and read their tasks from `tasks` (records, suites, grading); the
+`suites` layer above names each with its tasks (`envs/suites/`) and validates them.
 """
 
 from __future__ import annotations

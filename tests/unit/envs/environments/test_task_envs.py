@@ -20,9 +20,9 @@ import pytest
 
 from trl_thundersync.envs.environments.swe import SWERepairEnv
 from trl_thundersync.envs.environments.terminal import TerminalTaskEnv
-from trl_thundersync.envs.environments.validate import overlay_command
 from trl_thundersync.envs.runtimes.api import CommandResult, Sandbox, SandboxError, SandboxLimits
 from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
+from trl_thundersync.envs.suites.swe import overlay_command
 from trl_thundersync.envs.tasks import (
     SWETask,
     TaskFormatError,

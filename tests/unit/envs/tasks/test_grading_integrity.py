@@ -23,9 +23,9 @@ import pytest
 
 from trl_thundersync.envs.environments.swe import SWERepairEnv
 from trl_thundersync.envs.environments.terminal import TerminalTaskEnv
-from trl_thundersync.envs.environments.validate import overlay_command
 from trl_thundersync.envs.runtimes.api import SandboxLimits
 from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
+from trl_thundersync.envs.suites.swe import overlay_command
 from trl_thundersync.envs.tasks import TaskFormatError, load_swe_suite, load_terminal_suite
 from trl_thundersync.envs.tasks.grading import GradingLimits, UngradableWorkspace, copy_workspace
 from trl_thundersync.envs.tasks.pytest_channel import pytest_invocation, read_records, run_pytest

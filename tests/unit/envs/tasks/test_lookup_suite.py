@@ -11,7 +11,8 @@ from itertools import product
 
 import pytest
 
-from trl_thundersync.agentic import SUITES, load_suite
+from trl_thundersync.envs.suites import get_suite, load_suite, suite_names
+from trl_thundersync.envs.suites.lookup import LOOKUP_SHARE, lookup_episode, lookup_warm_chains
 from trl_thundersync.envs.tasks.lookup import (
     POINTERS,
     START,
@@ -77,7 +78,7 @@ def test_files_encode_exactly_the_chain() -> None:
 
 
 def test_the_suite_is_selectable_by_name() -> None:
-    assert "lookup" in SUITES
+    assert "lookup" in suite_names()
     suite = load_suite("lookup", num_tasks=3)
     assert list(suite.tasks) == list(TRAIN)[:3] and set(suite.dataset["task_id"]) == set(list(TRAIN)[:3])
     assert "cat input.txt" in suite.dataset[0]["prompt"][0]["content"]
@@ -121,13 +122,13 @@ def test_the_lookup_warm_start_teaches_the_format_not_the_chain(tmp_path) -> Non
     rng = random.Random(0)
     followed = []
     for _ in range(400):
-        episode = agent.lookup_episode(rng)
+        episode = lookup_episode(rng)
         assert episode[0]["tool_calls"][0]["function"]["arguments"]["command"] == START
         shown = episode[1]["content"].split("next: ")[1].split("\n")[0]
         call = episode[2]["tool_calls"][0]["function"]
         followed.append((call["arguments"].get("command") if call["name"] == "run_shell" else SUBMIT) == shown)
     assert 0.1 < sum(followed) / len(followed) < 0.3  # chance: 1 in 5
-    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, lookup=True)
+    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, suite=get_suite("lookup").warm_start())
     assert json.loads((path / agent.MARKER).read_text())["lookup"] is True
 
 
@@ -147,15 +148,14 @@ def test_following_warm_start_episodes_walk_a_trained_chain() -> None:
     walked chain is never a held-out multi-hop chain (held-out success on those stays a generalization measure)."""
     import random
 
-    from trl_thundersync.tiny import agent
 
     held = {t.chain for t in HELDOUT.values() if len(t.chain) > 1}
-    assert held and not held & set(agent.lookup_warm_chains())
-    assert {len(c) for c in agent.lookup_warm_chains()} == {1, 2, 3}
+    assert held and not held & set(lookup_warm_chains())
+    assert {len(c) for c in lookup_warm_chains()} == {1, 2, 3}
     rng = random.Random(1)
     walked = set()
     for _ in range(300):
-        episode = agent.lookup_episode(rng, follow=True)
+        episode = lookup_episode(rng, follow=True)
         shown, done = _walk(episode)
         assert episode[0]["tool_calls"][0]["function"]["arguments"]["command"] == START
         assert done == shown and done[-1] == SUBMIT and SUBMIT not in done[:-1]
@@ -171,14 +171,15 @@ def test_the_lookup_build_key_names_its_follow_share(tmp_path, monkeypatch) -> N
 
     calls = []
     monkeypatch.setattr(agent, "warm_start", lambda *a, **k: calls.append(k) or [1.0, 0.5])
-    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, lookup=True, lookup_follow=0.3)
+    lookup = get_suite("lookup").warm_start
+    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, suite=lookup(follow=0.3))
     record = json.loads((path / agent.MARKER).read_text())
-    assert (record["lookup_follow"], record["lookup_share"]) == (0.3, agent.LOOKUP_SHARE)
-    assert (calls[-1]["lookup_follow"], calls[-1]["lookup_share"]) == (0.3, agent.LOOKUP_SHARE)
-    agent.save_tiny_agent_model(path, steps=2, lookup=True, lookup_follow=0.3)
+    assert (record["lookup_follow"], record["lookup_share"]) == (0.3, LOOKUP_SHARE)
+    assert (calls[-1]["suite"].key["lookup_follow"], calls[-1]["suite"].share) == (0.3, LOOKUP_SHARE)
+    agent.save_tiny_agent_model(path, steps=2, suite=lookup(follow=0.3))
     assert len(calls) == 1, "same key: reused"
-    agent.save_tiny_agent_model(path, steps=2, lookup=True, lookup_follow=0.5)
+    agent.save_tiny_agent_model(path, steps=2, suite=lookup(follow=0.5))
     assert len(calls) == 2, "another follow share: rebuilt"
-    for bad in ({"lookup_follow": 1.5}, {"lookup_share": -0.1}):
-        with pytest.raises(ConfigurationError, match=next(iter(bad))):
-            agent.save_tiny_agent_model(path, steps=2, lookup=True, **bad)
+    for bad, flag in (({"follow": 1.5}, "lookup_follow"), ({"share": -0.1}, "lookup_share")):
+        with pytest.raises(ConfigurationError, match=flag):
+            agent.save_tiny_agent_model(path, steps=2, suite=lookup(**bad))

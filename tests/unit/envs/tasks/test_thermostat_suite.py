@@ -13,7 +13,8 @@ from itertools import product
 
 import pytest
 
-from trl_thundersync.agentic import SUITES, load_suite
+from trl_thundersync.envs.suites import get_suite, load_suite, suite_names
+from trl_thundersync.envs.suites.thermostat import THERMOSTAT_FOLLOW, thermostat_episode
 from trl_thundersync.envs.tasks.thermostat import (
     CHECK,
     DOWN,
@@ -76,7 +77,7 @@ def test_the_reactive_rule_solves_every_task_and_a_blind_policy_does_not() -> No
 
 
 def test_the_suite_is_selectable_by_name() -> None:
-    assert "thermostat" in SUITES
+    assert "thermostat" in suite_names()
     suite = load_suite("thermostat")
     assert set(suite.tasks) == set(TRAIN) and len(suite.dataset) == len(TRAIN)
     assert suite.dataset[0]["prompt"][0]["role"] == "user" and suite.dataset[0]["task_id"] in TRAIN
@@ -86,8 +87,6 @@ def test_warm_start_episodes_follow_the_dynamics_and_the_rule_when_asked() -> No
     """Every episode's observations are what the scripts print for the level its actions reached from some train
     start; with follow=1 the episode is the reference run; with follow=0 the commands ignore the observations
     (both directions, and submit, occur after "status: high")."""
-    from trl_thundersync.tiny.agent import thermostat_episode
-
     rng = random.Random(0)
     after_high = set()
     for follow in (0.0, 1.0):
@@ -109,8 +108,6 @@ def test_warm_start_episodes_follow_the_dynamics_and_the_rule_when_asked() -> No
 def test_the_teacher_warm_start_follows_the_rule_from_every_distance_asked() -> None:
     """`distances` sets the start levels an episode is drawn from (the distillation teacher: train and held-out);
     with follow=1 each is the reference run from its start."""
-    from trl_thundersync.tiny.agent import thermostat_episode
-
     rng, starts_seen = random.Random(1), set()
     for _ in range(200):
         episode = thermostat_episode(rng, follow=1.0, distances=(3, 4))
@@ -139,28 +136,29 @@ def test_the_thermostat_build_key_names_its_follow_share(tmp_path, monkeypatch) 
 
     calls = []
     monkeypatch.setattr(agent, "warm_start", lambda *a, **k: calls.append(k) or [1.0, 0.5])
-    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, thermostat=True)
+    thermostat = get_suite("thermostat").warm_start
+    path = agent.save_tiny_agent_model(tmp_path / "agent", steps=2, suite=thermostat())
     record = json.loads((path / agent.MARKER).read_text())
-    assert record["thermostat"] is True and record["thermostat_follow"] == agent.THERMOSTAT_FOLLOW
-    assert calls[-1]["thermostat_follow"] == agent.THERMOSTAT_FOLLOW and calls[-1]["lookup"] is False
-    agent.save_tiny_agent_model(path, steps=2, thermostat=True)
+    assert record["thermostat"] is True and record["thermostat_follow"] == THERMOSTAT_FOLLOW
+    assert calls[-1]["suite"].key["thermostat_follow"] == THERMOSTAT_FOLLOW and calls[-1]["suite"].suite == "thermostat"
+    agent.save_tiny_agent_model(path, steps=2, suite=thermostat())
     assert len(calls) == 1, "same key: reused"
     agent.save_tiny_agent_model(path, steps=2)
-    assert len(calls) == 2 and calls[-1]["thermostat_follow"] is None, "the default build is another folder"
+    assert len(calls) == 2 and calls[-1]["suite"] is None, "the default build is another folder"
     with pytest.raises(ConfigurationError, match="thermostat_follow"):
-        agent.save_tiny_agent_model(path, steps=2, thermostat=True, thermostat_follow=2.0)
-    with pytest.raises(ConfigurationError, match="one suite"):
-        agent.save_tiny_agent_model(path, steps=2, thermostat=True, lookup=True)
-    teacher = agent.save_tiny_agent_model(tmp_path / "teacher", steps=2, thermostat=True, thermostat_follow=1.0,
-                                          thermostat_distances=(1, 2, 3, 4))
+        agent.save_tiny_agent_model(path, steps=2, suite=thermostat(follow=2.0))
+    with pytest.raises(ConfigurationError, match="suite='both'"):  # one suite per build: a name, not a set of flags
+        agent.save_tiny_agent_model(path, steps=2, suite=get_suite("both").warm_start())
+    teacher = agent.save_tiny_agent_model(tmp_path / "teacher", steps=2, suite=thermostat(follow=1.0,
+                                                                                         distances=(1, 2, 3, 4)))
     assert json.loads((teacher / agent.MARKER).read_text())["thermostat_distances"] == [1, 2, 3, 4]
-    assert calls[-1]["thermostat_distances"] == (1, 2, 3, 4)
-    agent.save_tiny_agent_model(teacher, steps=2, thermostat=True, thermostat_follow=1.0)
-    assert len(calls) == 4 and calls[-1]["thermostat_distances"] is None, "other distances: rebuilt"
+    assert calls[-1]["suite"].key["thermostat_distances"] == [1, 2, 3, 4]
+    agent.save_tiny_agent_model(teacher, steps=2, suite=thermostat(follow=1.0))
+    assert len(calls) == 4 and "thermostat_distances" not in calls[-1]["suite"].key, "other distances: rebuilt"
     with pytest.raises(ConfigurationError, match="thermostat_distances"):
-        agent.save_tiny_agent_model(path, steps=2, thermostat=True, thermostat_distances=(0, 2))
-    with pytest.raises(ConfigurationError, match="thermostat=True"):
-        agent.save_tiny_agent_model(path, steps=2, thermostat_distances=(1, 2))
+        agent.save_tiny_agent_model(path, steps=2, suite=thermostat(distances=(0, 2)))
+    with pytest.raises(ConfigurationError, match="thermostat_distances"):
+        agent.save_tiny_agent_model(path, steps=2, suite=thermostat(distances=()))
 
 
 @needs_bwrap

@@ -1,7 +1,7 @@
-"""Held-out evaluation of a policy on a bundled suite (thermostat or lookup): sampled multi-turn episodes in the
-sandbox, no training.
+"""Held-out evaluation of a policy on a task suite (a registered name or a `Suite`; the bundled ones with a held-out
+split: thermostat, lookup): sampled multi-turn episodes in the sandbox, no training.
 
-    from trl_thundersync.suite_eval import evaluate_suite
+    from trl_thundersync.envs.suites.evaluate import evaluate_suite
     result = evaluate_suite(model, tokenizer, "thermostat", split="heldout", samples=4, temperature=0.7)  # SuiteEval
 
 Each episode runs the project's own agent loop (`envs.harness.agent_loop.run_agent_trajectory`) over a fresh
@@ -17,16 +17,16 @@ episodes run concurrently: seconds instead of a sequential `generate` loop. Seed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from .errors import ConfigurationError
-
-EvalSuite = Literal["thermostat", "lookup"]
+from ...errors import ConfigurationError
+from .record import Suite
+from .registry import get_suite
 
 
 @dataclass(frozen=True)
@@ -39,34 +39,20 @@ class SuiteEval:
     by_difficulty: dict[str, float]  # difficulty -> success rate
 
 
-def _suite_parts(suite: EvalSuite, split: str) -> tuple[Mapping[str, Any], type, Callable[[Any], str]]:
-    """(tasks of `split`, environment class, task -> user message) of `suite`."""
-    if suite == "thermostat":
-        from .envs.environments.thermostat import ThermostatTaskEnv
-        from .envs.tasks.thermostat import load_thermostat_suite, thermostat_prompt
-
-        return load_thermostat_suite(split), ThermostatTaskEnv, thermostat_prompt
-    if suite == "lookup":
-        from .envs.environments.lookup import LookupTaskEnv
-        from .envs.tasks.lookup import load_lookup_suite, lookup_prompt
-
-        return load_lookup_suite(split), LookupTaskEnv, lookup_prompt
-    raise ConfigurationError(f"evaluate_suite: suite={suite!r} is not 'thermostat' or 'lookup'")
-
-
-def evaluate_suite(model, tokenizer, suite: EvalSuite, *, split: str = "heldout", samples: int = 2, seed: int = 0,
+def evaluate_suite(model, tokenizer, suite: str | Suite, *, split: str = "heldout", samples: int = 2, seed: int = 0,
                    temperature: float = 1.0, max_turns: int = 6, max_tokens_per_turn: int = 48,
                    backend: str = "bwrap", generator: Any = None) -> SuiteEval:
     """Sample `samples` episodes per task of `split` and grade them (seeded: the same model gives the same result).
     `generator`: sample every turn with this `TurnGenerator` (its own temperature) instead of `model.generate`."""
     from trl.chat_template_utils import get_training_chat_template
 
-    from .envs.harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
-    from .envs.harness.tool_calls import ToolResponseRenderer
+    from ..harness.agent_loop import AgentLimits, ToolRunner, run_agent_trajectory
+    from ..harness.tool_calls import ToolResponseRenderer
 
     if samples < 1 or temperature <= 0:
         raise ConfigurationError(f"evaluate_suite: samples={samples} must be >= 1 and temperature={temperature} > 0")
-    tasks, env_class, prompt_of = _suite_parts(suite, split)
+    record = get_suite(suite)
+    tasks, env_class, prompt_of = record.tasks(split), record.environment, record.prompt
     template = get_training_chat_template(tokenizer) or tokenizer.chat_template
     limits = AgentLimits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn)
     render = ToolResponseRenderer(tokenizer, template)
@@ -111,7 +97,7 @@ def evaluate_suite(model, tokenizer, suite: EvalSuite, *, split: str = "heldout"
 
 def _episodes_on(generator: Any, episodes: list, episode: Callable, seed: int, runner: Any) -> list[tuple[str, float]]:
     """Every episode at once, each turn sampled by `generator` with a seed drawn from (`seed`, episode, turn)."""
-    from .types import RolloutRequest
+    from ...types import RolloutRequest
 
     def sampler(number: int) -> Callable:
         def sample(context, budget, turn):
