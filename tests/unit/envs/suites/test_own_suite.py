@@ -4,7 +4,7 @@ evaluation and validation, passed as a record or registered by name.
 
 The environment runs commands with the unsandboxed local fallback (no bubblewrap needed); the episodes of the
 evaluation are played by a scripted turn generator (no trained model).
-Run: python -m pytest tests/unit/test_own_suite.py -q
+Run: python -m pytest tests/unit/envs/suites/test_own_suite.py -q
 """
 
 from __future__ import annotations
