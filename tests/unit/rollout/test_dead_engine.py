@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.fixtures import http_stub
-from trl_thundersync.errors import RolloutError
-from trl_thundersync.rollout.vllm_api import DeadEngineError, HTTPReply, engine_dead
+from trl_thundersync.errors import DeadEngineError, RolloutError
+from trl_thundersync.rollout.vllm_api import HTTPReply, engine_dead
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.types import RolloutRequest, SamplingParams
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trl_thundersync.errors import ConfigurationError, RolloutError
+from trl_thundersync.rollout.publisher_choice import make_publisher
 from trl_thundersync.rollout.vllm_api import (
     HTTPReply,
     completion_payload,
@@ -25,7 +26,7 @@ from trl_thundersync.rollout.vllm_api import (
     parse_model_ids,
 )
 from trl_thundersync.rollout.vllm_publish import HTTPWeightFile, LoRAAdapterPublisher, TRLNCCLPublisher
-from trl_thundersync.rollout.vllm_replicas import make_publisher, percentile
+from trl_thundersync.rollout.vllm_replicas import percentile
 from trl_thundersync.serve.generation import GenerationOutput, PromptPosition
 from trl_thundersync.serve.protocol import APIError, ServedModel, completion_response, parse_completion_request
 from trl_thundersync.types import SamplingParams
