@@ -35,8 +35,8 @@ from benchmarks.parity import (
     run_trainer,
 )
 from trl_thundersync.tiny.model import save_tiny_model
-from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
 
 def main(argv: list[str] | None = None) -> None:

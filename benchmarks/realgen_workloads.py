@@ -191,7 +191,7 @@ def reward_funcs(w: RealgenWorkload) -> list:
 def grpo_config(w: RealgenWorkload, s: RunSchedule, out_dir: Path):
     """The `ThunderSyncGRPOConfig` of a sync/thundersync run of `s`, sampling with `s.engine`."""
     from benchmarks.parity import cpu_config
-    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
 
     schedule, _, release = s.base.partition(":")
     return cpu_config(ThunderSyncGRPOConfig, out_dir, **config_kwargs(w), schedule=schedule,
@@ -215,7 +215,7 @@ def _model(w: RealgenWorkload, path: str):
 
 
 def build_grpo(w: RealgenWorkload, s: RunSchedule, model: str, out_dir: Path):
-    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
     suite = _suite(w)
     return ThunderSyncGRPOTrainer(model=_model(w, model), reward_funcs=reward_funcs(w), args=grpo_config(w, s, out_dir),
@@ -239,8 +239,8 @@ def build_trl_trainer(w: RealgenWorkload, trainer_cls: type, model: str, out_dir
 def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
     """`ThunderSyncGKDTrainer` on the SWE tasks (as `examples/swe_opd.py`): for the learner-tail comparison only."""
     from benchmarks.parity import load_model
-    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
-    from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
+    from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
+    from trl_thundersync.trainers.gkd.trainer import ThunderSyncGKDTrainer
 
     suite = _suite(w)
     # cpu_config's base has GRPO-only fields (num_generations, max_completion_length): the same CPU settings here

@@ -91,8 +91,8 @@ def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
 def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
                       plan: CorePlan | None, release: str = "reward"):
     from benchmarks.scripted import ScriptedTurnGenerator
-    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
     # agent_protocol="paper": the published BENCHMARKS.md figures were measured with it (its stock-TRL side below
     # runs the same paper loop through rollout_func)

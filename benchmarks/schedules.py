@@ -22,8 +22,8 @@ from transformers.utils import logging as hf_logging
 
 from benchmarks.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync.tiny.model import save_tiny_model
-from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
 
 def reward_digits(completions, **kwargs):

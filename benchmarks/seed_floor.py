@@ -54,8 +54,8 @@ from benchmarks.parity import (
 )
 from trl_thundersync.streaming import source as source_module
 from trl_thundersync.tiny.model import save_tiny_model
-from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
+from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 from trl_thundersync.trainers.placement import replicated as trainer_module  # where the barrier writes param.grad
 
 SEED_SCALES = (3.0, 0.7)  # not powers of two: a power of two rescales every rounding exactly

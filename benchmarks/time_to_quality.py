@@ -105,8 +105,8 @@ def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teac
     """A distillation run: ThunderSyncGKDTrainer with `schedule`, on-policy (lmbda 1) in the paper's agent loop."""
     from benchmarks.parity import load_model
     from trl_thundersync.envs.suites import load_suite
-    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
-    from trl_thundersync.trainers.gkd_trainer import ThunderSyncGKDTrainer
+    from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
+    from trl_thundersync.trainers.gkd.trainer import ThunderSyncGKDTrainer
 
     suite = load_suite(w.suite)
     args = ThunderSyncGKDConfig(
@@ -136,8 +136,8 @@ def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir:
         args = cpu_config(GRPOConfig, out_dir, **_config_fields(w, seed))
         return GRPOTrainer(model=load_model(model_dir), reward_funcs=[], args=args, train_dataset=data,
                            environment_factory=factory, callbacks=[curve])
-    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
-    from trl_thundersync.trainers.grpo_trainer import ThunderSyncGRPOTrainer
+    from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_config_fields(w, seed), schedule=schedule,
                       learner_num_threads=1, rollout_num_threads=1, rollout_engine=w.rollout_engine)

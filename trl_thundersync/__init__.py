@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ThunderSyncGRPOTrainer": "trl_thundersync.trainers.grpo_trainer",
-    "ThunderSyncGRPOConfig": "trl_thundersync.trainers.grpo_config",
-    "ThunderSyncGKDTrainer": "trl_thundersync.trainers.gkd_trainer",
-    "ThunderSyncGKDConfig": "trl_thundersync.trainers.gkd_config",
+    "ThunderSyncGRPOTrainer": "trl_thundersync.trainers.grpo",
+    "ThunderSyncGRPOConfig": "trl_thundersync.trainers.grpo",
+    "ThunderSyncGKDTrainer": "trl_thundersync.trainers.gkd",
+    "ThunderSyncGKDConfig": "trl_thundersync.trainers.gkd",
     "LocalProcessEngine": "trl_thundersync.rollout.local",
     "RolloutEngine": "trl_thundersync.rollout.engine",
 }
@@ -27,10 +27,10 @@ __all__ = [*_LAZY, "errors", "types", "__version__"]
 if TYPE_CHECKING:
     from .rollout.engine import RolloutEngine as RolloutEngine
     from .rollout.local import LocalProcessEngine as LocalProcessEngine
-    from .trainers.gkd_config import ThunderSyncGKDConfig as ThunderSyncGKDConfig
-    from .trainers.gkd_trainer import ThunderSyncGKDTrainer as ThunderSyncGKDTrainer
-    from .trainers.grpo_config import ThunderSyncGRPOConfig as ThunderSyncGRPOConfig
-    from .trainers.grpo_trainer import ThunderSyncGRPOTrainer as ThunderSyncGRPOTrainer
+    from .trainers.gkd import ThunderSyncGKDConfig as ThunderSyncGKDConfig
+    from .trainers.gkd import ThunderSyncGKDTrainer as ThunderSyncGKDTrainer
+    from .trainers.grpo import ThunderSyncGRPOConfig as ThunderSyncGRPOConfig
+    from .trainers.grpo import ThunderSyncGRPOTrainer as ThunderSyncGRPOTrainer
 
 
 def __getattr__(name: str):

@@ -118,3 +118,8 @@ class ServerBaseWeightsError(StalePolicyError):
     def __init__(self, message: str, *, url: str, label: str) -> None:
         super().__init__(message)
         self.url, self.label = url, label
+
+
+class UnknownLossTypeError(ConfigurationError):
+    """`loss_type` names no entry of the loss-type table (`streaming/loss_types.py`); the message lists the
+    supported ones."""

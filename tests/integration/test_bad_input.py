@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -101,13 +103,11 @@ def test_non_finite_log_probs_refuse_the_step_and_name_the_trajectory(tmp_path, 
 
 def test_non_finite_batch_direction_is_refused(tmp_path, tokenizer, tiny_model_path):
     trainer = make(tmp_path, tokenizer, tiny_model_path, [reward_len])
-    original = trainer._advantages
 
-    def poisoned(totals):
-        adv, _, zero_std = original(totals)
-        return adv, float("inf"), zero_std
+    def failing_sum(tensor):  # a broken all-reduce: the global loss-token count comes back as NaN
+        return torch.full_like(tensor, float("nan"), dtype=torch.float64)
 
-    trainer._advantages = poisoned
+    trainer.collectives = replace(trainer.collectives, sum=failing_sum)
     with pytest.raises(NonFiniteGradientError, match="batch direction of optimizer step 0"):
         trainer.train()
 

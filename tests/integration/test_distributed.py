@@ -44,5 +44,5 @@ def test_two_processes_sharing_one_rollout_server_match_one_process(case, tmp_pa
     assert not follower["owns_servers"] and not follower["has_publisher"]  # the follower never publishes
     assert main["trajectories"] == follower["trajectories"] == 3 * 4  # each rank sampled its own 4 rows per step
     assert main["policy_version"] == follower["policy_version"] == one["ranks"][0]["policy_version"] == 3
-    for rank in two["ranks"]:  # every rank logs the one-process metrics (`trainers/grpo_metrics.py`)
+    for rank in two["ranks"]:  # every rank logs the one-process metrics (`trainers/grpo/metrics.py`)
         assert_logs_match_one_process(rank["logs"], one["ranks"][0]["logs"])

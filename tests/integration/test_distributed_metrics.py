@@ -1,6 +1,6 @@
 """Two CPU processes (DDP over gloo): every metric ThunderSync logs, on every rank, is what stock TRL logs on the
 same run — TRL's are computed on values gathered from both processes, so they are also the one-process values — and
-so is the completions table (`trainers/grpo_metrics.py`)."""
+so is the completions table (`trainers/grpo/metrics.py`)."""
 
 from __future__ import annotations
 

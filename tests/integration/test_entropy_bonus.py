@@ -72,7 +72,7 @@ def test_entropy_bonus_changes_the_direction_and_a_global_normalizer_is_caught(t
     (a plausible wrong implementation) fails the tolerance by orders of magnitude (measured: the bonus moves the
     direction by 4.0e-3 relative, the global normalizer misses by 4.0e-3; with ga2_coef_0.5_dapo, 9.2e-3 and
     3.8e-4)."""
-    import trl_thundersync.trainers.grpo_entropy as module
+    import trl_thundersync.trainers.grpo.entropy as module
 
     overrides = dict(CASES["ga4_coef_0.5_mask_truncated"], max_steps=1, max_grad_norm=0.0)
     ref = run(GRPOTrainer, GRPOConfig, tmp_path / "ref", tokenizer, tiny_model_path, **overrides)

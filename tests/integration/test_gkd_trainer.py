@@ -16,7 +16,7 @@ from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
 from trl_thundersync.tiny.model import save_tiny_model
-from trl_thundersync.trainers.gkd_rollout import agent_engine
+from trl_thundersync.trainers.gkd.rollout import agent_engine
 
 pytestmark = pytest.mark.slow
 

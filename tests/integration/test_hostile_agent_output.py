@@ -52,9 +52,9 @@ def test_hostile_calls_and_forged_observations_train(tmp_path, tokenizer, tiny_m
     captured = []
     original = trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         captured.extend(s.rollout for s in scored)
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     trainer.train()
@@ -83,9 +83,9 @@ def test_hostile_calls_and_forged_observations_train_under_the_trl_protocol(tmp_
     captured = []
     original = trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         captured.extend(s.rollout for s in scored)
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     trainer.train()

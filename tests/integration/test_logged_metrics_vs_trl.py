@@ -1,5 +1,5 @@
 """One process: every metric ThunderSync logs from its streamed pass is what stock TRL logs on the same scripted
-batches (`trainers/grpo_metrics.py`) — the clip ratios at ratio 1 (cispo's the positive-advantage share when
+batches (`trainers/grpo/metrics.py`) — the clip ratios at ratio 1 (cispo's the positive-advantage share when
 ε_high < 1), `kl` per micro-batch, lengths with masked truncations, rewards with None rows."""
 
 from __future__ import annotations

@@ -172,9 +172,9 @@ def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenize
     captured = []
     original = trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         captured.extend((s.rollout, s.reward) for s in scored)
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     trainer.train()

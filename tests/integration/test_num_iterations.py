@@ -1,4 +1,4 @@
-"""`num_iterations > 1` against stock `trl.GRPOTrainer` on identical rollouts (`trainers/grpo_iterations.py`).
+"""`num_iterations > 1` against stock `trl.GRPOTrainer` on identical rollouts (`trainers/grpo/iterations.py`).
 
 Pass 1 of every generation batch streams; passes 2..μ run TRL's own loss on the buffered batch (θ_k log-probs,
 clipping). Two generation batches, so the sampler (each batch's rows reused μ times) and the policy-version
@@ -232,7 +232,7 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
                                                        monkeypatch):
     """θ_k's (and the reference's) log-probs of passes 2..μ are the streamed pass's own, kept detached: no second
     forward over the batch; only rows the streamed pass did not forward (masked truncations) are computed."""
-    from trl_thundersync.trainers import grpo_iterations
+    from trl_thundersync.trainers.grpo import iterations as grpo_iterations
 
     calls = []
     original = grpo_iterations.logps_rows

@@ -215,9 +215,9 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
     captured = []
     original = trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         captured.extend((s.rollout, s.reward) for s in scored)
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     trainer.train()

@@ -45,10 +45,10 @@ def train(path, tokenizer, out, peft_config=None, **overrides) -> Run:
                                      peft_config=peft_config)
     samples, orders, barrier = [], [], trainer._barrier
 
-    def spy(totals, timing, normalization, buckets, scored, prompts):
+    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
         samples.append({s.rollout.index: s.rollout.completion_ids for s in scored})
         orders.append(timing.arrival_order)
-        return barrier(totals, timing, normalization, buckets, scored, prompts)
+        return barrier(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     trainer._barrier = spy
     trainer.train()

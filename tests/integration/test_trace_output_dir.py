@@ -25,12 +25,14 @@ def test_runs_sharing_output_dir(tmp_path, tokenizer, tiny_model_path):
     second = make(tmp_path, tokenizer, tiny_model_path, max_steps=1)
     seen = {}
 
-    def step_then_try_the_other(totals, timing, normalization, buckets, scored, prompts, original=first._barrier):
+    original = first._barrier
+
+    def step_then_try_the_other(totals, timing, normalization, buckets, scored, prompts, *batch):
         if "error" not in seen:  # while the first run is live, the second cannot start
             with pytest.raises(TraceInUseError, match=f"output_dir={str(tmp_path)!r}") as caught:
                 second.train()
             seen["error"] = caught.value
-        return original(totals, timing, normalization, buckets, scored, prompts)
+        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
 
     first._barrier = step_then_try_the_other
     first.train()

@@ -60,7 +60,7 @@ def test_unscorable_group_warns_and_trains_with_zero_advantage_as_trl(options, s
     assert got.trainer.state.global_step == 1
     assert relative_error(got.directions[0], ref.directions[0]) <= TOL
     trl_text = _unscorable_warnings(caplog, "trl.trainer.grpo_trainer")
-    ours = _unscorable_warnings(caplog, "trl_thundersync.trainers.grpo_trainer")
+    ours = _unscorable_warnings(caplog, "trl_thundersync.trainers.grpo.trainer")
     assert len(trl_text) == len(ours) == 1
     assert ours == trl_text
     assert got.trainer._logs["advantages"] == pytest.approx(list(ref.trainer._logs["advantages"]), abs=1e-5)

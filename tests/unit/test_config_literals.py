@@ -65,7 +65,7 @@ def test_the_streaming_tuples_are_the_literals():
     from trl_thundersync.streaming.release import RELEASE_POINTS
     from trl_thundersync.streaming.reward_scope import REWARD_SCOPES
     from trl_thundersync.streaming.turn_grpo import TURN_BACKWARDS
-    from trl_thundersync.trainers.gkd_config import TURN_BACKWARDS as GKD_TURN_BACKWARDS
+    from trl_thundersync.trainers.gkd.config import TURN_BACKWARDS as GKD_TURN_BACKWARDS
 
     assert RELEASE_POINTS == typing.get_args(ReleasePoint) == ("reward", "content", "turn")
     assert REWARD_SCOPES == typing.get_args(RewardScope) == ("auto", "trajectory", "group", "batch")

@@ -68,19 +68,19 @@ def test_the_unit_tests_mirror_the_package():
 
 def test_imports_are_resolved_the_way_this_test_reads_them():
     # the checks above would pass vacuously if relative or function-level imports were misread
-    assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo_trainer.py")
+    assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo" / "trainer.py")
     assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "exactness.py")
     assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "time_to_quality.py")  # inside a function
 
 
 def test_no_trainer_module_imports_another_trainers_module():
-    trainers = {p.stem: p for p in (LIBRARY / "trainers").glob("*.py")}
+    trainers = {f"{p.parent.name}/{p.stem}": p for family in ("grpo", "gkd")
+                for p in (LIBRARY / "trainers" / family).glob("*.py")}
+    assert {"grpo/trainer", "gkd/trainer"} <= set(trainers)
     for name, path in trainers.items():
-        family = name.split("_")[0]
-        if family not in {"grpo", "gkd"}:
-            continue
+        family = name.split("/")[0]
         other = "gkd" if family == "grpo" else "grpo"
-        wrong = [n for n in imported_modules(path) if n.startswith(f"trl_thundersync.trainers.{other}_")]
+        wrong = [n for n in imported_modules(path) if n.startswith(f"trl_thundersync.trainers.{other}")]
         assert wrong == [], f"{name} imports {wrong}"
 
 

@@ -1,9 +1,11 @@
 """The GRPO batch barrier's math: from the learner's totals to this process's batch direction and loss value.
 
-Pure: it runs after the trainer's collectives (the global loss-token count, the rewards gathered for the batch
-statistics, `advantages.py`) and before the cross-process mean, the non-finite check and the write into `param.grad`,
-which stay with the trainer. For bucket b (a TRL micro-batch for bnpo with several micro-batches, else 0) with
-barrier scalar s_b (`LossNormalization.bucket_scales`) the direction is
+`grpo_barrier` is pure: it runs after the collectives (the global loss-token count, the rewards gathered for the
+batch statistics, `advantages.py`) and before the cross-process mean, the non-finite check and the write into
+`param.grad`. `close_grpo_batch` is the one call the trainer makes: it runs those collectives through a small
+`Collectives` object (the trainer's accelerator and placement, or a test's), then `grpo_barrier`, then the hand-over.
+For bucket b (a TRL micro-batch for bnpo with several micro-batches, else 0) with barrier scalar s_b
+(`LossNormalization.bucket_scales`) the direction is
 
     d = Σ_b s_b · (−policy_scale · (P_b − policy_offset · Q_b) − F_b + K_b)  (+ router term) (+ Σ_b e_b E_b)
 
@@ -16,19 +18,19 @@ term's values (`policy_loss_terms`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from .advantages import Advantages
+from .advantages import Advantages, batch_advantages, statistics_rewards
 from .learner_records import BatchTotals
 from .normalization import LossNormalization
 
 
 @dataclass(frozen=True)
 class EntropyNormalizers:
-    """TRL's entropy bonus of one batch at the barrier (`trainers/grpo_entropy.py` builds it)."""
+    """TRL's entropy bonus of one batch at the barrier (`trainers/grpo/entropy.py` builds it)."""
 
     coef: float  # apply_coef: the coefficient every micro-batch of this batch applied
     micro_batch: Mapping[int, int]  # row → TRL micro-batch
@@ -53,6 +55,17 @@ class PolicyValueRule:
     """What the loss value of the policy term needs beyond the normalization: sapo's gate slope."""
 
     sapo_temperatures: tuple[float, float] | None = None  # sapo: (τ_+, τ_−); g(A) = 2/τ by the sign of A
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The cross-process operations of the barrier (the trainer builds them from its accelerator; with one process
+    they return their input, and a test can hand in a failing one). Tensors go in on the CPU."""
+
+    sum: Callable[[torch.Tensor], torch.Tensor]  # the elementwise sum over processes (on the training device)
+    gather: Callable[[torch.Tensor], torch.Tensor]  # every process's tensor, concatenated in rank order (device)
+    hand_over: Callable[[torch.Tensor, str], None]  # this process's direction → the mean over processes, refused
+    #   when non-finite (`NonFiniteGradientError`, naming the label), else written where the optimizer steps from
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,22 @@ def grpo_barrier(totals: BatchTotals, advantages: Advantages, normalization: Los
     return BarrierResult(direction, advantages, scales, tuple(sorted(dropped)), tuple(terms), loss, kl)
 
 
+def close_grpo_batch(totals: BatchTotals, normalization: LossNormalization, buckets: Mapping[int, int] | None,
+                     num_generations: int, collectives: Collectives, label: str,
+                     rule: PolicyValueRule = PolicyValueRule(),
+                     entropy: EntropyNormalizers | None = None) -> BarrierResult:
+    """The whole barrier of one process: the global loss-token count (`collectives.sum`), the advantages with the
+    batch statistics of every process's rewards (`collectives.gather`, `advantages.py`), `grpo_barrier`, and the
+    direction handed over (`collectives.hand_over`, `label` naming the step in its refusal)."""
+    global_tokens = collectives.sum(torch.tensor(sum(totals.scored_tokens))).item()
+    local = statistics_rewards(totals)
+    gathered = None if local is None else collectives.gather(local).cpu()
+    advantages = batch_advantages(totals, gathered, num_generations)
+    result = grpo_barrier(totals, advantages, normalization, global_tokens, buckets, rule, entropy)
+    collectives.hand_over(result.direction, label)
+    return result
+
+
 def policy_loss_terms(totals: BatchTotals, advantages: tuple[float, ...], scales: dict[int, float],
                       buckets: Mapping[int, int] | None, normalization: LossNormalization, dropped,
                       rule: PolicyValueRule = PolicyValueRule()) -> list[float]:
@@ -119,7 +148,7 @@ def policy_loss_terms(totals: BatchTotals, advantages: tuple[float, ...], scales
         if value is None:  # a backward that reports none: TRL's grpo-like value Σ_t m_it u_i
             value = n * normalization.sequence_weight(n)
         advantage = advantages[index]
-        if normalization.loss_type == "sapo":
+        if normalization.kind.value_gate == "sapo":
             positive, negative = rule.sapo_temperatures
             value *= 2.0 / (positive if advantage > 0 else negative)
         if index in dropped:

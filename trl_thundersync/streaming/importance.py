@@ -30,7 +30,7 @@ MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 @dataclass(frozen=True)
 class SamplingCorrection:
     """`GRPOConfig.vllm_importance_sampling_mode / _clip_min / _clip_max` (built from a config by
-    `trainers/grpo_settings.sampling_correction`)."""
+    `trainers/grpo/settings.sampling_correction`)."""
 
     mode: str  # one of MODES
     clip_min: float | None  # None: no lower bound

@@ -1,8 +1,9 @@
 """TRL 1.16's GRPO loss normalizers, split into what is known per trajectory and what only at the barrier.
 
 With one iteration per generation batch the importance ratio is exactly 1 at θ_k, so for every supported
-`loss_type` the per-token loss gradient is `ν_it · (−c·A_i ∇log π(o_it) + β ∇[KL_it · ratio_it])` with
-`ν_it = u_i · s_b`: `u_i` is fixed when trajectory i is scored, `s_b` is fixed when the batch closes.
+`loss_type` (one entry each in `streaming/loss_types.py`, which this module reads) the per-token loss gradient is
+`ν_it · (−c·A_i ∇log π(o_it) + β ∇[KL_it · ratio_it])` with `ν_it = u_i · s_b`: `u_i` is fixed when trajectory i
+is scored, `s_b` is fixed when the batch closes.
 
 | loss_type            | u_i (per trajectory)  | s_b (barrier scalar, bucket b)                              |
 |----------------------|-----------------------|-------------------------------------------------------------|
@@ -24,15 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo")
-_PER_SEQUENCE_MEAN = ("grpo", "sapo")
-_MICRO_BATCH_TOKEN_NORMALIZED = ("bnpo",)
+from .loss_types import LossType, loss_type
 
 
 @dataclass(frozen=True)
 class LossNormalization:
     """Normalization rule of one loss type for one generation batch shape (built from a config by
-    `trainers/grpo_settings.loss_normalization`)."""
+    `trainers/grpo/settings.loss_normalization`)."""
 
     loss_type: str
     batch_size: int  # B: trajectories in the local generation batch
@@ -41,14 +40,22 @@ class LossNormalization:
     policy_coefficient: float = 1.0  # c in the table above
     num_processes: int = 1  # W
 
+    def __post_init__(self) -> None:
+        loss_type(self.loss_type)  # an unknown name is refused here, not at the barrier
+
+    @property
+    def kind(self) -> LossType:
+        """The loss type's table entry (`streaming/loss_types.py`)."""
+        return loss_type(self.loss_type)
+
     @property
     def uses_buckets(self) -> bool:
         """Whether micro-batch membership changes the gradient (bnpo with several micro-batches)."""
-        return self.loss_type in _MICRO_BATCH_TOKEN_NORMALIZED and self.micro_batches > 1
+        return self.kind.bucket_scale == "micro_batch_tokens" and self.micro_batches > 1
 
     def sequence_weight(self, scored_tokens: int) -> float:
         """u_i: the per-trajectory factor known as soon as its loss mask is fixed."""
-        if self.loss_type in _PER_SEQUENCE_MEAN:
+        if self.kind.sequence_mean:
             return 1.0 / max(scored_tokens, 1)
         return 1.0
 
@@ -57,19 +64,17 @@ class LossNormalization:
 
         `tokens_per_bucket` counts this process's loss tokens per micro-batch; `global_tokens` all processes'.
         """
-        b = self.batch_size
-        if self.loss_type in ("grpo", "sapo", "luspo"):
+        b, rule = self.batch_size, self.kind.bucket_scale
+        if rule == "sequences":
             return {k: 1.0 / b for k in tokens_per_bucket}
-        if self.loss_type == "dr_grpo":
+        if rule == "completion_budget":
             return {k: 1.0 / (b * self.max_completion_length) for k in tokens_per_bucket}
-        if self.loss_type == "bnpo":
+        if rule == "micro_batch_tokens":
             ga = self.micro_batches
             if not self.uses_buckets:
                 return {k: 1.0 / max(sum(tokens_per_bucket.values()), 1) for k in tokens_per_bucket}
             return {k: 1.0 / (max(n, 1) * ga) for k, n in tokens_per_bucket.items()}
-        if self.loss_type in ("dapo", "cispo", "vespo"):
-            return {k: self.num_processes / max(global_tokens, 1) for k in tokens_per_bucket}
-        raise ValueError(f"unsupported loss_type {self.loss_type!r}; supported: {SUPPORTED_LOSS_TYPES}")
+        return {k: self.num_processes / max(global_tokens, 1) for k in tokens_per_bucket}  # "global_tokens"
 
 
 def entropy_scales(tokens_per_micro_batch: dict[int, int], micro_batches: int) -> dict[int, float]:

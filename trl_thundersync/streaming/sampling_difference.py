@@ -18,7 +18,7 @@ batch is split across processes (as TRL's does).
 
 A trajectory's backward computes its `SamplingStats` from the log-probs it computes anyway (`source.py`,
 `turn_grpo.py`); the learner keeps them per row (`BatchTotals.sampling`), each process `merge`s its rows at the
-barrier and `sampling_metrics` reduces the processes' as TRL does (`trainers/grpo_metrics.py`). ThunderSync logs the
+barrier and `sampling_metrics` reduces the processes' as TRL does (`trainers/grpo/metrics.py`). ThunderSync logs the
 difference whenever the rollouts carry sampler log-probs (every engine of this package returns them), not only with
 `use_vllm`: it is how a run shows it is on-policy; the ratio only when the correction is on, as TRL.
 

@@ -45,15 +45,11 @@ LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 LogProbEntropyFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-# loss types whose per-token policy loss at ratio 1 is −g·A·log π(o_t) (cispo's clamped ratio, vespo's gamma weight)
-LOG_PROB_VALUED = ("cispo", "vespo")
-
-
 def policy_value(normalization: LossNormalization, logps: torch.Tensor, mask: torch.Tensor,
                  weights: torch.Tensor | None = None, sequence_weight: float = 1.0) -> float:
     """V_i = Σ_t m_t · u_i · g · c_t · h_t (module docstring) for one trajectory; `logps`, `mask` are [1, T] (or [T]),
     `weights` the IS weights c ([1, T], [1, 1]; None: 1), `sequence_weight` u_i (the trajectory's token count's)."""
-    terms = logps.detach().float() if normalization.loss_type in LOG_PROB_VALUED else torch.ones_like(logps).float()
+    terms = logps.detach().float() if normalization.kind.log_prob_valued else torch.ones_like(logps).float()
     if weights is not None:
         terms = terms * weights.detach().float()
     terms = torch.where(mask.bool(), terms, torch.zeros_like(terms))

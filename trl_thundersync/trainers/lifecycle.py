@@ -110,7 +110,7 @@ class StreamingLifecycle:
         """Where the learner work runs and how the direction reaches the engine (`placement/`), built on first use:
         inside `train`, after `accelerator.prepare` wrapped the model."""
         if self._placement is None:
-            self._placement = learner_placement(self)
+            self._placement = learner_placement(self.accelerator, self.args)
         return self._placement
 
     def _policy_module(self):

@@ -103,7 +103,7 @@ def test_episode_rows_report_step_one_and_all_steps_per_grpo_schedule():
 
 def test_schedule_names_carry_their_engine_and_plain_thundersync_is_the_configs_default_release():
     from benchmarks.realgen_workloads import DEFAULT_RELEASE, parse_schedule
-    from trl_thundersync.trainers.grpo_config import ThunderSyncGRPOConfig
+    from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
 
     assert DEFAULT_RELEASE == ThunderSyncGRPOConfig.__dataclass_fields__["release"].default
     s = parse_schedule("thundersync@vllm")

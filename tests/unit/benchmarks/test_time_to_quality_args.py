@@ -16,8 +16,8 @@ def test_the_rollout_engine_reaches_the_thundersync_configs(monkeypatch, tmp_pat
         def __init__(self, *args, **kwargs):
             captured.update(kwargs)
 
-    import trl_thundersync.trainers.gkd_trainer as gkd
-    import trl_thundersync.trainers.grpo_trainer as grpo
+    import trl_thundersync.trainers.gkd.trainer as gkd
+    import trl_thundersync.trainers.grpo.trainer as grpo
     from benchmarks import parity
 
     monkeypatch.setattr(grpo, "ThunderSyncGRPOTrainer", Recorder)

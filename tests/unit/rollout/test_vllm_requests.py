@@ -30,7 +30,7 @@ from trl_thundersync.rollout.request_fields import request_fields
 from trl_thundersync.rollout.server_info import VLLM_DEFAULT_MAX_NUM_SEQS
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.serve import protocol
-from trl_thundersync.trainers.grpo_checks import refuse_dropped_generation_fields
+from trl_thundersync.trainers.grpo.checks import refuse_dropped_generation_fields
 from trl_thundersync.types import RolloutRequest, SamplingParams
 
 DEFAULT = SamplingParams(max_new_tokens=4)  # temperature 1, no top-k/p: raw log-probs are the sampler's
@@ -171,24 +171,28 @@ def test_a_field_newer_than_the_servers_release_is_refused(vllm):
         engine([stub.url], request_fields={"bad_words": ["x"]})
 
 
-def _trainer(engine_kind, **fields):
+def _checked(engine_kind, **fields):
+    return _args(engine_kind, **fields), False  # (args, uses_trl_generation)
+
+
+def _args(engine_kind, **fields):
     fields = {"generation_kwargs": None, "vllm_structured_outputs_regex": None, **fields}
     fields = {"loss_type": "grpo", "vllm_importance_sampling_correction": True, **fields}
     args = SimpleNamespace(**fields, resolved_rollout_engine=lambda _: engine_kind,
                            samples_from_vllm=lambda: engine_kind in ("vllm_server", "managed_vllm"))
-    return SimpleNamespace(args=args, _uses_trl_generation=lambda: False)
+    return args
 
 
 def test_the_trainer_checks_the_fields_for_vllm_and_refuses_them_for_the_embedded_engines():
-    refuse_dropped_generation_fields(_trainer("vllm_server", generation_kwargs={"min_tokens": 2}))  # forwarded
-    refuse_dropped_generation_fields(_trainer("managed_vllm", generation_kwargs={"min_tokens": 2}))  # real vLLM too
+    refuse_dropped_generation_fields(*_checked("vllm_server", generation_kwargs={"min_tokens": 2}))  # forwarded
+    refuse_dropped_generation_fields(*_checked("managed_vllm", generation_kwargs={"min_tokens": 2}))  # real vLLM too
     with pytest.raises(UnsupportedOptionError, match="loss_type='vespo' and rollout_engine='managed_vllm'"):
-        refuse_dropped_generation_fields(_trainer("managed_vllm", loss_type="vespo"))
+        refuse_dropped_generation_fields(*_checked("managed_vllm", loss_type="vespo"))
     with pytest.raises(ConfigurationError, match="best_of"):
-        refuse_dropped_generation_fields(_trainer("vllm_server", generation_kwargs={"best_of": 2}))
+        refuse_dropped_generation_fields(*_checked("vllm_server", generation_kwargs={"best_of": 2}))
     for kind in ("local_process", "embedded_server"):
         with pytest.raises(UnsupportedOptionError, match="vllm_structured_outputs_regex"):
-            refuse_dropped_generation_fields(_trainer(kind, vllm_structured_outputs_regex="a+"))
+            refuse_dropped_generation_fields(*_checked(kind, vllm_structured_outputs_regex="a+"))
 
 
 def test_rollout_setup_hands_the_fields_and_the_correction_to_the_engine(monkeypatch, tmp_path):

@@ -17,9 +17,11 @@ from trl_thundersync.streaming.advantages import (
     statistics_rewards,
 )
 from trl_thundersync.streaming.barrier import (
+    Collectives,
     EntropyNormalizers,
     PolicyValueRule,
     bucket_tokens,
+    close_grpo_batch,
     grpo_barrier,
     policy_loss_terms,
 )
@@ -91,6 +93,26 @@ def test_batch_sigma_over_every_process_and_the_global_token_count_set_the_direc
     local_only = batch_advantages(totals, local, G)
     assert not close(grpo_barrier(totals, local_only, normalization, 16, None).direction, expected)
     assert not close(grpo_barrier(totals, advantages, normalization, sum(tokens), None).direction, expected)
+
+
+def test_one_core_call_runs_the_collectives_and_hands_the_direction_over():
+    """`close_grpo_batch` with a fake second process (its rewards and loss tokens): the token sum and the gather go
+    through the collectives object, and the direction handed over is `grpo_barrier`'s on the gathered values."""
+    torch.manual_seed(0)
+    rewards, other = [1.0, 0.0, 2.0, 5.0], torch.tensor([3.0, -1.0, 0.5, 0.5])
+    H, K = torch.randn(4, P), torch.randn(4, P)
+    tokens, other_tokens = [3, 1, 2, 4], 6
+    totals = totals_for(rewards, H, K, tokens, "batch", values=[1.0, 2.0, 3.0, 4.0])
+    normalization = LossNormalization("dapo", 4, 1, 16, num_processes=2)
+    handed = []
+    collectives = Collectives(sum=lambda t: t + other_tokens, gather=lambda t: torch.cat([t, other]),
+                              hand_over=lambda direction, label: handed.append((direction, label)))
+    result = close_grpo_batch(totals, normalization, None, G, collectives, "optimizer step 3")
+    advantages = batch_advantages(totals, torch.cat([statistics_rewards(totals), other]), G)
+    expected = grpo_barrier(totals, advantages, normalization, sum(tokens) + other_tokens, None)
+    assert result.advantages == advantages
+    assert torch.equal(result.direction, expected.direction) and result.loss == expected.loss
+    assert len(handed) == 1 and handed[0][0] is result.direction and handed[0][1] == "optimizer step 3"
 
 
 def test_group_scaling_advantages_and_zero_std_fraction_follow_trl():

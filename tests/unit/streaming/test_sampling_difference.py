@@ -15,7 +15,7 @@ from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.sampling_difference import SamplingStats, merge, row_stats, sampling_metrics
 from trl_thundersync.streaming.source import TrajectoryBackward
-from trl_thundersync.trainers.grpo_metrics import batch_metrics
+from trl_thundersync.trainers.grpo.metrics import batch_metrics
 from trl_thundersync.types import Rollout, ScoredRollout
 
 NAN = math.nan

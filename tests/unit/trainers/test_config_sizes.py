@@ -6,7 +6,7 @@ import pytest
 
 from trl_thundersync import ThunderSyncGRPOConfig
 from trl_thundersync.errors import ConfigurationError
-from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
+from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
 
 
 def grpo(tmp_path, **overrides):

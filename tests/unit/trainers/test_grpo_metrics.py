@@ -1,4 +1,4 @@
-"""GRPO batch metrics over several processes (`trainers/grpo_metrics.py`): a batch split over two fake processes
+"""GRPO batch metrics over several processes (`trainers/grpo/metrics.py`): a batch split over two fake processes
 logs, on each of them, what one process logs for the whole batch and what TRL's formulas give on the gathered
 tensors. The fake world exchanges payloads between threads, as `gather_object` does between processes."""
 
@@ -16,7 +16,8 @@ from trl.trainer.utils import nanstd
 
 from tests.fixtures.batch_logs import NAMES, RANK0, RANK1, SETTINGS, counts
 from trl_thundersync.envs.harness.metrics import length_metrics, truncation_flags
-from trl_thundersync.trainers.grpo_metrics import (
+from trl_thundersync.trainers.grpo.metrics import (
+    MetricSettings,
     ProcessBatchLog,
     batch_metrics,
     batch_tokens,
@@ -143,26 +144,32 @@ class ThreadWorld:
 
 
 def fake_trainer(trl_generation: bool = False):
-    """The trainer fields `record_batch` reads and writes (TRL's `_metrics`, `_logs`, `state`)."""
+    """The trainer fields `record_batch` writes (TRL's `_metrics`, `_logs`, `state`) and the run's metric settings
+    (β = 0.1, grpo, ε_high 0.2, token-level, no vLLM correction)."""
     logs = {"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
             "extra": defaultdict(list)}
-    return SimpleNamespace(_metrics={"train": defaultdict(list)}, _logs=logs, reward_func_names=list(NAMES),
-                           state=SimpleNamespace(num_input_tokens_seen=100), _release=lambda: "content",
-                           _uses_trl_generation=lambda: trl_generation, beta=0.1, loss_type="grpo",
-                           epsilon_high=0.2, importance_sampling_level="token", args=SimpleNamespace(
-                               use_vllm=False, samples_from_vllm=lambda: False))
+    settings = MetricSettings(NAMES, lengths=not trl_generation, release="content", kl=True, loss_type="grpo",
+                              epsilon_high=0.2, sequence_level=False)
+    return SimpleNamespace(_metrics={"train": defaultdict(list)}, _logs=logs, settings=settings,
+                           state=SimpleNamespace(num_input_tokens_seen=100))
+
+
+def record(trainer, log, gather) -> None:
+    """`record_batch` as the trainer calls it: into its `_metrics["train"]`, `_logs` and token count."""
+    trainer.state.num_input_tokens_seen = record_batch(log, gather, trainer.settings, trainer._metrics["train"],
+                                                       trainer._logs, trainer.state.num_input_tokens_seen)
 
 
 def test_every_rank_records_what_one_process_records():
     world, ranks = ThreadWorld(2), [fake_trainer(), fake_trainer()]
-    threads = [threading.Thread(target=record_batch, args=(t, log, world.gather_of(r)))
+    threads = [threading.Thread(target=record, args=(t, log, world.gather_of(r)))
                for r, (t, log) in enumerate(zip(ranks, (RANK0, RANK1), strict=True))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=20)
     alone = fake_trainer()
-    record_batch(alone, one_process(), gather_logs_of(SimpleNamespace(num_processes=1)))
+    record(alone, one_process(), gather_logs_of(SimpleNamespace(num_processes=1)))
     tokens = 100 + batch_tokens([RANK0, RANK1])
     for trainer in ranks:
         assert trainer.state.num_input_tokens_seen == alone.state.num_input_tokens_seen == tokens
@@ -176,6 +183,6 @@ def test_every_rank_records_what_one_process_records():
 
 def test_trl_generation_keeps_trl_lengths_and_token_count():
     trainer = fake_trainer(trl_generation=True)
-    record_batch(trainer, RANK0, gather_logs_of(SimpleNamespace(num_processes=1)))
+    record(trainer, RANK0, gather_logs_of(SimpleNamespace(num_processes=1)))
     assert trainer.state.num_input_tokens_seen == 100  # TRL's `_generate` counted them
     assert not any(k.startswith("completions/") for k in trainer._metrics["train"])

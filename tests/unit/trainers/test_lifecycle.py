@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from trl_thundersync.trace.records import StepTrace
-from trl_thundersync.trainers import gkd_trainer, grpo_trainer
+from trl_thundersync.trainers.gkd import trainer as gkd_trainer
+from trl_thundersync.trainers.grpo import trainer as grpo_trainer
 from trl_thundersync.trainers.lifecycle import (
     PublishCallback,
     StepRecord,
@@ -109,18 +110,33 @@ def test_both_trainers_share_the_lifecycle_and_grpo_re_exports_the_seed():
     assert grpo_trainer.trajectory_seed is trajectory_seed
 
 
+def test_the_grpo_helpers_take_records_and_callables_not_the_trainer():
+    """Beside `trainer.py`, no GRPO module has a function parameter named `trainer`: they read `GRPOSettings` and the
+    callables handed to them (issue 27)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(grpo_trainer.__file__).parent
+    helpers = [p for p in folder.glob("*.py") if p.name not in ("trainer.py", "__init__.py")]
+    assert {p.name for p in helpers} >= {"backward.py", "entropy.py", "iterations.py", "metrics.py", "settings.py"}
+    for path in helpers:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+                assert "trainer" not in names, (path.name, node.name)
+
+
 def test_no_trainer_module_imports_the_other_trainers_modules():
     """GRPO's modules and GKD's share only `lifecycle`, `rollout_setup` and the config helpers."""
     import ast
     from pathlib import Path
 
-    folder = Path(grpo_trainer.__file__).parent
-    for path in folder.glob("*.py"):
-        family = "grpo_" if path.name.startswith("grpo_") else "gkd_" if path.name.startswith("gkd_") else None
-        if family is None:
-            continue
-        other = "gkd_" if family == "grpo_" else "grpo_"
+    trainers = Path(grpo_trainer.__file__).parent.parent
+    paths = [*trainers.glob("grpo/*.py"), *trainers.glob("gkd/*.py")]
+    assert {p.name for p in paths} >= {"__init__.py", "trainer.py", "config.py"}
+    for path in paths:
+        other = "gkd" if path.parent.name == "grpo" else "grpo"
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [a.name for a in node.names]
-                assert not any(n.split(".")[-1].startswith(other) for n in names), (path.name, names)
+                assert not any(other in n.split(".") for n in names), (path.name, names)

@@ -1,6 +1,6 @@
 """Batch metrics of rollouts: TRL's completion lengths and the agent loop's statistics (logged through TRL's
 `report_to` next to its own `tools/*` metrics). Pure: with several processes the trainer hands them every process's
-values (`trainers/grpo_metrics.py`)."""
+values (`trainers/grpo/metrics.py`)."""
 
 from __future__ import annotations
 

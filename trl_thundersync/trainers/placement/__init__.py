@@ -97,20 +97,21 @@ def refuse_silent_fallback(kind: DistributedType, num_processes: int, environ: A
                 "was configured for. Launch it on GPUs, or use configs/ddp.yaml on the CPU")
 
 
-def learner_placement(trainer: Any) -> LearnerPlacement:
-    """The placement for the trainer's accelerator (call after `accelerator.prepare`, i.e. inside `train`)."""
-    check_engine(trainer.accelerator, trainer.args)
-    if trainer.accelerator.distributed_type == DistributedType.FSDP:
+def learner_placement(accelerator: Any, args: Any) -> LearnerPlacement:
+    """The placement for a trainer's `accelerator` and config `args` (call after `accelerator.prepare`, i.e. inside
+    `train`)."""
+    check_engine(accelerator, args)
+    if accelerator.distributed_type == DistributedType.FSDP:
         from .fsdp2 import FSDP2Placement
 
-        return FSDP2Placement(trainer)
-    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return FSDP2Placement(accelerator, args)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
         from .deepspeed import deepspeed_placement
 
-        return deepspeed_placement(trainer.accelerator, trainer.args)
+        return deepspeed_placement(accelerator, args)
     from .replicated import ReplicatedPlacement
 
-    return ReplicatedPlacement(trainer.accelerator)
+    return ReplicatedPlacement(accelerator)
 
 
 def unplaced_policy(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:

@@ -229,10 +229,10 @@ class FSDP2Placement:
 
     name = ENGINE
 
-    def __init__(self, trainer: Any) -> None:
-        check_fsdp_args(trainer.args)
-        self.accelerator = trainer.accelerator
-        self._sync_reference = bool(getattr(trainer.args, "sync_ref_model", False))  # TRL moves it every N steps
+    def __init__(self, accelerator: Any, args: Any) -> None:
+        check_fsdp_args(args)
+        self.accelerator = accelerator
+        self._sync_reference = bool(getattr(args, "sync_ref_model", False))  # TRL moves it every N steps
         self._reference: tuple[torch.nn.Module, torch.nn.Module, list] | None = None  # (sharded, replica, pairs)
         self._pairs: list[tuple[Any, torch.Tensor]] = []
         self._replica: torch.nn.Module | None = None

@@ -23,7 +23,7 @@ from ...errors import UnsupportedOptionError
 
 
 def is_gkd(args: Any) -> bool:
-    from ..gkd_config import ThunderSyncGKDConfig
+    from ..gkd.config import ThunderSyncGKDConfig
 
     return isinstance(args, ThunderSyncGKDConfig)
 

@@ -134,7 +134,7 @@ def test_covered_setups_pass_the_check():
 
 
 def _gkd_args(**fields):
-    from trl_thundersync.trainers.gkd_config import ThunderSyncGKDConfig
+    from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
 
     args = ThunderSyncGKDConfig.__new__(ThunderSyncGKDConfig)  # only the fields the checks read
     args.__dict__.update(dict(teacher_server_url="http://127.0.0.1:1", lmbda=1.0, seq_kd=False, beta=0.5,

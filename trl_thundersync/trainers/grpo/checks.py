@@ -8,10 +8,11 @@ from typing import Any
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from ..errors import ConfigurationError, UnsupportedOptionError
-from ..rollout.request_fields import request_fields
-from .grpo_config import ThunderSyncGRPOConfig
-from .placement import check_engine
+from ...errors import ConfigurationError, UnsupportedOptionError
+from ...rollout.request_fields import request_fields
+from ...streaming.loss_types import loss_type
+from ..placement import check_engine
+from .config import ThunderSyncGRPOConfig
 
 
 def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
@@ -29,21 +30,22 @@ def thundersync_args(model, args) -> ThunderSyncGRPOConfig:
         "are checked")
 
 
-def refuse_dropped_generation_fields(trainer: Any) -> None:
+def refuse_dropped_generation_fields(args: Any, uses_trl_generation: bool) -> None:
     """`generation_kwargs` and `vllm_structured_outputs_regex`: with vLLM servers (use_vllm=True) they go into every
     request as TRL's server client sends them, checked here so a key vLLM would ignore or the engine must set is
-    refused by name at construction (`rollout.request_fields`); the embedded engines implement none of them."""
-    args = trainer.args
-    if trainer._uses_trl_generation():
+    refused by name at construction (`rollout.request_fields`); the embedded engines implement none of them.
+    `uses_trl_generation`: TRL's own generation samples (rollout_func, rollout_engine='trl'), nothing to check."""
+    if uses_trl_generation:
         return
     engine = args.resolved_rollout_engine(False)
     if args.samples_from_vllm():
         request_fields(args.generation_kwargs, args.vllm_structured_outputs_regex)
-        if args.vllm_importance_sampling_correction and args.loss_type == "vespo":  # 'auto' chose vLLM
+        streams = loss_type(args.loss_type).streams_vllm_correction
+        if args.vllm_importance_sampling_correction and not streams:  # 'auto' chose vLLM
             raise UnsupportedOptionError(
-                f"vllm_importance_sampling_correction=True with loss_type='vespo' and rollout_engine={engine!r}: TRL "
-                "folds the ratio into VESPO's gamma weights, which is not streamed; set it to False or pick another "
-                "loss_type")
+                f"vllm_importance_sampling_correction=True with loss_type={args.loss_type!r} and rollout_engine="
+                f"{engine!r}: TRL folds the ratio into the loss's own weights (VESPO's gamma weights), which is not "
+                "streamed; set it to False or pick another loss_type")
         return
     for name in ("generation_kwargs", "vllm_structured_outputs_regex"):
         value = getattr(args, name)
@@ -55,13 +57,13 @@ def refuse_dropped_generation_fields(trainer: Any) -> None:
                 "TRL's own generation (rollout_engine='trl')")
 
 
-def check_distributed(trainer: Any) -> None:
+def check_distributed(accelerator: Any, args: Any, num_generations: int) -> None:
     """Refuse sharded setups and, with several processes, groups split across processes."""
-    check_engine(trainer.accelerator, trainer.args)
-    local_rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
-    if trainer.accelerator.num_processes > 1 and local_rows % trainer.num_generations:
+    check_engine(accelerator, args)
+    local_rows = args.per_device_train_batch_size * args.steps_per_generation
+    if accelerator.num_processes > 1 and local_rows % num_generations:
         raise ConfigurationError(
             f"per_device_train_batch_size × steps_per_generation = {local_rows} is not a multiple of "
-            f"num_generations={trainer.num_generations}: with {trainer.accelerator.num_processes} processes every "
+            f"num_generations={num_generations}: with {accelerator.num_processes} processes every "
             "GRPO group must live on one process so it can close there; change per_device_train_batch_size"
         )

@@ -28,11 +28,11 @@ from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
-from ..distill.learner import DistillBatchLearner
-from ..distill.losses import generalized_jsd_per_token, opd_loss_sum
-from ..distill.normalizer import StepNormalizer, step_loss, step_normalizer
-from ..distill.pipeline import TurnRouter, run_distill_batch
-from ..distill.processes import (
+from ...distill.learner import DistillBatchLearner
+from ...distill.losses import generalized_jsd_per_token, opd_loss_sum
+from ...distill.normalizer import StepNormalizer, step_loss, step_normalizer
+from ...distill.pipeline import TurnRouter, run_distill_batch
+from ...distill.processes import (
     RankShare,
     batch_metrics,
     check_shares,
@@ -40,19 +40,22 @@ from ..distill.processes import (
     finished_share,
     local_share,
 )
-from ..distill.records import DistillTotals, TeacherScores, TrajectoryClosed
-from ..distill.teacher import LocalTeacher
-from ..distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
-from ..distill.vocab_map import VocabularyMap
-from ..envs.harness.metrics import model_token_counts
-from ..errors import TeacherScoringError, UnsupportedOptionError
-from ..rollout.batches import as_rollout_engine
-from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
-from ..streaming.learner_records import BatchTiming
-from ..trace.recorder import build_step_trace
-from .gkd_checks import check_vocabularies, refuse_combinations
-from .gkd_config import ThunderSyncGKDConfig
-from .gkd_rollout import (
+from ...distill.records import DistillTotals, TeacherScores, TrajectoryClosed
+from ...distill.teacher import LocalTeacher
+from ...distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
+from ...distill.vocab_map import VocabularyMap
+from ...envs.harness.metrics import model_token_counts
+from ...errors import TeacherScoringError, UnsupportedOptionError
+from ...rollout.batches import as_rollout_engine
+from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
+from ...streaming.learner_records import BatchTiming
+from ...trace.recorder import build_step_trace
+from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
+from ..placement import check_engine
+from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+from .checks import check_vocabularies, refuse_combinations
+from .config import ThunderSyncGKDConfig
+from .rollout import (
     agent_engine,
     global_first_row,
     pass_through_collator,
@@ -60,9 +63,6 @@ from .gkd_rollout import (
     requests_from_rows,
     sampling_params,
 )
-from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics
-from .placement import check_engine
-from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         self.generation_config = self.model.generation_config
 
     def _server_teacher(self):
-        from ..distill.teacher_server import ServerTeacher
+        from ...distill.teacher_server import ServerTeacher
 
         a = self.args
         return ServerTeacher(a.teacher_server_url, a.teacher_server_model, a.teacher_server_timeout,

@@ -31,12 +31,14 @@ from typing import Any
 
 import torch
 
-from ..envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
-from ..streaming.batch_metrics import reward_metrics
-from ..streaming.normalization import micro_batch_of
-from ..streaming.sampling_difference import SamplingStats, merge, sampling_metrics
-from ..types import AgentStats
-from .grpo_settings import sampling_correction
+from ...envs.harness.metrics import agent_metrics, length_metrics, model_token_counts, truncation_flags
+from ...streaming.barrier import Collectives
+from ...streaming.batch_metrics import reward_metrics, stats_bound_bytes
+from ...streaming.loss_types import loss_type
+from ...streaming.normalization import micro_batch_of
+from ...streaming.sampling_difference import SamplingStats, merge, sampling_metrics
+from ...types import AgentStats
+from .settings import GRPOSettings
 
 # One process's payload in, every process's payloads out, in rank order (`accelerate.utils.gather_object`).
 GatherLogs = Callable[["ProcessBatchLog"], list["ProcessBatchLog"]]
@@ -55,7 +57,7 @@ class MicroBatchCounts:
 
 @dataclass(frozen=True)
 class MetricSettings:
-    """What decides which metrics a batch logs (read from the trainer by `metric_settings`)."""
+    """What decides which metrics a batch logs (built from the run's `GRPOSettings` by `metric_settings`)."""
 
     reward_names: tuple[str, ...]  # TRL's `reward_func_names`
     lengths: bool  # log the completion lengths (False: TRL's own generation logged them)
@@ -103,9 +105,6 @@ def micro_batch_counts(scored_tokens: Sequence[int], advantages: Sequence[float]
     return tuple(MicroBatchCounts(*c) for c in counts)
 
 
-CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # TRL logs clip_ratio/* for these
-
-
 def micro_batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> dict[str, list[float]]:
     """TRL's `_compute_loss` metrics, one value per micro-batch, global over processes: `kl` (Σ KL / Σ tokens), and
     the clip ratios of the streamed pass, where θ = θ_k makes every importance ratio exactly 1 — so no token is low-
@@ -113,17 +112,18 @@ def micro_batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSetting
     are the positive-advantage ones exactly when ε_high < 1. `clip_ratio/low_min|high_max` are NaN, as TRL's
     nanmin/nanmax of per-row means, when no row of the micro-batch has a loss token."""
     out: dict[str, list[float]] = {}
+    clip_metrics = loss_type(settings.loss_type).clip_metrics
     for b in range(len(logs[0].micro_batches)):
         parts = [log.micro_batches[b] for log in logs]
         tokens, rows = sum(c.tokens for c in parts), sum(c.rows for c in parts)
         if settings.kl:
             out.setdefault("kl", []).append(sum(c.kl_sum for c in parts) / max(tokens, 1))
-        if settings.loss_type in CLIPPED_LOSSES:
+        if clip_metrics == "clip_ratio":
             extreme = math.nan if tokens == 0 and not settings.sequence_level else 0.0
             for name, value in (("low_mean", 0.0), ("high_mean", 0.0), ("region_mean", 0.0), ("low_min", extreme),
                                 ("high_max", extreme)):
                 out.setdefault(f"clip_ratio/{name}", []).append(value)
-        elif settings.loss_type == "cispo":
+        elif clip_metrics == "cispo":
             clipped, total = ((sum(c.positive_rows for c in parts), rows) if settings.sequence_level
                               else (sum(c.positive_tokens for c in parts), tokens))
             out.setdefault("cispo_clip_ratio", []).append(clipped / max(total, 1) if 1.0 > settings.epsilon_high
@@ -198,25 +198,26 @@ def gather_logs_of(accelerator: Any) -> GatherLogs:
 
 
 # -- the trainer side ---------------------------------------------------------------------------------------------
-def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float], prompts: Sequence[Any],
-                      zero_std_fraction: float, stats_bound: int) -> ProcessBatchLog:
-    """This process's `ProcessBatchLog` of the batch (`scored`: its sources in index order). Takes the reward
-    functions' pending `log_extra` rows and `log_metric` values (TRL flushes them once per generation batch)."""
+def process_batch_log(settings: GRPOSettings, totals, scored, advantages: Sequence[float], prompts: Sequence[Any],
+                      zero_std_fraction: float, stats_bound: int, permutation: list[int],
+                      extra_rows: Mapping[str, Mapping[int, Any]],
+                      pending_metrics: Mapping[str, Sequence[float]]) -> ProcessBatchLog:
+    """This process's `ProcessBatchLog` of the batch (`scored`: its sources in index order, `permutation`: TRL's
+    shuffle of the batch). `extra_rows` (`log_extra` column → {trajectory: value}) and `pending_metrics`
+    (`log_metric` name → values) are what the reward functions logged during the generation batch (TRL flushes them
+    once per generation batch; the trainer clears them after this call)."""
     ids, masks = [s.rollout.completion_ids for s in scored], [s.rollout.env_mask for s in scored]
-    eos = set(trainer.eos_token_ids) | {trainer._tokenizer.pad_token_id}
-    spg = trainer.args.steps_per_generation
+    spg = settings.args.steps_per_generation
     micro_batches = micro_batch_counts(totals.scored_tokens, advantages, totals.kl_sums,
-                                       micro_batch_of(trainer._permutation, spg), spg)
-    extra = {column: tuple(by_row.get(s.rollout.index) for s in scored)
-             for column, by_row in trainer._pending_extra_rows.items()}
-    reported = {name: (float(sum(values)), len(values)) for name, values in trainer._pending_metrics.items() if values}
-    trainer._pending_extra_rows.clear()
-    trainer._pending_metrics.clear()
+                                       micro_batch_of(permutation, spg), spg)
+    extra = {column: tuple(by_row.get(s.rollout.index) for s in scored) for column, by_row in extra_rows.items()}
+    reported = {name: (float(sum(values)), len(values)) for name, values in pending_metrics.items() if values}
     sampled = [row for row in totals.sampling if row is not None]
     return ProcessBatchLog(
         rewards_per_func=tuple(tuple(s.rewards_per_func) for s in scored), rewards=tuple(s.reward for s in scored),
         advantages=tuple(advantages), prompt_tokens=tuple(len(s.rollout.prompt_ids) for s in scored),
-        model_tokens=tuple(model_token_counts(ids, masks)), truncated=tuple(truncation_flags(ids, eos)),
+        model_tokens=tuple(model_token_counts(ids, masks)),
+        truncated=tuple(truncation_flags(ids, set(settings.eos_and_pad))),
         zero_std_rows=round(zero_std_fraction * len(scored)), micro_batches=micro_batches,
         agent=tuple(s.rollout.agent for s in scored if s.rollout.agent is not None), prompts=tuple(prompts),
         completions=tuple(s.rollout.completion for s in scored), extra=extra, reported=reported,
@@ -225,32 +226,47 @@ def process_batch_log(trainer: Any, totals, scored, advantages: Sequence[float],
     )
 
 
-def metric_settings(trainer: Any, lengths: bool) -> MetricSettings:
-    """The trainer's `MetricSettings`."""
-    return MetricSettings(tuple(trainer.reward_func_names), lengths, trainer._release(), trainer.beta != 0.0,
-                          trainer.loss_type, float(trainer.epsilon_high),
-                          trainer.importance_sampling_level == "sequence",
-                          importance_sampling=sampling_correction(trainer.args) is not None)
+def stats_bound(settings: GRPOSettings, totals, batch_size: int, num_reward_functions: int) -> int:
+    """The memory bound of this batch's streamed statistics (`batch_metrics.stats_bound_bytes`)."""
+    args = settings.args
+    return stats_bound_bytes(
+        totals, batch_size=batch_size, num_generations=settings.num_generations,
+        max_open_groups=args.max_open_groups, release=settings.release, beta=settings.beta,
+        max_buffered=args.max_buffered_trajectories, micro_batches=args.steps_per_generation,
+        num_reward_functions=num_reward_functions, off_policy_mask=args.off_policy_mask_threshold is not None)
 
 
-def record_batch(trainer: Any, local: ProcessBatchLog, gather: GatherLogs) -> None:
-    """Gather every process's payload and log the batch into TRL's `_metrics["train"]` and `_logs`; with TRL's own
-    generation (`rollout_func`, `rollout_engine='trl'`), TRL already logged the lengths and counted the tokens."""
-    logs = gather(local)
-    own_generation = not trainer._uses_trl_generation()
-    if own_generation:
-        trainer.state.num_input_tokens_seen += batch_tokens(logs)
-    m = trainer._metrics["train"]
-    m["num_tokens"] = [trainer.state.num_input_tokens_seen]
-    metrics = batch_metrics(logs, metric_settings(trainer, lengths=own_generation))
-    for name, values in metrics.items():
-        m[name].extend(values)
-    table = completions_table(logs, trainer.reward_func_names)
-    trainer._logs["prompt"].extend(table["prompt"])
-    trainer._logs["completion"].extend(table["completion"])
+def router_aux_metric(values: Sequence[float], collectives: Collectives) -> list[float]:
+    """TRL's `aux_loss` metric: one entry per micro-batch, each the mean over processes of that micro-batch's."""
+    gathered = collectives.gather(torch.tensor(values, dtype=torch.float32))
+    return gathered.view(-1, len(values)).mean(dim=0).tolist()
+
+
+def metric_settings(settings: GRPOSettings, lengths: bool) -> MetricSettings:
+    """The run's `MetricSettings`."""
+    return MetricSettings(settings.reward_names, lengths, settings.release, settings.beta != 0.0,
+                          settings.args.loss_type, float(settings.epsilon_high), settings.sequence_level,
+                          importance_sampling=settings.correction is not None)
+
+
+def record_batch(local: ProcessBatchLog, gather: GatherLogs, settings: MetricSettings,
+                 metrics: Mapping[str, list], logs: Mapping[str, Any], tokens_seen: int) -> int:
+    """Gather every process's payload and log the batch into TRL's `_metrics["train"]` (`metrics`) and `_logs`
+    (`logs`); returns TRL's `state.num_input_tokens_seen` after the batch (`tokens_seen` before it). With TRL's own
+    generation (`settings.lengths` False: `rollout_func`, `rollout_engine='trl'`), TRL already logged the lengths and
+    counted the tokens."""
+    gathered = gather(local)
+    if settings.lengths:
+        tokens_seen += batch_tokens(gathered)
+    metrics["num_tokens"] = [tokens_seen]
+    for name, values in batch_metrics(gathered, settings).items():
+        metrics[name].extend(values)
+    table = completions_table(gathered, settings.reward_names)
+    logs["prompt"].extend(table["prompt"])
+    logs["completion"].extend(table["completion"])
     for name, values in table["rewards"].items():
-        trainer._logs["rewards"][name].extend(values)
-    trainer._logs["advantages"].extend(table["advantages"])
+        logs["rewards"][name].extend(values)
+    logs["advantages"].extend(table["advantages"])
     for column, values in table["extra"].items():
-        trainer._logs["extra"][column].extend(values)
-
+        logs["extra"][column].extend(values)
+    return tokens_seen

@@ -7,13 +7,13 @@ from typing import get_args
 
 from trl import GRPOConfig
 
-from ..errors import ConfigurationError, UnsupportedOptionError
-from ..streaming.normalization import SUPPORTED_LOSS_TYPES
-from ..types import AgentProtocol, ReleasePoint, RewardScope, Schedule
-from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
-from .agent_config import AgentLoopFields, GenerationBudget
-from .config_checks import converted_config, require_choice, require_counts
-from .rollout_config import RolloutEngine, RolloutFields
+from ...errors import ConfigurationError, UnsupportedOptionError
+from ...streaming.loss_types import SUPPORTED_LOSS_TYPES, loss_type
+from ...types import AgentProtocol, ReleasePoint, RewardScope, Schedule
+from ..agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
+from ..agent_config import AgentLoopFields, GenerationBudget
+from ..config_checks import converted_config, require_choice, require_counts
+from ..rollout_config import RolloutEngine, RolloutFields
 
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ROLLOUT_ENGINES: tuple[RolloutEngine, ...] = get_args(RolloutEngine)
@@ -148,7 +148,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
     def _check_lengths(self) -> None:
         """Token budgets: positive, or None where TRL's generation decides the length itself."""
         if self.max_completion_length is None:
-            if self.rollout_engine != "trl" or self.loss_type == "dr_grpo":
+            if self.rollout_engine != "trl" or loss_type(self.loss_type).bucket_scale == "completion_budget":
                 raise ConfigurationError(
                     f"max_completion_length=None with rollout_engine={self.rollout_engine!r}, loss_type="
                     f"{self.loss_type!r}: ThunderSync's rollout engines, the agent loop and dr_grpo's normalizer "
@@ -181,9 +181,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         if self.delta is not None and self.delta < 1.0:
             refuse("delta", self.delta, "a two-sided clip below 1 cuts the on-policy gradient; use None or ≥ 1")
         vllm = self.use_vllm or self.rollout_engine == "managed_vllm"  # 'auto': checked again once it is settled
-        if vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
+        streams = loss_type(self.loss_type).streams_vllm_correction
+        if vllm and self.vllm_importance_sampling_correction and not streams:
             refuse("vllm_importance_sampling_correction", self.vllm_importance_sampling_correction,
-                   "with loss_type='vespo' TRL folds the ratio into VESPO's gamma weights, which is not streamed; set "
-                   "it to False or pick another loss_type")
+                   f"with loss_type={self.loss_type!r} TRL folds the ratio into the loss's own weights (VESPO's gamma "
+                   "weights), which is not streamed; set it to False or pick another loss_type")
         if self.use_liger_kernel:
             refuse("use_liger_kernel", self.use_liger_kernel, "the Liger GRPO loss bypasses the streamed learner")

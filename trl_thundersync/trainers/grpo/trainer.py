@@ -5,8 +5,11 @@ first micro-step of every generation batch runs the whole logical batch through 
 θ_k, each trajectory scored and back-propagated as soon as it finishes, group statistics folded as groups close,
 and at the barrier the fully normalized batch direction is written into `param.grad`. TRL's own loop then clips it
 and takes the one optimizer step; a callback publishes θ_{k+1} to the rollout engine and waits for its ack.
-The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. With num_iterations = μ > 1,
-passes 2..μ over the batch run TRL's own training step on the buffered batch (`grpo_iterations`).
+The trainer only wires parts together; the math lives in `trl_thundersync.streaming`. The modules beside it read one
+frozen `GRPOSettings` built in `__init__` and the callables handed to them, never the trainer; the barrier is one
+core call (`streaming.barrier.close_grpo_batch`) through `self.collectives`; each logical batch returns an
+`OpenBatch` record. With num_iterations = μ > 1, passes 2..μ over the batch run TRL's own training step on the
+buffered batch (`iterations.py`).
 """
 
 from __future__ import annotations
@@ -19,33 +22,33 @@ import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
-from ..errors import UnsupportedOptionError
-from ..rollout.agent_setup import make_agent_engine
-from ..rollout.batches import as_rollout_engine
-from ..rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
-from ..rollout.trl_batch import TRLBatchEngine
-from ..streaming.advantages import Advantages, batch_advantages, statistics_rewards
-from ..streaming.barrier import grpo_barrier
-from ..streaming.batch_metrics import stats_bound_bytes
-from ..streaming.grading import grading_workers
-from ..streaming.learner import BatchTotals, GRPOBatchLearner
-from ..streaming.learner_records import BatchTiming
-from ..streaming.normalization import micro_batch_of
-from ..streaming.pipeline import TurnRouter, run_logical_batch
-from ..streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
-from ..streaming.rewards import RewardContext, ScoringInput
-from ..streaming.unscorable import unscorable_warning
-from ..trace.recorder import build_step_trace
-from ..types import Rollout, RolloutRequest, SamplingParams
-from . import grpo_iterations, grpo_metrics
-from .grpo_backward import router_aux_loss, trajectory_backward, turn_backward
-from .grpo_checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
-from .grpo_entropy import entropy_batch, entropy_normalizers, entropy_step
-from .grpo_progress import RolloutProgress
-from .grpo_rewards import decode_completion, reward_scorer
-from .grpo_settings import loss_normalization, policy_value_rule
-from .lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
-from .rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+from ...errors import UnsupportedOptionError
+from ...rollout.agent_setup import make_agent_engine
+from ...rollout.batches import as_rollout_engine
+from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
+from ...rollout.trl_batch import TRLBatchEngine
+from ...streaming.barrier import close_grpo_batch
+from ...streaming.grading import grading_workers
+from ...streaming.learner import BatchTotals, GRPOBatchLearner
+from ...streaming.learner_records import BatchTiming
+from ...streaming.normalization import micro_batch_of
+from ...streaming.pipeline import TurnRouter, run_logical_batch
+from ...streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
+from ...streaming.rewards import RewardContext, ScoringInput
+from ...streaming.unscorable import unscorable_warning
+from ...trace.recorder import build_step_trace
+from ...types import Rollout, RolloutRequest, SamplingParams
+from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
+from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
+from . import iterations, metrics
+from .backward import BatchModels, router_aux_loss, trajectory_backward, turn_backward
+from .batch import OpenBatch, accelerator_collectives
+from .checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
+from .entropy import EntropyBatch, entropy_batch, entropy_normalizers, entropy_step
+from .iterations import RecordedLogProbs
+from .progress import RolloutProgress
+from .rewards import decode_completion, reward_scorer
+from .settings import EntropySettings, GRPOSettings, objective_weights, off_policy_sampling, release_in_effect
 
 __all__ = ["ThunderSyncGRPOTrainer", "trajectory_seed"]  # trajectory_seed: re-exported from `lifecycle`
 
@@ -83,7 +86,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             args.use_vllm = use_vllm
         # 'auto' becomes one engine, decided with the model in hand (logged): managed vLLM where it can serve it
         args.settle_rollout_engine(self.model.config, uses_rollout_func=rollout_func is not None)
-        check_distributed(self)
+        check_distributed(self.accelerator, args, self.num_generations)
         if self._agentic() and (rollout_func is not None or args.rollout_engine == "trl"):
             raise UnsupportedOptionError(
                 "tools / environment_factory run in ThunderSync's streamed agent loop; they cannot be combined with "
@@ -94,9 +97,12 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                 "rollout_func generates with TRL's own batch generation; it cannot be combined with use_vllm=True or "
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
-        refuse_dropped_generation_fields(self)
+        refuse_dropped_generation_fields(args, self._uses_trl_generation())
+        self.settings = self._build_settings(args)  # what the helpers read, fixed for the run
+        # the barrier's cross-process operations (a test may hand in a failing one)
+        self.collectives = accelerator_collectives(self.accelerator, self._learner_placement)
         # MoE models (`self.aux_loss_enabled`, TRL's rule): the router load-balancing term is streamed exactly, one
-        # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `grpo_backward.router_aux_loss`)
+        # deferred backward per TRL micro-batch (`streaming/moe_aux.py`, `backward.router_aux_loss`)
         self.policy_version = 0
         self._engine: RolloutEngine | None = None
         self._turns = TurnRouter(required=False)  # agent turns → the open batch's learner (release="turn")
@@ -110,17 +116,41 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
         self.add_callback(PublishCallback(self))
 
+    def _build_settings(self, args) -> GRPOSettings:
+        """The run's `GRPOSettings`, from TRL's resolved attributes (once, at the end of `__init__`)."""
+        agentic, trl_generation = self._agentic(), self._uses_trl_generation()
+        sequence_level = self.importance_sampling_level == "sequence"
+        return GRPOSettings(
+            args=args, num_processes=self.accelerator.num_processes, device=self.accelerator.device,
+            beta=self.beta, epsilon_high=float(self.epsilon_high), sequence_level=sequence_level,
+            mask_truncated=self.mask_truncated_completions,
+            eos_and_pad=(*self.eos_token_ids, self._tokenizer.pad_token_id),
+            pad_token_id=self._tokenizer.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of,
+            num_generations=self.num_generations, scale_rewards=self.scale_rewards,
+            release=release_in_effect(args, agentic, self.beta, sequence_level),
+            uses_trl_generation=trl_generation, agentic=agentic,
+            off_policy_sampling=off_policy_sampling(args, trl_generation),
+            objective_weights=objective_weights(args, self.reward_weights),
+            router_aux_coef=self.router_aux_loss_coef if self.aux_loss_enabled else None,
+            reward_names=tuple(self.reward_func_names),
+            entropy=EntropySettings.of(args, self._entropy_bonus_enabled, self.use_adaptive_entropy))
+
     # -- TRL hook: the learner side -----------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if grpo_iterations.replays(self):  # passes 2..μ of num_iterations: TRL's own step on the buffered batch
-            return grpo_iterations.replay_step(self, model, inputs, num_items_in_batch)
+        if iterations.replays(self._step, self.args, self._buffered_inputs):  # passes 2..μ of num_iterations
+            return self._replay_step(model, inputs, num_items_in_batch)
         started = time.perf_counter()
         model.train()
         if self._step % self.args.steps_per_generation == 0:
-            loss = self._run_logical_batch(model, inputs)
+            batch = self._run_logical_batch(model, inputs)
+            self._open_step, loss = batch.step, batch.loss
             if self.args.num_iterations > 1:  # TRL-format micro-batches (θ_k log-probs) for passes 2..μ
-                grpo_iterations.buffer_generation_batch(self, self._open_step.items, self._last_advantages,
-                                                        self._permutation, self._recorded_logps)
+                models = iterations.replay_models(self._get_per_token_logps_and_entropies, self.model,
+                                                       self.ref_model, self.accelerator,
+                                                       self.args.gradient_checkpointing_kwargs)
+                self._buffered_inputs = iterations.buffer_generation_batch(
+                    self.settings, models, batch.step.items, list(batch.advantages),
+                    batch.permutation, batch.recorded_logps)
         else:  # the batch direction is already handed over; later micro-steps of the window add nothing
             loss = torch.zeros((), device=self.args.device)
         self._learner_placement().end_micro_step(self.accelerator.sync_gradients)
@@ -131,14 +161,26 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             self._current_train_step_time = 0.0
         return loss
 
-    def _run_logical_batch(self, model, rows: list[dict]) -> torch.Tensor:
+    def _replay_step(self, model, inputs, num_items_in_batch):
+        """One micro-step of passes 2..μ: `trl.GRPOTrainer.training_step` itself (its `_prepare_inputs` returns the
+        buffered micro-batch). TRL was built with use_vllm=False (ThunderSync's engine talks to the servers), so TRL's
+        loss sees the real setting while it runs: with use_vllm=True it applies the buffered vLLM importance-sampling
+        ratio. TRL's class is bound at import, not looked up as `trl.GRPOTrainer` here: scripts that rebind that name
+        to the drop-in (`trl.GRPOTrainer = ThunderSyncGRPOTrainer`) would otherwise recurse into this step."""
+        built_with = self.use_vllm
+        self.use_vllm = self.args.samples_from_vllm()  # managed vLLM too: its samples carry vLLM log-probs
+        try:
+            return GRPOTrainer.training_step(self, model, inputs, num_items_in_batch)
+        finally:
+            self.use_vllm = built_with
+
+    def _run_logical_batch(self, model, rows: list[dict]) -> OpenBatch:
         placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
             self._publish(version)
         permutation = torch.randperm(len(rows)).tolist()  # TRL's shuffle-then-split, drawn at the same RNG point
-        self._permutation = permutation  # TRL's micro-batches, reused by passes 2..μ (num_iterations > 1)
-        normalization = loss_normalization(self.args, len(rows), self.accelerator.num_processes)
+        normalization = self.settings.normalization(len(rows))
         buckets = micro_batch_of(permutation, self.args.steps_per_generation) if normalization.uses_buckets else None
         prompts = self._prompts(rows)
         requests = self._requests(rows, prompts, version)
@@ -146,18 +188,25 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         # Per-source passes run on the placement's module (no DDP/engine hooks); the batch direction is handed to
         # the engine once, at the barrier (`placement/`)
         target = placement.open_batch(model)
-        module, self._trainable = target.module, target.params
-        learner = self._batch_learner(module, version, len(rows), normalization, buckets, permutation)
+        self._trainable = target.params
+        entropy = entropy_batch(self.settings.entropy, self.entropy_coef, self._last_world_entropy, permutation,
+                                self.args.steps_per_generation)  # TRL's entropy bonus (None: off)
+        learner, recorded = self._batch_learner(self._batch_models(target), version, len(rows), normalization,
+                                                buckets, permutation, entropy)
 
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
-                completion = decode_completion(self, prompts[rollout.index], rollout.prompt_ids, rollout.completion_ids)
+                completion = decode_completion(self._tokenizer, self.processing_class, self.tools,
+                                               prompts[rollout.index], rollout.prompt_ids, rollout.completion_ids)
                 rollout = replace(rollout, completion=completion)
             environments = getattr(engine, "environments", None)  # built by the engine for this batch
             return ScoringInput(rollout, prompts[rollout.index], rows[rollout.index],
                                 environments[rollout.index] if environments else None)
 
-        rewards = RewardStage(reward_scorer(self), self.args.reward_scope, batch_size=len(rows),
+        scorer = reward_scorer(self.reward_funcs, self.reward_func_names, self.reward_weights,
+                               self.reward_processing_classes, self.chat_template_kwargs,
+                               getattr(self, "async_loop", None))
+        rewards = RewardStage(scorer, self.args.reward_scope, batch_size=len(rows),
                               num_generations=self.num_generations, prepare=prepare, probe=self._scope_probe,
                               context=RewardContext(self.state, self._log_extra_rows, self._log_metric),
                               environment_rewards=self._environment_rewards,
@@ -178,103 +227,78 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             rewards.close()
             progress.close()
         self.last_batch = (totals, timing)
-        self._open_step = StepRecord(version, totals, timing, scored)
         ordered = sorted(scored, key=lambda s: s.rollout.index)
         warning = unscorable_warning([prepare(s.rollout) for s in ordered], ordered)
         if warning is not None:  # TRL's warning, once per generation batch (the row then gets zero advantage)
             logger.warning(warning)
-        return self._barrier(totals, timing, normalization, buckets, ordered, prompts)
+        step = StepRecord(version, totals, timing, scored)
+        advantages, loss = self._barrier(totals, timing, normalization, buckets, ordered, prompts, permutation,
+                                         entropy)
+        return OpenBatch(step, permutation, entropy, recorded, advantages, loss)
 
-    def _batch_learner(self, module, version: int, batch_size: int, normalization, buckets,
-                       permutation: list[int]) -> GRPOBatchLearner:
-        """The learner of one logical batch, with this run's per-source backward passes (`grpo_backward`)."""
-        self._entropy_batch = entropy = entropy_batch(self, permutation)  # TRL's entropy bonus (None: off)
+    def _batch_models(self, target) -> BatchModels:
+        """What this batch's per-source passes run on; the reference models resolved now, on every process."""
+        reference = turn_reference = None
+        if self.beta != 0.0 and self.ref_model is not None:
+            reference = self._learner_placement().reference_module(self.ref_model)
+            if self.settings.release == "turn":
+                turn_reference = self._learner_placement().reference_module(
+                    self.accelerator.unwrap_model(self.ref_model))
+        return BatchModels(target.module, target.params, self._get_per_token_logps_and_entropies, reference,
+                           turn_reference, self.accelerator.autocast, self.policy_version)
+
+    def _batch_learner(self, models: BatchModels, version: int, batch_size: int, normalization, buckets,
+                       permutation: list[int],
+                       entropy: EntropyBatch | None) -> tuple[GRPOBatchLearner, RecordedLogProbs | None]:
+        """The learner of one logical batch, with this run's per-source backward passes (`backward.py`), and the
+        θ_k log-probs it records for passes 2..μ (None with one iteration)."""
+        settings = self.settings
         entropy_coef = entropy.coef if entropy is not None else None
-        backward = trajectory_backward(self, module, normalization, entropy_coef)
+        backward = trajectory_backward(settings, models, normalization, entropy_coef)
+        recorded = None
         if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
-            self._recorded_logps = grpo_iterations.RecordedLogProbs().wrap(backward)
-        return GRPOBatchLearner(
+            recorded = RecordedLogProbs().wrap(backward)
+        turns = turn_backward(settings, models, normalization, entropy_coef) if settings.release == "turn" else None
+        aux = router_aux_loss(settings, models, permutation, self.current_gradient_accumulation_steps)
+        learner = GRPOBatchLearner(
             batch_size=batch_size, num_generations=self.num_generations,
-            num_params=sum(p.numel() for p in self._trainable), policy_version=version,
+            num_params=sum(p.numel() for p in models.params), policy_version=version,
             scale_rewards=self.scale_rewards, source_backward=backward,
             bucket_of=(lambda i: buckets[i]) if buckets else (lambda i: 0),
             max_open_groups=self.args.max_open_groups,
-            allow_unscorable_groups=self.args.allow_unscorable_groups, device=self.accelerator.device,
-            release=self._release(), content_backward=backward.content,
-            turn_source=(turn_backward(self, module, normalization, entropy_coef) if self._release() == "turn"
-                         else None),
-            max_buffered=self.args.max_buffered_trajectories, router_aux=router_aux_loss(self, module, permutation),
+            allow_unscorable_groups=self.args.allow_unscorable_groups, device=settings.device,
+            release=settings.release, content_backward=backward.content, turn_source=turns,
+            max_buffered=self.args.max_buffered_trajectories, router_aux=aux,
             entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
-            off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=self._objective_weights(),
+            off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=settings.objective_weights,
         )
+        return learner, recorded
 
-    def _objective_weights(self) -> tuple[float, ...] | None:
-        """normalize_then_sum: the reward weights its per-function group statistics use (None: sum_then_normalize)."""
-        if self.args.multi_objective_aggregation != "normalize_then_sum":
-            return None
-        return tuple(float(w) for w in self.reward_weights.tolist())
-
-    def _release(self) -> str:
-        """The release point in effect: 'turn' needs turn events, which only multi-turn agent engines emit."""
-        if self.args.release == "turn" and not self._agentic():
-            return "content"
-        if self.args.release == "turn" and self.beta != 0.0 and self.args.use_bias_correction_kl and \
-                self.importance_sampling_level == "sequence":
-            return "content"  # the sequence-level KL ratio spreads the whole row's KL over its tokens: not per turn
-        return self.args.release
-
-    def _stats_bound(self, totals, batch_size: int) -> int:
-        """The memory bound of this batch's streamed statistics (`batch_metrics.stats_bound_bytes`)."""
-        return stats_bound_bytes(
-            totals, batch_size=batch_size, num_generations=self.num_generations,
-            max_open_groups=self.args.max_open_groups, release=self._release(), beta=self.beta,
-            max_buffered=self.args.max_buffered_trajectories, micro_batches=self.args.steps_per_generation,
-            num_reward_functions=len(self.reward_funcs),
-            off_policy_mask=self.args.off_policy_mask_threshold is not None)
-
-    # -- the barrier: collectives, the non-finite check and param.grad here; the math in `streaming.barrier` ------
-    def _barrier(self, totals, timing, normalization, buckets, scored, prompts) -> torch.Tensor:
-        device = self.accelerator.device
-        global_tokens = int(self.accelerator.reduce(torch.tensor(sum(totals.scored_tokens), device=device),
-                                                    reduction="sum").item())
-        if totals.objective_rewards is None:
-            values, policy_scale, zero_std = self._advantages(totals)
-            advantages = Advantages(tuple(values), policy_scale, 0.0, zero_std)
-        else:
-            advantages = self._batch_advantages(totals)
+    # -- the barrier: one core call (`streaming.barrier.close_grpo_batch`) through `self.collectives` -------------
+    def _barrier(self, totals, timing, normalization, buckets, scored, prompts, permutation: list[int],
+                 entropy: EntropyBatch | None) -> tuple[tuple[float, ...], torch.Tensor]:
+        """The batch's advantages (TRL's, per row: passes 2..μ reuse them) and its loss value."""
         bonus = None
         if totals.entropy_terms is not None:  # TRL's entropy bonus: each micro-batch's own token normalizer
-            bonus = entropy_normalizers(self._entropy_batch, totals)
-        result = grpo_barrier(totals, advantages, normalization, global_tokens, buckets, policy_value_rule(self.args),
-                              bonus)
-        self._last_advantages = list(result.advantages.values)  # TRL's per-row advantages (passes 2..μ)
+            bonus = entropy_normalizers(entropy, totals)
+        label = f"optimizer step {self.state.global_step} (policy version {self.policy_version})"
+        result = close_grpo_batch(totals, normalization, buckets, self.num_generations, self.collectives, label,
+                                  self.settings.value_rule, bonus)
         self.last_off_policy_dropped = result.dropped
-        self._learner_placement().hand_over(
-            result.direction, f"optimizer step {self.state.global_step} (policy version {self.policy_version})")
-        self._log_batch(totals, timing, scored, self._last_advantages, prompts, result.advantages.zero_std_fraction)
-        if bonus is not None:  # TRL's entropy metrics and the adaptive coefficient's update
-            entropy_step(self, bonus, result.policy_terms, totals.entropy_sums)
-        if totals.router_aux is not None:
-            self._log_router_aux(totals.router_aux.values)
-        return torch.tensor(result.loss, device=self.args.device)
-
-    def _batch_advantages(self, totals: BatchTotals) -> Advantages:
-        """TRL's advantages (`streaming.advantages`), with the values of the batch statistics gathered from every
-        process."""
-        local = statistics_rewards(totals)
-        gathered = None if local is None else self.accelerator.gather(local.to(self.accelerator.device)).cpu()
-        return batch_advantages(totals, gathered, self.num_generations)
-
-    def _advantages(self, totals: BatchTotals) -> tuple[list[float], float, float]:
-        """sum_then_normalize: (A_i, the barrier's policy scale, `frac_reward_zero_std`) of `_batch_advantages`."""
-        advantages = self._batch_advantages(totals)
-        return list(advantages.values), advantages.policy_scale, advantages.zero_std_fraction
-
-    def _log_router_aux(self, values) -> None:
-        """TRL's `aux_loss` metric: one entry per micro-batch, each the mean over processes of that micro-batch's."""
-        local = torch.tensor(values, dtype=torch.float32, device=self.accelerator.device)
-        gathered = self.accelerator.gather(local).view(-1, len(values)).mean(dim=0)
-        self._metrics["train"]["aux_loss"].extend(gathered.tolist())
+        advantages = result.advantages
+        self._log_batch(totals, timing, scored, list(advantages.values), prompts, advantages.zero_std_fraction,
+                        permutation)
+        if bonus is not None:  # TRL's entropy metrics and the adaptive coefficient's update (TRL's own state)
+            step = entropy_step(self.settings.entropy, self.args.loss_type, self.entropy_coef, bonus,
+                                result.policy_terms, totals.entropy_sums, self.collectives)
+            self.entropy_coef = step.coef
+            if step.world_entropy is not None:
+                self._last_world_entropy = step.world_entropy
+            step.record(self._metrics["train"])
+        if totals.router_aux is not None:  # TRL's `aux_loss`: per micro-batch, the mean over processes
+            self._metrics["train"]["aux_loss"].extend(metrics.router_aux_metric(totals.router_aux.values,
+                                                                                     self.collectives))
+        return advantages.values, torch.tensor(result.loss, device=self.args.device)
 
     # -- rollouts ---------------------------------------------------------------------------------------------------
     def _prompts(self, rows: list[dict]) -> list:
@@ -332,7 +356,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
     def _agent_engine(self, generator: TurnGenerator):
         """The agent loop over `generator`, rendering prompts with TRL's own template choice (`self.chat_template`,
         from the tools TRL collected: `make_agent_engine` applies the same rule to the same tools)."""
-        from ..envs.harness.agent_loop import ToolRunner
+        from ...envs.harness.agent_loop import ToolRunner
 
         return make_agent_engine(
             generator, processing_class=self.processing_class, tokenizer=self._tokenizer,
@@ -362,16 +386,24 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     def _publish_due(self, global_step: int) -> bool:
         """`PublishCallback`: θ goes out after the last pass over a generation batch (`num_iterations`)."""
-        return grpo_iterations.publishes_after(global_step, self.args.num_iterations)
+        return iterations.publishes_after(global_step, self.args.num_iterations)
 
     # -- metrics ------------------------------------------------------------------------------------------------------
     def _log_batch(self, totals: BatchTotals, timing: BatchTiming, scored, advantages, prompts,
-                   zero_std_fraction: float) -> None:
-        """The batch's metrics and completions table over every process, as TRL logs them (`grpo_metrics`); the
-        timings and the engine's counters are this process's."""
-        local = grpo_metrics.process_batch_log(self, totals, scored, advantages, prompts, zero_std_fraction,
-                                               self._stats_bound(totals, len(scored)))
-        grpo_metrics.record_batch(self, local, grpo_metrics.gather_logs_of(self.accelerator))
+                   zero_std_fraction: float, permutation: list[int]) -> None:
+        """The batch's metrics and completions table over every process, as TRL logs them (`metrics.py`); the
+        timings and the engine's counters are this process's. Flushes what the reward functions logged."""
+        local = metrics.process_batch_log(self.settings, totals, scored, advantages, prompts, zero_std_fraction,
+                                               metrics.stats_bound(self.settings, totals, len(scored),
+                                                                        len(self.reward_funcs)), permutation,
+                                               self._pending_extra_rows, self._pending_metrics)
+        self._pending_extra_rows.clear()
+        self._pending_metrics.clear()
+        own_generation = not self.settings.uses_trl_generation
+        self.state.num_input_tokens_seen = metrics.record_batch(
+            local, metrics.gather_logs_of(self.accelerator),
+            metrics.metric_settings(self.settings, lengths=own_generation), self._metrics["train"], self._logs,
+            self.state.num_input_tokens_seen)
         m = self._metrics["train"]
         for name, value in step_timing_metrics(timing).items():
             m[name].append(value)

@@ -7,15 +7,15 @@ from typing import Literal, get_args
 
 from trl.experimental.gkd import GKDConfig
 
-from ..distill.normalizer import NormalizerName
-from ..distill.teacher_schedule import TeacherScoring
-from ..errors import ConfigurationError, UnsupportedOptionError
-from ..rollout.vllm_api import check_base_url
-from ..types import AgentProtocol, Schedule, TurnBackward
-from .agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
-from .agent_config import AgentLoopFields, GenerationBudget, agent_protocol_field
-from .config_checks import converted_config, require_choice, require_counts
-from .rollout_config import RolloutEngine, RolloutFields, TRLVLLMServerFields
+from ...distill.normalizer import NormalizerName
+from ...distill.teacher_schedule import TeacherScoring
+from ...errors import ConfigurationError, UnsupportedOptionError
+from ...rollout.vllm_api import check_base_url
+from ...types import AgentProtocol, Schedule, TurnBackward
+from ..agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
+from ..agent_config import AgentLoopFields, GenerationBudget, agent_protocol_field
+from ..config_checks import converted_config, require_choice, require_counts
+from ..rollout_config import RolloutEngine, RolloutFields, TRLVLLMServerFields
 
 Objective = Literal["gjsd", "opd"]
 OnPolicyNormalizerSetting = Literal["auto", NormalizerName]  # "auto" is resolved in __post_init__

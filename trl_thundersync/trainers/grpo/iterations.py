@@ -6,46 +6,32 @@ and otherwise returns `_buffered_inputs[_step % steps_per_generation]`: the same
 Pass 1 runs at θ_k, where TRL's ratio exp(logp − old) is 1 and clipping is inactive: that is the direction ThunderSync
 streams during the rollouts. Passes 2..μ run at θ_{k+1}, …, θ_{k+μ-1} with PPO clipping against θ_k's log-probs, so
 they need the updated parameters and cannot be streamed. They run TRL's own code: after the streamed pass,
-`buffer_generation_batch` leaves TRL-format micro-batches in `_buffered_inputs` (what
+`buffer_generation_batch` returns TRL-format micro-batches for `_buffered_inputs` (what
 `_generate_and_score_completions` returns for the batch's scored trajectories; θ_k's and the reference's log-probs are
 kept from the streamed pass's own forwards, `RecordedLogProbs`, and computed as TRL computes them for rows it never
-forwarded), and each later micro-step is `replay_step`, i.e. `GRPOTrainer.training_step` (TRL's `_prepare_inputs`,
-`compute_loss`, backward; TRL's loop clips and steps). θ is published once per generation batch, after its last pass
-(`publishes_after`).
+forwarded), and each later micro-step (`replays`) is the trainer's `_replay_step`, i.e. `GRPOTrainer.training_step`
+(TRL's `_prepare_inputs`, `compute_loss`, backward; TRL's loop clips and steps). θ is published once per generation
+batch, after its last pass (`publishes_after`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import pad, split_tensor_dict
 
-from ..errors import ConfigurationError
-from .grpo_settings import sampling_correction
+from ...errors import ConfigurationError
+from .settings import GRPOSettings
 
 
-def replays(trainer: Any) -> bool:
-    """Whether this micro-step is a pass 2..μ over the buffered generation batch (TRL's own training_step)."""
-    spg = trainer.args.steps_per_generation
-    return (trainer.args.num_iterations > 1 and (trainer._step // spg) % trainer.args.num_iterations != 0
-            and trainer._buffered_inputs is not None)
-
-
-def replay_step(trainer: Any, model, inputs, num_items_in_batch):
-    """One micro-step of passes 2..μ: `trl.GRPOTrainer.training_step` itself (its `_prepare_inputs` returns the
-    buffered micro-batch). TRL was built with use_vllm=False (ThunderSync's engine talks to the servers), so TRL's loss
-    sees the real setting while it runs: with use_vllm=True it applies the buffered vLLM importance-sampling ratio.
-    TRL's class is bound at import, not looked up as `trl.GRPOTrainer` here: scripts that rebind that name to the
-    drop-in (`trl.GRPOTrainer = ThunderSyncGRPOTrainer`) would otherwise recurse into this step."""
-    built_with = trainer.use_vllm
-    trainer.use_vllm = trainer.args.samples_from_vllm()  # managed vLLM too: its samples carry vLLM log-probs
-    try:
-        return TRLGRPOTrainer.training_step(trainer, model, inputs, num_items_in_batch)
-    finally:
-        trainer.use_vllm = built_with
+def replays(step: int, args: Any, buffered: Any) -> bool:
+    """Whether micro-step `step` (TRL's `_step`) is a pass 2..μ over the buffered generation batch (`buffered`:
+    TRL's `_buffered_inputs`), run by TRL's own training_step."""
+    spg = args.steps_per_generation
+    return args.num_iterations > 1 and (step // spg) % args.num_iterations != 0 and buffered is not None
 
 
 def publishes_after(global_step: int, num_iterations: int) -> bool:
@@ -79,17 +65,44 @@ class RecordedLogProbs:
         return recorded
 
 
-def buffer_generation_batch(trainer: Any, scored, advantages: list[float], permutation: list[int],
-                            recorded: RecordedLogProbs | None = None) -> None:
+@dataclass(frozen=True)
+class ReplayModels:
+    """What TRL's buffered batch needs from the trainer, as explicit callables."""
+
+    policy_logps: Callable[..., torch.Tensor]  # (ids, mask, keep, batch_size) → θ_k's per-token log-probs [B, C]
+    reference_logps: Callable[..., torch.Tensor]  # the same for TRL's reference (`reference_logps`)
+    gather: Callable[[torch.Tensor], torch.Tensor]  # every process's tensor, concatenated (accelerator.gather)
+    no_checkpointing: Callable[[], Any]  # a context without gradient checkpointing (TRL's, for its forwards)
+
+
+def replay_models(forward, model, ref_model, accelerator, checkpointing_kwargs) -> ReplayModels:
+    """TRL's forwards over the buffered batch (`forward`: TRL's `_get_per_token_logps_and_entropies`, `model` and
+    `ref_model` TRL's, `accelerator` for its gather and unwrapping, `checkpointing_kwargs` TRL's
+    `gradient_checkpointing_kwargs`)."""
+    from trl.models.utils import disable_gradient_checkpointing
+
+    def policy(ids, mask, keep, batch_size):
+        return forward(model, ids, mask, keep, batch_size=batch_size)[0]
+
+    def reference(ids, mask, keep, batch_size):
+        return reference_logps(forward, ref_model, model, accelerator.unwrap_model(model), ids, mask, keep,
+                               batch_size)
+
+    return ReplayModels(policy, reference, accelerator.gather,
+                        lambda: disable_gradient_checkpointing(model, checkpointing_kwargs))
+
+
+def buffer_generation_batch(settings: GRPOSettings, models: ReplayModels, scored, advantages: list[float],
+                            permutation: list[int], recorded: RecordedLogProbs | None = None) -> list[dict]:
     """TRL's `_buffered_inputs` for passes 2..μ: the batch as `_generate_and_score_completions` returns it, shuffled
     with the permutation the streamed pass used (TRL's `shuffle_sequence_dict`) and split into micro-batches."""
-    batch = generation_batch(trainer, sorted(scored, key=lambda s: s.rollout.index), advantages, recorded)
+    batch = generation_batch(settings, models, sorted(scored, key=lambda s: s.rollout.index), advantages, recorded)
     index = torch.tensor(permutation)
     shuffled = {k: (v if v.ndim == 0 else v[index.to(v.device)]) for k, v in batch.items()}
-    trainer._buffered_inputs = split_tensor_dict(shuffled, trainer.args.steps_per_generation)
+    return split_tensor_dict(shuffled, settings.args.steps_per_generation)
 
 
-def generation_batch(trainer: Any, scored, advantages: list[float],
+def generation_batch(settings: GRPOSettings, models: ReplayModels, scored, advantages: list[float],
                      recorded: RecordedLogProbs | None = None) -> dict[str, torch.Tensor]:
     """What TRL's `_generate_and_score_completions` returns for these trajectories (rows in batch order, text only):
     padded ids and masks [B, P] / [B, C], the tool mask [B, C] (agent trajectories), advantages [B],
@@ -97,36 +110,35 @@ def generation_batch(trainer: Any, scored, advantages: list[float],
     when they are known, the sampler's log-probs [B, C] with TRL's vLLM importance-sampling ratio when that correction
     is on. Log-probs the streamed pass recorded are reused; the other rows are computed over the padded batch in
     chunks of per_device_train_batch_size, as TRL computes them."""
-    out = padded_tokens(trainer, scored)
+    out = padded_tokens(settings, scored)
     scored_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
-    out["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=trainer.accelerator.device)
-    out["num_items_in_batch"] = trainer.accelerator.gather(scored_mask.sum()).sum()
+    out["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=settings.device)
+    out["num_items_in_batch"] = models.gather(scored_mask.sum()).sum()
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
     attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-    keep, batch_size = out["completion_ids"].size(1), trainer.args.per_device_train_batch_size
+    keep, batch_size = out["completion_ids"].size(1), settings.args.per_device_train_batch_size
     recorded = recorded or RecordedLogProbs()
     keys = [tuple(s.rollout.prompt_ids) + tuple(s.rollout.completion_ids) for s in scored]
 
     def policy(rows):
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids[rows], attention_mask[rows], keep,
-                                                          batch_size=batch_size)[0]
+        return models.policy_logps(ids[rows], attention_mask[rows], keep, batch_size)
 
     def reference(rows):
-        return reference_logps(trainer, ids[rows], attention_mask[rows], keep, batch_size)
+        return models.reference_logps(ids[rows], attention_mask[rows], keep, batch_size)
 
-    with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+    with torch.no_grad(), models.no_checkpointing():
         # padding positions (never scored: every use in TRL's loss is masked) get values that keep each masked term
         # finite: old = 0 (the ratio exp(logp − old) ≤ 1) and ref = −1e4 (the KL's exp(ref − logp) is 0, not inf)
         out["old_per_token_logps"] = logps_rows(recorded.policy, keys, policy, ids.new_zeros(0), keep, 0.0)
-        if trainer.beta != 0.0:
+        if settings.beta != 0.0:
             out["ref_per_token_logps"] = logps_rows(recorded.reference, keys, reference, ids.new_zeros(0), keep,
                                                     -1e4)
     if all(s.rollout.sampling_logprobs is not None for s in scored):
         sampling = [torch.tensor([float("nan") if x is None else x for x in s.rollout.sampling_logprobs])
                     for s in scored]
         out["sampling_per_token_logps"] = pad(sampling, padding_value=0.0, padding_side="right",
-                                              pad_to_multiple_of=trainer.pad_to_multiple_of).to(ids.device)
-    correction = sampling_correction(trainer.args)
+                                              pad_to_multiple_of=settings.pad_to_multiple_of).to(ids.device)
+    correction = settings.correction
     if correction is not None:
         if "sampling_per_token_logps" not in out:
             raise ConfigurationError("the vLLM importance-sampling correction of passes 2..num_iterations needs the "
@@ -153,11 +165,11 @@ def logps_rows(store: dict, keys: list, forward, like: torch.Tensor, width: int,
     return out
 
 
-def padded_tokens(trainer: Any, scored) -> dict[str, torch.Tensor]:
+def padded_tokens(settings: GRPOSettings, scored) -> dict[str, torch.Tensor]:
     """TRL's padding of prompts (left) and completions (right), its tool mask (1 = model token, padded with 1) and
     `mask_truncated_completions` (whole rows zeroed; truncation decided as the streamed pass decides it: the agent
     loop's own flag, else TRL's rule that the last token is neither EOS nor pad)."""
-    device, pad_id, multiple = trainer.accelerator.device, trainer._tokenizer.pad_token_id, trainer.pad_to_multiple_of
+    device, pad_id, multiple = settings.device, settings.pad_token_id, settings.pad_to_multiple_of
 
     def padded(rows, value, side):
         return pad([torch.tensor(r, dtype=torch.long) for r in rows], padding_value=value, padding_side=side,
@@ -169,11 +181,11 @@ def padded_tokens(trainer: Any, scored) -> dict[str, torch.Tensor]:
            "prompt_mask": padded([[1] * len(p) for p in prompts], 0, "left"),
            "completion_ids": padded(completions, pad_id, "right"),
            "completion_mask": padded([[1] * len(c) for c in completions], 0, "right")}
-    if trainer._agentic() or any(s.rollout.env_mask is not None for s in scored):
+    if settings.agentic or any(s.rollout.env_mask is not None for s in scored):
         out["tool_mask"] = padded([s.rollout.env_mask if s.rollout.env_mask is not None else [1] * len(c)
                                    for s, c in zip(scored, completions, strict=True)], 1, "right")
-    if trainer.mask_truncated_completions:
-        eos_and_pad = [*trainer.eos_token_ids, pad_id]
+    if settings.mask_truncated:
+        eos_and_pad = list(settings.eos_and_pad)
         truncated = torch.tensor([s.rollout.truncated if s.rollout.truncated is not None
                                   else bool(c) and c[-1] not in eos_and_pad
                                   for s, c in zip(scored, completions, strict=True)],
@@ -184,13 +196,13 @@ def padded_tokens(trainer: Any, scored) -> dict[str, torch.Tensor]:
     return out
 
 
-def reference_logps(trainer: Any, ids, mask, keep, batch_size: int) -> torch.Tensor:
-    """TRL's reference log-probs over the padded batch: the reference model, or (PEFT) the policy with its adapter
-    disabled / the 'ref' adapter."""
+def reference_logps(forward, ref_model, model, unwrapped, ids, mask, keep, batch_size: int) -> torch.Tensor:
+    """TRL's reference log-probs over the padded batch (`forward`: TRL's `_get_per_token_logps_and_entropies`): the
+    reference model, or (PEFT, `ref_model` None) the policy `model` with its adapter (on `unwrapped`) disabled / the
+    'ref' adapter."""
     from trl.trainer.grpo_trainer import use_adapter
 
-    if trainer.ref_model is not None:
-        return trainer._get_per_token_logps_and_entropies(trainer.ref_model, ids, mask, keep, batch_size=batch_size)[0]
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    if ref_model is not None:
+        return forward(ref_model, ids, mask, keep, batch_size=batch_size)[0]
     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=batch_size)[0]
+        return forward(model, ids, mask, keep, batch_size=batch_size)[0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from ..distill.teacher import check_same_vocabulary
-from ..errors import UnsupportedOptionError
-from .gkd_config import ThunderSyncGKDConfig
+from ...distill.teacher import check_same_vocabulary
+from ...errors import UnsupportedOptionError
+from .config import ThunderSyncGKDConfig
 
 
 def refuse_combinations(args, teacher_model, eval_dataset, agentic: bool) -> None:

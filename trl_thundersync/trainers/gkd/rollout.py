@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..rollout.agent_engine import AgentRolloutEngine
-from ..rollout.agent_setup import make_agent_engine
-from ..rollout.engine import TurnGenerator
-from ..types import RolloutRequest, SamplingParams
-from .lifecycle import trajectory_seed
+from ...rollout.agent_engine import AgentRolloutEngine
+from ...rollout.agent_setup import make_agent_engine
+from ...rollout.engine import TurnGenerator
+from ...types import RolloutRequest, SamplingParams
+from ..lifecycle import trajectory_seed
 
 
 def requests_from_collated(batch: Mapping[str, Any], run_seed: int, version: int, *, first_index: int = 0,

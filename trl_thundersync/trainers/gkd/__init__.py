@@ -1,0 +1,27 @@
+"""On-policy distillation with per-turn streaming: `ThunderSyncGKDTrainer` / `ThunderSyncGKDConfig`, drop-ins for
+TRL's GKD trainer (`trl.experimental.gkd`) with the paper's turn-level OPD objective.
+
+    from trl_thundersync.trainers.gkd import ThunderSyncGKDTrainer, ThunderSyncGKDConfig
+
+`trainer.py` wires the parts; beside it: `config.py`, `checks.py` (what is refused) and `rollout.py` (its rollout
+engine). The names import lazily, so importing `config` alone does not load the trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {"ThunderSyncGKDTrainer": ".trainer", "ThunderSyncGKDConfig": ".config"}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .config import ThunderSyncGKDConfig as ThunderSyncGKDConfig
+    from .trainer import ThunderSyncGKDTrainer as ThunderSyncGKDTrainer
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
