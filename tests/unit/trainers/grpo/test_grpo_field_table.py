@@ -9,7 +9,7 @@ from pathlib import Path
 import transformers
 import trl
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[4] / "README.md"
 
 
 def table_fields() -> set[str]:
