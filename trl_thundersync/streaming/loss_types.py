@@ -1,7 +1,7 @@
 """TRL 1.16's GRPO `loss_type`s, one `LossType` entry each: everything the streaming core and the GRPO trainer
 need to know about a loss type is read from this table (`loss_type(name)`), never from a list of names.
 
-Adding a TRL loss type is one entry here (and its parity case in `tests/fixtures/parity.py`); a name with no entry
+Adding a TRL loss type is one entry here (and its parity case in `benchmarks/parity.py`); a name with no entry
 is refused with `UnknownLossTypeError` wherever it is looked up. What each field means, in the notation of
 `streaming/normalization.py` (per-token gradient `ν_it · (−c·A_i ∇log π(o_it) + β ∇[KL_it · ratio_it])`,
 `ν_it = u_i · s_b`):
