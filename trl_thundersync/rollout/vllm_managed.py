@@ -5,7 +5,7 @@ version checks as servers the user started.
     servers = ManagedVLLMServers.start(policy, tokenizer, options, replicas=2)
     engine = VLLMServerEngine(servers.urls, tokenizer, sampling, supervisor=servers, publisher="reload", ...)
 
-The policy is written once to a private folder (`serve.launcher.write_policy_folder`: config, FP32 weights,
+The policy is written once to a private folder (`rollout.policy_folder.write_policy_folder`: config, FP32 weights,
 generation config, tokenizer; a PEFT policy's base weights alone when its adapter is published as LoRA); every
 server loads it from there, on a free port, under a guard that stops it with the trainer (`vllm_launch`). The
 servers start in parallel, with a progress line: on two CPU cores one takes 40–80 s.
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, RolloutError
+from .policy_folder import write_policy_folder
 from .tempdir import OwnedTempDir
 from .vllm_launch import VLLMInstall, VLLMServerProcess, first_error, log_tail
 
@@ -113,8 +114,6 @@ class ManagedVLLMServers:
     @classmethod
     def start(cls, model: Any, tokenizer: Any, options: ManagedVLLMOptions, *, replicas: int = 1,
               without_adapters: bool = False) -> ManagedVLLMServers:
-        from ..serve.launcher import write_policy_folder
-
         if replicas < 1:
             raise ValueError(f"replicas={replicas} must be >= 1")
         folder = OwnedTempDir("thundersync-vllm-")

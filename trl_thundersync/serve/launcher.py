@@ -32,39 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolloutError
+from ..rollout.policy_folder import write_policy_folder
 from ..rollout.publish_role import SINGLE_PROCESS, PublishRole, run_on_main
 from ..rollout.tempdir import OwnedTempDir
-from ..rollout.weights import base_config, policy_state_dict, unwrap_model
 
 _READY = re.compile(r"thundersync-serve: .* on (http://[^\s]+)")
 _POLL_S = 0.1
 _LOG_TAIL = 3000  # characters of a server's log quoted in an error
-
-
-def write_policy_folder(model: Any, tokenizer: Any, directory: Path, *, without_adapters: bool = False) -> Path:
-    """Save what a server needs to serve `model` as it is now: config, FP32 weights, generation config, tokenizer.
-
-    `without_adapters`: for a PEFT policy, the base weights alone (LoRA disabled) — what a server that will receive
-    the adapter through `/v1/load_lora_adapter` must hold; otherwise the LoRA delta is merged in.
-    """
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    base_config(model).save_pretrained(directory)
-    inner = unwrap_model(model)
-    if without_adapters and hasattr(inner, "disable_adapter"):
-        with inner.disable_adapter():
-            state = policy_state_dict(inner)
-    else:
-        state = policy_state_dict(inner)
-    save_file(state, str(directory / "model.safetensors"))
-    inner = unwrap_model(model)
-    generation_config = getattr(inner, "generation_config", None)
-    if generation_config is not None:
-        generation_config.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-    return directory
 
 
 @dataclass(frozen=True)
