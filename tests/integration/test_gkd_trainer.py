@@ -53,7 +53,7 @@ def update(trainer, model_path):
 
 def test_drop_in_gkd_script_mixes_on_and_off_policy(tmp_path, tokenizer, tiny_model_path, teacher_path):
     # A TRL GKD script with the two names swapped (model and teacher given as paths, messages data).
-    args = config(tmp_path, lmbda=0.5, max_steps=4, seq_kd=True)
+    args = config(tmp_path, lmbda=0.5, max_steps=4, seq_kd=True, peak_flops_per_s=1e12)
     trainer = ThunderSyncGKDTrainer(model=tiny_model_path, teacher_model=teacher_path, args=args,
                                     train_dataset=messages(), processing_class=tokenizer)
     before = params(trainer).clone()
@@ -69,6 +69,8 @@ def test_drop_in_gkd_script_mixes_on_and_off_policy(tmp_path, tokenizer, tiny_mo
     # the learner's FLOPs, as GRPO's trace counts them (`trace.recorder.build_step_trace`), and their rate
     assert any(e["flops"] > 0 for e in json.loads(lines[-1])["events"] if e["kind"] == "turn_backward")
     assert all(entry["thundersync/learner_tflops_per_s"] > 0 for entry in on_policy)
+    # peak_flops_per_s, as GRPO's: the trainer's active MFU against that peak
+    assert all(0 < entry["thundersync/trainer_active_mfu"] < 1 for entry in on_policy)
 
 
 def test_generalized_jsd_gradient_matches_trl_on_the_same_samples(tmp_path, tokenizer, tiny_model_path,

@@ -94,6 +94,8 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
 
         trace (`bool`, *optional*, defaults to `True`):
             Whether to record a per-step trace in `<output_dir>/thundersync_trace/steps.jsonl`.
+        peak_flops_per_s (`float`, *optional*):
+            Peak FLOP/s of one trainer device; enables the trainer active MFU metric.
     """
 
     GENERATION_BUDGET = GenerationBudget(length_field="max_new_tokens", per_turn=True)
@@ -166,6 +168,11 @@ class ThunderSyncGKDConfig(GKDConfig, RolloutFields, TRLVLLMServerFields, AgentL
         metadata={"help": "Record a per-step trace (rollouts, turns, tools, teacher scoring, learner items, barrier, "
                   "publication) in <output_dir>/thundersync_trace/steps.jsonl. A new run replaces the file, a resumed "
                   "one appends; a second run writing it at the same time is refused (TraceInUseError)."},
+    )
+    peak_flops_per_s: float | None = field(
+        default=None,
+        metadata={"help": "Peak FLOP/s of one trainer device (e.g. 989e12 for H100/H200 dense BF16); enables the "
+                  "trainer active MFU metric (paper Appendix B)."},
     )
 
     def __post_init__(self) -> None:

@@ -395,7 +395,8 @@ class ThunderSyncGKDTrainer(StreamingLifecycle, GKDTrainer):
         rollouts = [item.rollout for item in step.items if isinstance(item, TrajectoryClosed)]
         return build_step_trace(step=step.version, schedule=self.args.schedule, timing=step.timing,
                                 work=step.totals.work, rollouts=rollouts, optimizer_end=optimizer_end,
-                                publish_end=publish_end, flops_of=self._flops_of)
+                                publish_end=publish_end, flops_of=self._flops_of,
+                                peak_flops_per_s=self.args.peak_flops_per_s or 0.0)
 
     def close(self) -> None:
         """Stop the rollout engine, release the trace and close the teacher (also done at interpreter exit)."""
