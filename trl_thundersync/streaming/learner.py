@@ -130,6 +130,7 @@ class GRPOBatchLearner:
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
         self.prefixes = prefixes  # the shared prefixes the source backwards read (None: full passes only)
+        self.peak_prefix_bytes = 0
 
     # -- intake -------------------------------------------------------------------------------------------------
     def _check(self, index: int, group: int, version: int, what: str) -> None:
@@ -369,11 +370,11 @@ class GRPOBatchLearner:
         if self.router_aux is not None:
             used += self.router_aux.nbytes()
         used += sum(v.numel() * 4 for v in self.entropy_terms.values())
-        if self.prefixes is not None:
-            used += self.prefixes.held_bytes()
         if self.turn_source is not None:
             used += self.turn_source.held_bytes()
         self.peak_bytes = max(self.peak_bytes, used)
+        if self.prefixes is not None:  # activations, not statistics: their own mark (max_open_groups bounds them)
+            self.peak_prefix_bytes = max(self.peak_prefix_bytes, self.prefixes.held_bytes())
         self.peak_held = max(self.peak_held, self._holding())
 
     def abort(self) -> None:
@@ -418,6 +419,7 @@ class GRPOBatchLearner:
             scaling=self.scaling,
             peak_held=self.peak_held,
             turn_fallbacks=self.turn_fallbacks,
+            peak_prefix_bytes=self.peak_prefix_bytes,
             router_aux=router_aux,
             entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
             entropy_sums=tuple(self.tallies.entropy_sums),

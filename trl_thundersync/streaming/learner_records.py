@@ -155,6 +155,9 @@ class BatchTotals:
     scaling: RewardScaling  # the `scale_rewards` rule the groups were folded with (the barrier applies the rest)
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
+    # high-water mark of the open shared prefixes (`prefix_groups`): retained prefix graphs, reference key/values and
+    # boundary adjoints, at most max_open_groups of them (0: no shared prefix)
+    peak_prefix_bytes: int = 0
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)
     entropy_terms: dict[int, torch.Tensor] | None = None  # Σ_{i∈b} E_i per TRL micro-batch b (None: no bonus)
     entropy_sums: tuple[float, ...] = ()  # per trajectory index: SourceGradients.entropy_sum
