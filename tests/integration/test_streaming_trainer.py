@@ -115,7 +115,9 @@ def test_shared_prefix_under_the_admission_cap_keeps_the_update(release, tmp_pat
         assert live <= 1  # never more open prefixes than max_open_groups
 
 
-def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_model_path):
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_lora_trains_adapter_only_and_matches_trl(shared_prefix, tmp_path, tokenizer, tiny_model_path):
+    """With the shared prefix, the KL reference's prefix is the policy's with its adapter disabled."""
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -124,7 +126,9 @@ def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_mode
     ref_dirs, ref, _ = run(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, peft_config=lora,
                            **overrides)
     got_dirs, got, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer,
-                                 tiny_model_path, peft_config=lora, **overrides)
+                                 tiny_model_path, peft_config=lora, shared_prefix=shared_prefix, **overrides)
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert ("prefix_forward" in kinds) == shared_prefix
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     full = sum(p.numel() for p in trainer.model.parameters())
