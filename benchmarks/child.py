@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The repository root: `benchmarks` (and the `tests.fixtures` it uses) are run from a checkout, not installed.
+# The repository root: `benchmarks` is run from a checkout, not installed.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

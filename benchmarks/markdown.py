@@ -113,7 +113,7 @@ def mode_table(report: dict[str, Any]) -> str | None:
 
 
 def overlap_table(report: dict[str, Any]) -> str | None:
-    """Per point and schedule, the overlap cost on each side (bench/stats.py): median backward during / after R and
+    """Per point and schedule, the overlap cost on each side (benchmarks/stats.py): median backward during / after R and
     the paired slowdown of backwards run before R vs the same trajectory's in sync; median rollout turn and tool
     call with the learner busy / idle, and the busy ones vs the same work in sync. None for reports without it."""
     lines = ["| point | schedule | backward ms during / after R | backward vs sync | turn ms busy / idle (n) | "

@@ -190,7 +190,7 @@ def reward_funcs(w: RealgenWorkload) -> list:
 
 def grpo_config(w: RealgenWorkload, s: RunSchedule, out_dir: Path):
     """The `ThunderSyncGRPOConfig` of a sync/thundersync run of `s`, sampling with `s.engine`."""
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
 
     schedule, _, release = s.base.partition(":")
@@ -200,7 +200,7 @@ def grpo_config(w: RealgenWorkload, s: RunSchedule, out_dir: Path):
 
 def stop_after(w: RealgenWorkload) -> list:
     """Callbacks ending a run after `w.steps` optimizer steps when its schedule is longer (thermostat)."""
-    from tests.fixtures.parity import StopAt
+    from benchmarks.parity import StopAt
 
     return [StopAt(w.steps)]
 
@@ -209,7 +209,7 @@ def _model(w: RealgenWorkload, path: str):
     """What the trainer gets: the folder, as the thermostat example passes it; the FP32 model for swe (issue 10)."""
     if w.workload == "thermostat":
         return path
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
 
     return load_model(path)
 
@@ -227,7 +227,7 @@ def build_trl_trainer(w: RealgenWorkload, trainer_cls: type, model: str, out_dir
     """Stock TRL (`trainer_cls`: a `trl.GRPOTrainer` subclass) on the same suite, rewards and config."""
     from trl import GRPOConfig
 
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
 
     suite = _suite(w)
     return trainer_cls(model=_model(w, model), reward_funcs=reward_funcs(w), args=cpu_config(GRPOConfig, out_dir,
@@ -238,7 +238,7 @@ def build_trl_trainer(w: RealgenWorkload, trainer_cls: type, model: str, out_dir
 
 def build_gkd(w: RealgenWorkload, model: str, teacher: str, out_dir: Path):
     """`ThunderSyncGKDTrainer` on the SWE tasks (as `examples/swe_opd.py`): for the learner-tail comparison only."""
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
     from trl_thundersync.trainers.gkd.trainer import ThunderSyncGKDTrainer
 

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from tests.fixtures.parity import cpu_config, load_model  # noqa: E402
+from benchmarks.parity import cpu_config, load_model  # noqa: E402
 from trl_thundersync.tiny.model import save_tiny_model  # noqa: E402
 from trl_thundersync.trace.flops import ModelShape, learner_flops  # noqa: E402
 from trl_thundersync.trace.recorder import TraceWriter  # noqa: E402
@@ -90,7 +90,7 @@ def use_rollout_pools(engine, slots: int, plan: CorePlan | None):
 
 def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, out_dir: Path,
                       plan: CorePlan | None, release: str = "reward"):
-    from tests.fixtures.scripted import ScriptedTurnGenerator
+    from benchmarks.scripted import ScriptedTurnGenerator
     from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
     from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer
 
@@ -122,7 +122,7 @@ class ScriptedBatchRollout:
         self.last: list = []
 
     def _build(self, trainer):
-        from tests.fixtures.scripted import ScriptedTurnGenerator
+        from benchmarks.scripted import ScriptedTurnGenerator
         from trl_thundersync.envs.harness.agent_loop import AgentLimits
         from trl_thundersync.rollout.agent_setup import make_agent_engine
 

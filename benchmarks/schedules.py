@@ -20,7 +20,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from benchmarks.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync.tiny.model import save_tiny_model
 from trl_thundersync.trainers.grpo.config import ThunderSyncGRPOConfig
 from trl_thundersync.trainers.grpo.trainer import ThunderSyncGRPOTrainer

@@ -44,7 +44,7 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     load_model,
     relative_error,
     reward_batch_relative_length,

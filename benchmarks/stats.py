@@ -1,8 +1,8 @@
 """Statistics of benchmark runs: per-schedule summaries, speedups and the trace-replay prediction.
 
 Pure functions over `StepTrace`s and per-step wall times, so they are unit-tested on hand-made traces
-(`tests/unit/test_bench_logic.py`). A *run* is one schedule in one process; its first step is dropped as warm-up
-(model load, first allocation, engine start) before anything is averaged.
+(`tests/unit/benchmarks/test_bench_logic.py`). A *run* is one schedule in one process; its first step is dropped as
+warm-up (model load, first allocation, engine start) before anything is averaged.
 
 The prediction: ThunderSync's time on a step is predicted from the **sync** trace of the same step (paper Eq. 14):
 the sync run records when every source became ready (reward known) and how long its backward took; replaying those

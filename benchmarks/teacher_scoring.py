@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from tests.fixtures.turns import synthetic_trajectory
+from benchmarks.turns import synthetic_trajectory
 from trl_thundersync.distill.pipeline import DONE, _teach
 from trl_thundersync.distill.records import ScoredTurn, TrajectoryClosed
 from trl_thundersync.distill.teacher_schedule import TeacherLedger

@@ -103,7 +103,7 @@ def _config_fields(w: QualityWorkload, seed: int) -> dict[str, Any]:
 
 def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teacher_dir: str, out_dir: Path, curve):
     """A distillation run: ThunderSyncGKDTrainer with `schedule`, on-policy (lmbda 1) in the paper's agent loop."""
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.envs.suites import load_suite
     from trl_thundersync.trainers.gkd.config import ThunderSyncGKDConfig
     from trl_thundersync.trainers.gkd.trainer import ThunderSyncGKDTrainer
@@ -123,7 +123,7 @@ def build_gkd(schedule: str, w: QualityWorkload, seed: int, model_dir: str, teac
 def build(schedule: str, w: QualityWorkload, seed: int, model_dir: str, out_dir: Path, curve,
           teacher_dir: str | None = None):
     """The trainer of one run: stock TRL or ThunderSync with `schedule`, the same model, data, env and config."""
-    from tests.fixtures.parity import cpu_config, load_model
+    from benchmarks.parity import cpu_config, load_model
     from trl_thundersync.envs.suites import load_suite
 
     if w.trainer == "gkd":

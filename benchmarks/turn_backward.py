@@ -17,7 +17,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.fixtures.turns import SeededTeacher, synthetic_trajectory
+from benchmarks.turns import SeededTeacher, synthetic_trajectory
 from trl_thundersync.distill.losses import opd_loss_sum
 from trl_thundersync.distill.turn_backward import BoundaryCutBackward, GradientSum, NaiveTurnBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer

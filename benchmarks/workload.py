@@ -2,8 +2,8 @@
 
 Every schedule of a benchmark point runs exactly this workload:
 
-- model: the tiny offline Qwen3 (`testing.tiny`) at `hidden` × `layers` — its per-trajectory forward + backward is
-  the learner-side cost;
+- model: the tiny offline Qwen3 (`trl_thundersync.tiny.model`) at `hidden` × `layers` — its per-trajectory forward
+  + backward is the learner-side cost;
 - data: `batch / group` chat prompts per step (TRL's sampler, fixed seed), `group` trajectories each;
 - environment: `ShellBenchEnv`, a TRL `environment_factory` environment whose one tool `run_shell(command)` runs a
   real command in the bubblewrap sandbox (`envs.runtimes.make_sandbox` on a private temp workspace); its reward is
@@ -240,7 +240,7 @@ def bench_dataset(n: int = 64):
 
 def bench_script(w: Workload, step_fn: Callable[[], int]):
     """The scripted agent: `turns` sandboxed commands, then an answer; `step_fn()` gives the optimizer step."""
-    from tests.fixtures.scripted import tool_call_text
+    from benchmarks.scripted import tool_call_text
 
     def script(index: int, turn: int, context: str) -> str:
         if turn < w.turns:

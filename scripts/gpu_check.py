@@ -5,7 +5,7 @@
 
 Checks (each independent: one that fails or raises does not stop the others; each is pass / fail / skipped, with
 its numbers and, when skipped, the reason):
-  1 grpo_exactness   ThunderSyncGRPOTrainer vs stock trl.GRPOTrainer on identical batches (tests/fixtures/parity.py),
+  1 grpo_exactness   ThunderSyncGRPOTrainer vs stock trl.GRPOTrainer on identical batches (benchmarks/parity.py),
                      FP32 (<= 1e-5) and bf16 autocast (<= 2x the floor: stock TRL vs itself, group members permuted)
   2 gkd_exactness    ThunderSyncGKDTrainer (local teacher, generalized JSD) vs TRL's loss on the same tokens
   3 throughput       tokens/s and peak CUDA memory of the streamed step vs stock TRL's, a random 1024x12 Qwen3, bf16;
@@ -52,7 +52,7 @@ def placement_worker(out: Path, model_path: str, engine: str) -> None:
     """One run (plain, or under `engine` via torchrun): saves the update θ_2 - θ_0 of the trainable parameters."""
     from transformers import AutoTokenizer
 
-    from tests.fixtures.parity import (
+    from benchmarks.parity import (
         cpu_config,
         load_model,
         prompt_dataset,
@@ -96,7 +96,7 @@ def _launch(work: Path, model_path: str, engine: str, timeout: float) -> tuple[d
     if engine == "plain":
         cmd = [sys.executable, *script]
     else:
-        from tests.integration.test_distributed import free_port
+        from trl_thundersync.rollout.vllm_launch import free_port
 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), *script]
@@ -112,7 +112,7 @@ def _launch(work: Path, model_path: str, engine: str, timeout: float) -> tuple[d
 
 def placements(work: Path, device: str) -> dict:
     """Check 4 (CUDA only): every engine's two steps vs the plain process's, relative error of the update."""
-    from tests.fixtures.parity import relative_error
+    from benchmarks.parity import relative_error
 
     model_path, _ = runs.tiny_paths(work)
     ref, error = _launch(work / "placements", model_path, "plain", timeout=240)

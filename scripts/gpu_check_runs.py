@@ -51,7 +51,7 @@ def grpo_exactness(work: Path, device: str, cases: list[str]) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from tests.fixtures.parity import PARITY_CASES, relative_error, reward_len, reward_parity, run_trainer
+    from benchmarks.parity import PARITY_CASES, relative_error, reward_len, reward_parity, run_trainer
     from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
     model_path, _ = tiny_paths(work)
@@ -100,7 +100,7 @@ def _gkd_samples_and_direction(work: Path, device: str, bf16: bool, model_path: 
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from tests.fixtures.parity import CaptureGrads, load_model
+    from benchmarks.parity import CaptureGrads, load_model
     from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -128,7 +128,7 @@ def _gkd_reference(tokenizer, samples, model_path, teacher_path, device, bf16, r
     """TRL's generalized JSD gradient on a right-padded batch of the same tokens (rows reversed: the floor)."""
     from trl.experimental.gkd import GKDTrainer
 
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
 
     samples = list(reversed(samples)) if reverse else samples
     student, teacher = load_model(model_path).to(device), load_model(teacher_path).to(device)
@@ -153,7 +153,7 @@ def _gkd_reference(tokenizer, samples, model_path, teacher_path, device, bf16, r
 def gkd_exactness(work: Path, device: str) -> dict:
     """Check 2: ThunderSyncGKDTrainer (local teacher, generalized JSD) vs TRL's loss on the same sampled tokens."""
     require("trl")
-    from tests.fixtures.parity import relative_error
+    from benchmarks.parity import relative_error
 
     model_path, teacher_path = tiny_paths(work)
     exact, half = {}, {}
@@ -172,7 +172,7 @@ def policy_publication(work: Path, device: str) -> dict:
     require("peft")
     from peft import LoraConfig, get_peft_model
 
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.rollout.vllm_publish import TRLNCCLPublisher
     from trl_thundersync.rollout.weights import policy_state_dict, policy_tensors
 
@@ -255,7 +255,7 @@ def backward_throughput(work: Path, device: str, quick: bool) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from tests.fixtures.parity import run_trainer, scripted_rollout_func
+    from benchmarks.parity import run_trainer, scripted_rollout_func
     from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
     model_path = _throughput_model(work, quick)

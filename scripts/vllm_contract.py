@@ -9,8 +9,8 @@ literal defaults (an expression that is not a literal is kept as the string "<ex
 setting (vLLM's `OpenAIBaseModel` allows and ignores unknown fields); every HTTP route (`METHOD /path`), with the
 request class of the routes we call; and the field names of the config sections `/server_info` reports
 (`model_config.logprobs_mode`, `scheduler_config.max_num_seqs`). The contract tests
-(`tests/unit/test_vllm_contract.py`) check our payloads and parsers against it, so a vLLM release that renames or
-drops a field fails a test here instead of a run on a cluster. Regenerate it when the supported range changes.
+(`tests/unit/rollout/test_vllm_contract.py`) check our payloads and parsers against it, so a vLLM release that renames
+or drops a field fails a test here instead of a run on a cluster. Regenerate it when the supported range changes.
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ def run_checks(args, urls: dict[str, str], policy, tokenizer, sampling, timer: T
     """The LoRA check, then the full-weight one (it relabels the server's base weights, which a LoRA publisher then
     refuses as a base), each whatever the other did; a check that raises is recorded as failed, with the server's
     log if it exited."""
-    from trl_thundersync.rollout.vllm_api import DeadEngineError
+    from trl_thundersync.errors import DeadEngineError
 
     for name, wanted, run in (("lora", args.lora, lora_adapter), ("full_weights", args.full_weights, full_weights)):
         if not wanted:

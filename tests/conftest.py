@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,6 +56,8 @@ def runner():
     loop.call_soon_threadsafe(loop.stop)
 
 
+UNIT = Path(__file__).resolve().parent / "unit"  # tests/unit and its folders, which mirror the package's
+
 # Test layers (README "Tests"): every test in tests/unit that needs none of a model, a sandbox or a spawned
 # process is marked `fast`, so `pytest -m fast` runs the pure layer alone in seconds. A unit module that needs one
 # is listed below with what it needs; a test that asks for a model fixture is marked `model` whatever its module.
@@ -77,9 +80,10 @@ _HEAVY_MARKS = frozenset({"slow", "sandbox", "spawn", "model", "gpu"})
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for name in _UNIT_MODULE_MARKS.get(item.path.name, ()) if item.path.parent.name == "unit" else ():
+        unit = item.path.resolve().is_relative_to(UNIT)
+        for name in _UNIT_MODULE_MARKS.get(item.path.name, ()) if unit else ():
             item.add_marker(getattr(pytest.mark, name))
         if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
-        if item.path.parent.name == "unit" and not _HEAVY_MARKS & {m.name for m in item.iter_markers()}:
+        if unit and not _HEAVY_MARKS & {m.name for m in item.iter_markers()}:
             item.add_marker(pytest.mark.fast)

@@ -25,7 +25,7 @@ TurnBackward = Literal["boundary_cut", "naive"]
 RewardScope = Literal["auto", "trajectory", "group", "batch"]
 # What an episode with tools / environment_factory is: TRL 1.16's tool loop, or the ThunderSync paper's protocol.
 AgentProtocol = Literal["trl", "paper"]
-# Why an episode ended, per protocol (envs/agent_loop.py and envs/trl_tool_loop.py).
+# Why an episode ended, per protocol (envs/harness/agent_loop.py and envs/harness/trl_tool_loop.py).
 PaperStopReason = Literal["answered", "finished", "max_turns", "max_completion_tokens", "max_context_tokens",
                           "turn_token_limit"]
 TRLStopReason = Literal["answered", "max_tool_calling_iterations", "max_completion_length", "max_context_tokens"]

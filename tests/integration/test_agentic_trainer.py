@@ -4,75 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import CaptureGrads, cpu_config, load_model, relative_error
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.parity import CaptureGrads, cpu_config, load_model, relative_error
+from tests.fixtures.agentic_trainer import dataset, make_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
-
-
-class CounterEnv:
-    """A TRL `environment_factory` environment, written exactly as for trl.GRPOTrainer."""
-
-    def reset(self, **row) -> str | None:
-        self.count = 0
-        self.target = row["target"]
-        return f" Target: {self.target}."
-
-    def increment(self, amount: int) -> str:
-        """Add an amount to the counter.
-
-        Args:
-            amount: how much to add
-        """
-        self.count += amount
-        return f"counter={self.count}"
-
-    def read(self) -> str:
-        """Read the counter."""
-        return str(self.count)
-
-    def get_reward(self) -> float:
-        return -abs(self.target - self.count)
-
-
-def script(index: int, turn: int, context: str) -> str:
-    """Uneven trajectories: 1–3 tool calls, one malformed call, then an answer."""
-    calls = 1 + index % 3
-    if turn < calls:
-        if index == 1 and turn == 0:
-            return '<tool_call>\n{"name": "increment", "arguments": {"amount": \n</tool_call>'
-        return tool_call_text("increment", {"amount": (index + turn) % 4})
-    return "Done."
-
-
-def dataset(n=8):
-    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Reach the target {i}."}] for i in range(n)],
-                              "target": [i % 5 for i in range(n)]})
-
-
-def make_trainer(tmp_path, tokenizer, path, delay=None, **overrides):
-    # the paper protocol: the script's malformed call is answered with a parser-error observation and the
-    # trajectory goes on (asserted below); agent_protocol="trl" ends it (tests/integration/test_trl_episode_parity)
-    args = cpu_config(ThunderSyncGRPOConfig, tmp_path, max_steps=2, max_completion_length=256, agent_max_turns=4,
-                      optim="sgd", agent_protocol="paper", **overrides)
-    capture = CaptureGrads()
-    trainer = ThunderSyncGRPOTrainer(model=load_model(path), reward_funcs=[], args=args, train_dataset=dataset(),
-                                     processing_class=tokenizer, environment_factory=CounterEnv, callbacks=[capture])
-    generator = ScriptedTurnGenerator(tokenizer, script, delay=delay)
-    trainer.use_turn_generator(generator)
-    captured = []
-    original = trainer._barrier
-
-    def spy(totals, timing, normalization, buckets, scored, prompts, *batch):
-        captured.append([(s.rollout, s.reward) for s in scored])
-        return original(totals, timing, normalization, buckets, scored, prompts, *batch)
-
-    trainer._barrier = spy
-    return trainer, capture, captured, generator
 
 
 # options of both trainers: per-turn release with the KL term (a per-token term, exact per turn) and grpo's 1/|o_i|

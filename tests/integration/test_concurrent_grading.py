@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from tests.fixtures.parity import cpu_config, load_model, relative_error
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.parity import cpu_config, load_model, relative_error
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def flat(model):
 
 def barrier_counter_env(barrier: threading.Barrier | None):
     """tests.integration.test_agentic_trainer's CounterEnv whose get_reward needs `barrier`'s parties at once."""
-    from tests.integration.test_agentic_trainer import CounterEnv
+    from tests.fixtures.agentic_trainer import CounterEnv
 
     class GatedCounterEnv(CounterEnv):
         def get_reward(self) -> float:
@@ -36,7 +36,7 @@ def barrier_counter_env(barrier: threading.Barrier | None):
 
 @pytest.mark.parametrize("scope, release", [("trajectory", "content"), ("batch", "content"), ("group", "reward")])
 def test_concurrent_grading_trains_what_serial_grading_trains(scope, release, tmp_path, tokenizer, tiny_model_path):
-    from tests.integration.test_agentic_trainer import dataset, script
+    from tests.fixtures.agentic_trainer import dataset, script
 
     initial = flat(load_model(tiny_model_path))
     params, logged = {}, {}
@@ -61,7 +61,7 @@ def test_concurrent_grading_trains_what_serial_grading_trains(scope, release, tm
 @pytest.mark.parametrize("scope", ["trajectory", "batch"])
 def test_a_get_reward_that_raises_stops_training_before_any_step_naming_it(scope, tmp_path, tokenizer,
                                                                            tiny_model_path):
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
     from trl_thundersync.errors import RewardFunctionError
 
     calls, lock = [], threading.Lock()

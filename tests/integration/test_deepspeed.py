@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
-from tests.integration.test_distributed import free_port
+from benchmarks.parity import relative_error
+from tests.fixtures.launch import free_port
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/setup.sh (CI)")
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).with_name("deepspeed_parity_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "deepspeed_parity_script.py"
 
 
 def _two_processes(out: Path, model_path: str, case: str) -> dict:
@@ -38,7 +38,7 @@ def _two_processes(out: Path, model_path: str, case: str) -> dict:
 
 def _one_process(out: Path, model_path: str, case: str) -> dict:
     """The reference, in this process (plain single-process ThunderSync: no launcher, no DeepSpeed)."""
-    from tests.integration.deepspeed_parity_script import main
+    from tests.fixtures.deepspeed_parity_script import main
 
     out.mkdir(parents=True, exist_ok=True)
     main(out, model_path, f"one_{case}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.ddp_parity import run_ddp_parity
 from tests.fixtures.logged_metrics import same, timed
-from tests.integration.test_distributed import run_ddp_parity
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import json
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
-from tests.tools import env_reward, replay_rollout_func
+from benchmarks.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError
 
@@ -160,8 +160,8 @@ def test_entropy_options_are_accepted_and_top_entropy_quantile_stays_refused(tmp
 def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (tool tokens neither scored nor in N_b) through every release point, vs TRL's rollout_func
     on the same tokens; under release="turn" the bonus is one more per-turn channel of the boundary-cut backward."""
-    from tests.fixtures.parity import CaptureGrads, load_model
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from benchmarks.parity import CaptureGrads, load_model
+    from tests.fixtures.agentic_trainer import dataset, make_trainer
 
     options = dict(entropy_coef=0.5, gradient_accumulation_steps=2, per_device_train_batch_size=2, beta=0.1,
                    loss_type="grpo")
@@ -192,7 +192,7 @@ def test_multi_turn_tool_training_with_entropy_bonus_matches_trl(release, tmp_pa
 def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path):
     """DDP over gloo: each process normalizes its own micro-batches, the controller's window is global over ranks.
     Step 1 applies coefficient 0 (no window yet), step 2 the updated 0.25."""
-    from tests.integration.test_distributed import run_ddp_parity
+    from tests.fixtures.ddp_parity import run_ddp_parity
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "entropy_adaptive_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2
@@ -203,7 +203,7 @@ def test_two_processes_with_adaptive_entropy_match_trl(tmp_path, tiny_model_path
 
 def test_resuming_from_a_checkpoint_continues_the_adaptive_coefficient(tmp_path, tokenizer, tiny_model_path):
     """`train(resume_from_checkpoint=...)` restores the controller: the resumed step applies the saved coefficient."""
-    from tests.fixtures.parity import CaptureGrads, load_model, prompt_dataset, reward_len, scripted_rollout_func
+    from benchmarks.parity import CaptureGrads, load_model, prompt_dataset, reward_len, scripted_rollout_func
 
     overrides = dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.15, entropy_coef_max=0.4,
                      entropy_target=100.0, max_steps=3, save_strategy="steps", save_steps=1, optim="sgd",

@@ -11,19 +11,12 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import PARITY_CASES, load_model, relative_error, reward_len, reward_parity, run_trainer
+from benchmarks.parity import PARITY_CASES, load_model, reward_len, reward_parity
+from tests.fixtures.exactness import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
-
-
-def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **kwargs):
-    result = run_trainer(trainer_cls, config_cls, tmp_path / trainer_cls.__name__, tokenizer, model_path, **kwargs)
-    return result.directions, result.params, result.trainer
-
-
-rel = relative_error
 
 
 CASES = PARITY_CASES

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
-from tests.integration.test_distributed import free_port
+from benchmarks.parity import relative_error
+from tests.fixtures.launch import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ TOLERANCE = 1e-5
 
 
 def _launch(tmp_path, model_path: str, case: str, processes: int) -> dict:
-    script = Path(__file__).with_name("engine_parity_script.py")
+    script = Path(__file__).parents[1] / "fixtures" / "engine_parity_script.py"
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
-from tests.integration.test_distributed import free_port
+from benchmarks.parity import relative_error
+from tests.fixtures.launch import free_port
 from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.tiny.model import save_tiny_model
 
@@ -28,7 +28,7 @@ PARITY = ("plain_gjsd", "plain_opd_ga2", "agent_opd", "agent_gjsd", "rank1_empty
 
 
 def _launch(out: Path, model_path: str, teacher_path: str, teacher_url: str, processes: int) -> dict:
-    script = Path(__file__).with_name("gkd_parity_script.py")
+    script = Path(__file__).parents[1] / "fixtures" / "gkd_parity_script.py"
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", TS_TEST_TEACHER_URL=teacher_url,
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
-from tests.integration.test_distributed import free_port
+from benchmarks.parity import relative_error
+from tests.fixtures.launch import free_port
 from trl_thundersync.serve import EmbeddedServer, ServerThread
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("gkd_engine_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "gkd_engine_script.py"
 ENGINES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp2": "FSDP2 (fully_shard)"}  # zero1: zero2's
 # placement class
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from tests.fixtures.parity import CaptureGrads, load_model, relative_error
+from benchmarks.parity import CaptureGrads, load_model, relative_error
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError
 from trl_thundersync.serve import EmbeddedServer, ServerThread

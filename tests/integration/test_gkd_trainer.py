@@ -11,8 +11,8 @@ import torch
 from datasets import Dataset
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-from tests.fixtures.parity import CaptureGrads, load_model, relative_error
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.parity import CaptureGrads, load_model, relative_error
+from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError, VocabularyMismatchError
 from trl_thundersync.tiny.model import save_tiny_model

@@ -16,24 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
-from datasets import Dataset
-from trl.experimental.gkd import GKDConfig, GKDTrainer
-from trl.experimental.utils import DataCollatorForChatML
 
-from tests.fixtures.parity import CaptureGrads, load_model
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.parity import load_model
+from tests.fixtures.gkd_stock import CASES, Completions, fields, messages, relative_error, stock_run, thundersync_run
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import NoScoredTokensError, TeacherScoringError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
-
-MAX_NEW_TOKENS = 12
-ROWS = 16
 
 
 @pytest.fixture(scope="module")
@@ -42,148 +35,12 @@ def teacher_path(tmp_path_factory):
                                seed=7))
 
 
-def messages() -> Dataset:
-    """Dataset answers of 2–5 words: their label count is stock GKD's on-policy normalizer."""
-    answers = [" ".join(["It is"] + [str(2 * i)] * (i % 4)) for i in range(ROWS)]
-    return Dataset.from_dict({"messages": [[{"role": "user", "content": f"What is {i} + {i}?"},
-                                            {"role": "assistant", "content": answers[i]}] for i in range(ROWS)]})
-
-
-def completion_text(prompt_text: str) -> str:
-    """The on-policy completion of a prompt: by its row number, 0–14 words (long ones are cut at MAX_NEW_TOKENS)."""
-    n = int(prompt_text.split("What is ")[1].split(" ")[0])
-    return " ".join(["sum", str(n)] * ((3 * n + 1) % 8))
-
-
-def script(index: int, turn: int, context: str) -> str:
-    return completion_text(context)
-
-
-class _Sequences:
-    """A stand-in for `model.generate` returning fixed sequences, so TRL's own masking code runs on them."""
-
-    def __init__(self, sequences: torch.Tensor) -> None:
-        self.sequences = sequences
-
-    def generate(self, **kwargs):
-        return SimpleNamespace(sequences=self.sequences)
-
-
-def stock_trainer_class(tokenizer):
-    """Stock GKDTrainer whose on-policy samples are `completion_text` of each prompt, closed with EOS and cut at
-    max_new_tokens as the scripted generator does, right-padded with pad tokens (HF generate's layout)."""
-
-    class ScriptedGKDTrainer(GKDTrainer):
-        @staticmethod
-        def generate_on_policy_outputs(model, inputs, generation_config):
-            prompts, mask = inputs["prompts"], inputs["prompt_attention_mask"]
-            rows = []
-            for i in range(prompts.shape[0]):
-                text = tokenizer.decode(prompts[i][mask[i].bool()].tolist())
-                ids = tokenizer.encode(completion_text(text), add_special_tokens=False) + [tokenizer.eos_token_id]
-                rows.append(ids[:generation_config.max_new_tokens])
-            width = max(map(len, rows))
-            completions = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=prompts.dtype)
-            for i, ids in enumerate(rows):
-                completions[i, : len(ids)] = torch.tensor(ids)
-            sequences = torch.cat([prompts, completions], dim=1)
-            return GKDTrainer.generate_on_policy_outputs(_Sequences(sequences), inputs, generation_config)
-
-    return ScriptedGKDTrainer
-
-
-class PermutedRows:
-    """TRL's ChatML collator with the rows of every batch reversed: the floor run (same rows, other order)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.inner = DataCollatorForChatML(tokenizer=tokenizer)
-
-    def __call__(self, examples):
-        return self.inner(list(reversed(examples)))
-
-
-def fields(tmp_path, name, **overrides) -> dict:
-    base = dict(output_dir=str(tmp_path / name), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                disable_tqdm=True, seed=0, per_device_train_batch_size=4, max_steps=3, max_new_tokens=MAX_NEW_TOKENS,
-                lmbda=1.0, beta=0.5, temperature=0.9, learning_rate=1e-2, optim="sgd", max_grad_norm=1e9,
-                logging_steps=1, gradient_checkpointing=False)
-    base.update(overrides)
-    return base
-
-
-def update(trainer, model_path) -> torch.Tensor:
-    final = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
-    return final - torch.cat([p.detach().reshape(-1) for p in load_model(model_path).parameters()])
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    directions: list[torch.Tensor]  # the clipped gradient the optimizer sees, per optimizer step
-    update: torch.Tensor  # θ_final − θ_0
-    logs: list[dict]
-
-
-def stock_run(tmp_path, name, tokenizer, student, teacher, *, permuted=False, **overrides) -> Run:
-    capture = CaptureGrads()
-    trainer = stock_trainer_class(tokenizer)(
-        model=load_model(student), teacher_model=load_model(teacher), args=GKDConfig(**fields(tmp_path, name,
-                                                                                             **overrides)),
-        train_dataset=messages(), processing_class=tokenizer, callbacks=[capture],
-        data_collator=PermutedRows(tokenizer) if permuted else None)
-    trainer.train()
-    return Run(capture.directions, update(trainer, student), trainer.state.log_history)
-
-
-def thundersync_run(tmp_path, name, tokenizer, student, teacher, **overrides) -> Run:
-    capture = CaptureGrads()
-    trainer = ThunderSyncGKDTrainer(model=load_model(student), teacher_model=load_model(teacher),
-                                    args=ThunderSyncGKDConfig(**fields(tmp_path, name, **overrides),
-                                                              rollout_engine="local_thread"),
-                                    train_dataset=messages(), processing_class=tokenizer, callbacks=[capture])
-    trainer.use_turn_generator(Completions(tokenizer))
-    trainer.train()
-    return Run(capture.directions, update(trainer, student), trainer.state.log_history)
-
-
-class Completions(ScriptedTurnGenerator):
-    """`completion_text` of each prompt, closed with EOS and cut at MAX_NEW_TOKENS (a generator samples with its own
-    settings: `use_turn_generator` hands it no per-request budget for single-turn rows)."""
-
-    def __init__(self, tokenizer) -> None:
-        super().__init__(tokenizer, script)
-
-    def _act(self, request, key, max_new_tokens, version):
-        return super()._act(request, key, max_new_tokens or MAX_NEW_TOKENS, version)
-
-
 class EmptyCompletions(Completions):
     """Every completion has zero tokens (not even EOS)."""
 
     def _act(self, request, key, max_new_tokens, version):
         rollout = super()._act(request, key, max_new_tokens, version)
         return dataclasses.replace(rollout, completion_ids=(), sampling_logprobs=())
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp(min=1e-30))
-
-
-CASES = {  # GKDConfig overrides; every case trains 3 optimizer steps unless it says otherwise
-    "beta0": dict(beta=0.0),
-    "beta0.5": dict(beta=0.5),
-    "beta1": dict(beta=1.0),
-    "accumulation": dict(per_device_train_batch_size=2, gradient_accumulation_steps=2),
-    "clipping": dict(max_grad_norm=0.05),
-    "mixed_lmbda": dict(lmbda=0.5, max_steps=4),
-    # lmbda < 1 with accumulation: windows that mix on- and off-policy micro-steps (seed 0 draws both kinds)
-    # (seed 0 draws windows off+off, on+on, off+on, off+on; seed 3 on+off, on+off, off+on, on+off)
-    "mixed_lmbda_accumulation": dict(lmbda=0.5, max_steps=4, per_device_train_batch_size=2,
-                                     gradient_accumulation_steps=2, max_grad_norm=0.05),
-    "mixed_lmbda_accumulation_seed3": dict(lmbda=0.5, max_steps=4, per_device_train_batch_size=2,
-                                           gradient_accumulation_steps=2, seed=3),
-    "adamw_1step": dict(optim="adamw_torch", learning_rate=1e-3, max_steps=1),
-    "adamw_3steps": dict(optim="adamw_torch", learning_rate=1e-3),
-}
 
 
 @pytest.mark.parametrize("case", list(CASES))

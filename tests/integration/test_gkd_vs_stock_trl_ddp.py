@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_distributed import free_port
-from tests.integration.test_gkd_vs_stock_trl import CASES, relative_error
+from tests.fixtures.gkd_stock import CASES, relative_error
+from tests.fixtures.launch import free_port
 from trl_thundersync.tiny.model import save_tiny_model
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("gkd_stock_ddp_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "gkd_stock_ddp_script.py"
 DDP_CASES = ("beta0.5", "accumulation", "clipping", "mixed_lmbda", "mixed_lmbda_accumulation_seed3", "adamw_3steps")
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from datasets import Dataset
 
-from tests.fixtures.parity import cpu_config, load_model
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.parity import cpu_config, load_model
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

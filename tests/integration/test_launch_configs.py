@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.launch import run_together
-from tests.integration.test_distributed import free_port
+from tests.fixtures.launch import free_port, run_together
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
+from benchmarks.parity import StopAt, cpu_config, load_model, prompt_dataset, relative_error
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
+from benchmarks.parity import reward_len, reward_parity, run_trainer
 from tests.fixtures.logged_metrics import same, timed
-from tests.fixtures.parity import reward_len, reward_parity, run_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 CASES = {

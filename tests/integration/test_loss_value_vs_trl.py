@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     CaptureGrads,
     cpu_config,
     load_model,
@@ -27,8 +27,8 @@ from tests.fixtures.parity import (
     reward_len,
     run_trainer,
 )
-from tests.integration.test_vllm_importance_sampling import _NoVLLM, rollout_with_sampler_logprobs
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.sampler_logprobs import _NoVLLM, rollout_with_sampler_logprobs
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -159,8 +159,8 @@ TURN_CASES = {
 def test_loss_of_turn_released_trajectories_matches_trl(case, tmp_path, tokenizer, tiny_model_path, monkeypatch):
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.fixtures.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from benchmarks.scripted import ScriptedTurnGenerator
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     uniform = -math.log(len(tokenizer))
 

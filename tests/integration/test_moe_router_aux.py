@@ -13,8 +13,8 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
-from tests.tools import env_reward, replay_rollout_func
+from benchmarks.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -109,8 +109,8 @@ def test_zero_coefficient_turns_the_term_off_as_in_trl(tmp_path, moe_tokenizer, 
 @pytest.mark.parametrize("release", ["reward", "content", "turn"])
 def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_path, moe_tokenizer, moe_model_path):
     """Agent trajectories (tool tokens attended, not scored) through every release point, vs TRL's rollout_func."""
-    from tests.fixtures.parity import CaptureGrads, cpu_config
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from benchmarks.parity import CaptureGrads, cpu_config
+    from tests.fixtures.agentic_trainer import dataset, make_trainer
 
     trainer, capture, captured, _ = make_trainer(tmp_path / "ts", moe_tokenizer, moe_model_path,
                                                  delay=lambda i, t: 0.002 * ((7 * i + t) % 5), release=release,
@@ -137,7 +137,7 @@ def test_multi_turn_tool_training_with_router_aux_loss_matches_trl(release, tmp_
 
 def test_two_processes_with_router_aux_loss_match_trl(tmp_path, moe_model_path):
     """DDP over gloo: each process's micro-batches carry their own term, averaged at the barrier as DDP averages."""
-    from tests.integration.test_distributed import run_ddp_parity
+    from tests.fixtures.ddp_parity import run_ddp_parity
 
     ref, got = run_ddp_parity(tmp_path, moe_model_path, "moe_router_aux_ga2")
     assert len(ref["directions"]) == len(got["directions"]) == 2

@@ -9,22 +9,18 @@ The run is `ddp_parity_script.py`'s `server_external` case: the server starts fr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.fixtures.launch import run_together
-from tests.fixtures.parity import relative_error
-from tests.integration.test_distributed import _server_run, free_port
+from benchmarks.parity import relative_error
+from tests.fixtures.ddp_parity import _server_run
+from tests.fixtures.launch import launch_nodes
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("ddp_parity_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "ddp_parity_script.py"
 
 
 @contextmanager
@@ -33,7 +29,7 @@ def separate_server(model_path: str):
     know it only by its URL."""
     from transformers import AutoTokenizer
 
-    from tests.fixtures.parity import load_model
+    from benchmarks.parity import load_model
     from trl_thundersync.serve.launcher import EmbeddedServers, ServerOptions
 
     other = load_model(model_path)
@@ -46,19 +42,6 @@ def separate_server(model_path: str):
         yield servers.urls[0]
     finally:
         servers.close()
-
-
-def launch_nodes(script: Path, *args: str, extra_env: dict[str, str] | None = None,
-                 timeout: int = 600) -> list[subprocess.CompletedProcess]:
-    """Node 0 and node 1 of `configs/two_node.yaml`, each `accelerate launch <script> <args>` with one process,
-    meeting at 127.0.0.1:<free port>; both are waited for (`TimeoutError` at `timeout`, every process killed)."""
-    port = str(free_port())
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", PYTHONPATH=str(ROOT), **(extra_env or {}))
-    commands = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                 str(ROOT / "configs/two_node.yaml"), "--num_processes", "2", "--machine_rank", str(machine_rank),
-                 "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(script), *args]
-                for machine_rank in (0, 1)]
-    return run_together(commands, env=env, cwd=str(ROOT), timeout=timeout)
 
 
 def test_two_nodes_on_loopback_sharing_a_separate_server_match_one_process(tmp_path, tiny_model_path):

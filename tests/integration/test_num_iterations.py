@@ -12,9 +12,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from benchmarks.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
 from benchmarks.seed_floor import SEED_SCALES, rescaled_trainer
-from tests.fixtures.parity import ITERATION_PARITY_CASES, load_model, relative_error, reward_len, run_trainer
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_pa
 @pytest.mark.parametrize("case", ["mu2_dapo_clipping", "mu2_ga2_bnpo_beta", "mu3_grpo"])
 def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, tiny_model_path):
     """AdamW amplifies rounding on near-zero coordinates; the floor is stock TRL against itself with each group's
-    members permuted, or with its backward's per-token seeds rescaled (`bench/seed_floor.py`: what any streaming
+    members permuted, or with its backward's per-token seeds rescaled (`benchmarks/seed_floor.py`: what any streaming
     learner, which back-propagates before the advantage exists, needs)."""
     mu = ITERATION_PARITY_CASES[case]["num_iterations"]
     overrides = dict(ITERATION_PARITY_CASES[case], max_steps=2 * mu, optim="adamw_torch", learning_rate=1e-4,
@@ -133,8 +133,8 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
     stubbed, the same scripted trajectories and sampler log-probs for both trainers)."""
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.fixtures.parity import CaptureGrads, cpu_config, prompt_dataset
-    from tests.integration.test_vllm_importance_sampling import CASES, _NoVLLM, rollout_with_sampler_logprobs
+    from benchmarks.parity import CaptureGrads, cpu_config, prompt_dataset
+    from tests.fixtures.sampler_logprobs import CASES, _NoVLLM, rollout_with_sampler_logprobs
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(CASES[mode], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2, max_grad_norm=0.5,
@@ -160,7 +160,7 @@ def test_vllm_importance_sampling_correction_matches_trl(mode, tmp_path, tokeniz
 @pytest.mark.parametrize("case", ["ga2_bnpo_beta", "ga4_field_coef"])
 def test_moe_router_aux_loss_matches_trl(case, tmp_path, tiny_moe):
     """MoE: pass 1 streams the router term per TRL micro-batch; passes 2..μ add it in TRL's own loss."""
-    from tests.fixtures.parity import MOE_PARITY_CASES
+    from benchmarks.parity import MOE_PARITY_CASES
 
     tokenizer, model_path = tiny_moe
     overrides = dict(MOE_PARITY_CASES[case], num_iterations=2, max_steps=4, optim="sgd", learning_rate=1e-2,
@@ -188,7 +188,7 @@ def tiny_moe(tmp_path_factory):
 def test_two_processes_match_trl(tmp_path, tiny_model_path):
     """DDP (two CPU processes over gloo): pass 1's direction is averaged at the barrier, passes 2..μ are TRL's own
     DDP backward (`ddp_parity_script.py`, case mu2_bnpo_ga2_beta: two generation batches of two passes)."""
-    from tests.integration.test_distributed import run_ddp_parity
+    from tests.fixtures.ddp_parity import run_ddp_parity
 
     ref, got = run_ddp_parity(tmp_path, tiny_model_path, "mu2_bnpo_ga2_beta")
     assert len(ref["directions"]) == len(got["directions"]) == 4
@@ -202,8 +202,8 @@ def test_two_processes_match_trl(tmp_path, tiny_model_path):
 def test_multi_turn_tool_trajectories_match_trl(release, tmp_path, tokenizer, tiny_model_path):
     """Agent trajectories (environment_factory; tool tokens attended, not scored): passes 2..μ carry TRL's tool_mask.
     Stock TRL replays ThunderSync's trajectories through rollout_func (env_mask = TRL's tool mask)."""
-    from tests.fixtures.parity import CaptureGrads, cpu_config
-    from tests.integration.test_agentic_trainer import dataset, make_trainer
+    from benchmarks.parity import CaptureGrads, cpu_config
+    from tests.fixtures.agentic_trainer import dataset, make_trainer
 
     options = dict(num_iterations=2, epsilon=0.03, beta=0.1, loss_type="grpo")
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
@@ -255,7 +255,7 @@ def test_old_log_probs_come_from_the_streamed_forwards(overrides, computed, tmp_
 def test_resume_from_checkpoint_matches_trl(stop, tmp_path, tokenizer, tiny_model_path):
     """Resumed at a generation-batch boundary (step 2) or inside one (step 1, where the buffered batch is gone and
     TRL generates afresh at the current θ, as ThunderSync streams afresh): the same parameters as stock TRL."""
-    from tests.fixtures.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
+    from benchmarks.parity import StopAt, cpu_config, prompt_dataset, scripted_rollout_func
 
     common = dict(num_iterations=2, max_steps=4, optim="sgd", max_grad_norm=0.5, save_strategy="steps",
                   save_steps=stop)

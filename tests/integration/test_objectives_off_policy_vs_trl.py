@@ -14,7 +14,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     SAMPLER_OFFSETS,
     CaptureGrads,
     cpu_config,
@@ -26,7 +26,7 @@ from tests.fixtures.parity import (
     reward_parity,
     run_trainer,
 )
-from tests.tools import env_reward, replay_rollout_func
+from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -149,7 +149,7 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
                                  per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
                                  off_policy_mask_threshold=0.0, rollout_engine="local_thread", save_strategy="no",
                                  gradient_checkpointing=False, disable_tqdm=True)
-    from tests.fixtures.parity import prompt_dataset
+    from benchmarks.parity import prompt_dataset
 
     trainer = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len], args=args,
                                      train_dataset=prompt_dataset(), processing_class=tokenizer)
@@ -194,8 +194,8 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
 
     import trl.trainer.grpo_trainer as trl_grpo
 
-    from tests.fixtures.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from benchmarks.scripted import ScriptedTurnGenerator
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     class OffsetSampler(ScriptedTurnGenerator):
         def _act(self, request, key, max_new_tokens, version):

@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.launch import run_together
-from tests.integration.test_distributed import free_port
-from tests.integration.test_multi_node import launch_nodes
+from tests.fixtures.launch import free_port, launch_nodes, run_together
 from trl_thundersync.trainers.rank_failure import POLL_S, STOP_GRACE_S
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("rank_failure_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "rank_failure_script.py"
 SLACK_S = 45.0  # the failing process's own teardown, the launchers', and a machine shared with other jobs
 LAUNCH_TIMEOUT_S = 400  # far above every bound: a hang shows as a failed test, not a stuck CI job
 CAUSE = "rank 1 of 2 failed at optimizer step 1: RewardFunctionError"

@@ -11,7 +11,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     cpu_config,
     load_model,
     prompt_dataset,
@@ -200,8 +200,8 @@ class EnvironmentRank:
 @pytest.mark.parametrize("scope, call_sizes", [("group", [2] * 4), ("batch", [4] * 2)])
 def test_environments_and_their_rewards_in_group_and_batch_scope(scope, call_sizes, tmp_path, tokenizer,
                                                                  tiny_model_path):
-    from tests.fixtures.scripted import ScriptedTurnGenerator
-    from tests.integration.test_agentic_trainer import CounterEnv, dataset, script
+    from benchmarks.scripted import ScriptedTurnGenerator
+    from tests.fixtures.agentic_trainer import CounterEnv, dataset, script
 
     params, logged = {}, {}
     for run_scope in (scope, "trajectory"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from benchmarks.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.serve.launcher import EmbeddedServers, ServerOptions
 

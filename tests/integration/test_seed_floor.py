@@ -1,4 +1,4 @@
-"""The AdamW gap to the permuted-member floor is the backward's seed, nothing else (`bench/seed_floor.py`).
+"""The AdamW gap to the permuted-member floor is the backward's seed, nothing else (`benchmarks/seed_floor.py`).
 
 Stock TRL back-propagates each row from −A_i·ν_i; ThunderSync from u_i, before A_i exists. Seeded with TRL's own
 per-token seeds, ThunderSync's pipeline (folds, barrier, write into `param.grad`, TRL's clipping and AdamW) is back
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.parity import reward_len
 from benchmarks.seed_floor import displacement_errors
-from tests.fixtures.parity import reward_len
 
 pytestmark = pytest.mark.slow
 

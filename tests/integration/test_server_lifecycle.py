@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import relative_error
+from benchmarks.parity import relative_error
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).with_name("server_lifecycle_script.py")
+SCRIPT = Path(__file__).parents[1] / "fixtures" / "server_lifecycle_script.py"
 REPO = Path(__file__).resolve().parents[2]
 HANG_S = 60.0  # far above the few seconds these take, far below the 300 s of the defects
 

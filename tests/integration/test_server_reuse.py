@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import torch
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset
+from benchmarks.parity import cpu_config, load_model, prompt_dataset
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ReplicaRestartedError, RolloutError
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine

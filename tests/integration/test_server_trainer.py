@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, relative_error
+from benchmarks.parity import cpu_config, load_model, prompt_dataset, relative_error
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError, UnsupportedOptionError
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine

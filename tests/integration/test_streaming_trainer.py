@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from tests.fixtures.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
-from tests.integration.test_exactness_vs_trl import rel, run
+from benchmarks.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.fixtures.exactness import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """Every bundled task is unsolved as shipped and solved by its reference solution, under the real sandbox.
 
-This is the suites' CI proof: `trl_thundersync.envs.validate` grades each task twice (untouched, then with the
-reference solution applied through `run_shell`), on a small thread pool; about 20-30 s on two cores.
+This is the suites' CI proof: `trl_thundersync.envs.suites.validate` grades each task twice (untouched, then
+with the reference solution applied through `run_shell`), on a small thread pool; about 20-30 s on two cores.
 Run: python -m pytest tests/integration/test_task_suites.py -q
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from benchmarks.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import TraceInUseError
 from trl_thundersync.trace.export import read_jsonl

@@ -1,6 +1,6 @@
 """Drop-in behaviour of issue 11 (items 2, 3, 4, 6): what stock `trl.GRPOTrainer` does, ThunderSync does too.
 
-Exactness checks use the parity harness (identical scripted rollouts, FP32, `tests/fixtures/parity.py`); behaviour
+Exactness checks use the parity harness (identical scripted rollouts, FP32, `benchmarks/parity.py`); behaviour
 checks
 (defaults, warnings, errors) compare the observable result with stock TRL's.
 """
@@ -14,7 +14,7 @@ from dataclasses import fields
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     cpu_config,
     load_model,
     prompt_dataset,
@@ -23,7 +23,7 @@ from tests.fixtures.parity import (
     run_trainer,
     scripted_rollout_func,
 )
-from tests.fixtures.scripted import ScriptedTurnGenerator
+from benchmarks.scripted import ScriptedTurnGenerator
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RolloutError, UnscorableGroupError, UnsupportedOptionError
 

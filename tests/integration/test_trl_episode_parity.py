@@ -15,8 +15,8 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import cpu_config, load_model
-from tests.fixtures.scripted import ScriptedTurnGenerator, tool_call_text
+from benchmarks.parity import cpu_config, load_model
+from benchmarks.scripted import ScriptedTurnGenerator, tool_call_text
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from datasets import Dataset
 
-from tests.fixtures.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
-from tests.unit.test_rollout_seam import StubGenerator
+from benchmarks.parity import cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from tests.fixtures.stub_generator import StubGenerator
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer, ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.rollout.agent_engine import AgentRolloutEngine
@@ -117,7 +117,7 @@ class ToolThenAnswer(StubGenerator):
 
 def test_gkd_scores_each_trajectory_with_one_teacher_request(tmp_path, tokenizer, tiny_model_path):
     """teacher_scoring='trajectory' through the trainer: the per-turn update, one teacher forward per trajectory."""
-    from tests.fixtures.parity import CaptureGrads, relative_error
+    from benchmarks.parity import CaptureGrads, relative_error
     from trl_thundersync.tiny.model import save_tiny_model
 
     teacher_path = save_tiny_model(tmp_path / "teacher", hidden_size=32, num_layers=2, seed=7)  # ≠ the student

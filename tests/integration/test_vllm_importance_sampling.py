@@ -10,64 +10,24 @@ The sampler's log-probs are the policy's own plus a per-trajectory offset, so se
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.fixtures.parity import (
+from benchmarks.parity import (
     CaptureGrads,
     cpu_config,
     load_model,
     prompt_dataset,
     relative_error,
     reward_len,
-    scripted_rollout_func,
 )
+from tests.fixtures.sampler_logprobs import CASES, _NoVLLM, rollout_with_sampler_logprobs
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import UnsupportedOptionError
 from trl_thundersync.streaming.importance import SamplingCorrection
 
 pytestmark = pytest.mark.slow
-OFFSETS = (0.0, -0.6, 0.4, -1.5, 1.2, 0.1, -0.2, 0.9)  # sequence ratio of trajectory i: exp(-OFFSETS[i % 8])
-
-
-class _NoVLLM:
-    """Stands in for TRL's `VLLMGeneration` in the reference trainer: nothing to connect to or sync."""
-
-    def __init__(self, **kwargs) -> None:
-        info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
-        self.vllm_client = SimpleNamespace(get_server_info=lambda: info)
-
-    def sync_weights(self) -> None:
-        return None
-
-
-def rollout_with_sampler_logprobs(tokenizer):
-    scripted = scripted_rollout_func(tokenizer)
-
-    def rollout_func(prompts, trainer):
-        out = scripted(prompts, trainer)
-        logprobs = []
-        for i, (prompt, completion) in enumerate(zip(out["prompt_ids"], out["completion_ids"], strict=True)):
-            ids = torch.tensor([list(prompt) + list(completion)])
-            with torch.no_grad():
-                logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-            own = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
-            logprobs.append((own + OFFSETS[i % len(OFFSETS)] / len(completion)).tolist())
-        out["logprobs"] = logprobs
-        return out
-
-    return rollout_func
-
-
-CASES = {
-    "sequence_mask": dict(),  # TRL's default: ratio > 3 → 0
-    "sequence_truncate": dict(vllm_importance_sampling_mode="sequence_truncate", vllm_importance_sampling_clip_min=0.5),
-    "token_mask": dict(vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=1.1,
-                       vllm_importance_sampling_clip_min=0.9, loss_type="grpo", beta=0.1),
-}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -7,8 +7,9 @@ only the installed copy is importable (checked: the imported package lies in the
 1. a fresh venv in a temporary folder:
    - inventory: every file of the bundled task data (pyproject's [tool.setuptools.package-data]) is in the installed
      copy with the checkout's bytes, and nothing else is (bytecode aside);
-   - `python -m trl_thundersync.envs.validate` on one task of each bundled suite: untouched it fails, with its
-     reference solution it passes (the whole suites run from the checkout in tests/integration/test_task_suites.py);
+   - `python -m trl_thundersync.envs.suites.validate` on one task of each bundled suite: untouched it fails,
+     with its reference solution it passes (the whole suites run from the checkout in
+     tests/integration/test_task_suites.py);
    - a SWE and a terminal episode (`_PROBE`): `run_shell` runs in the sandbox (`hostname` is bubblewrap's), the SWE
      workspace holds the task's files only (no `__pycache__` from the install), an untouched workspace grades 0.0,
      the installed answers (reference solutions, hidden verifiers) are unreadable inside;
@@ -220,8 +221,8 @@ def test_a_wheel_in_a_fresh_venv_ships_the_task_data_and_validates_every_suite(b
     (installed,) = venv.glob("lib/python3*/site-packages/trl_thundersync")
     _check_inventory(installed)
     tasks = [arg for task in VALIDATED.values() for arg in ("--task", task)]
-    table = _run([str(python), "-m", "trl_thundersync.envs.validate", "--suite", "all", *tasks], cwd=outside,
-                 env=_clean_env(), timeout=300)
+    table = _run([str(python), "-m", "trl_thundersync.envs.suites.validate", "--suite", "all", *tasks],
+                 cwd=outside, env=_clean_env(), timeout=300)
     _check_validation(table)
     _check_probe(json.loads(_run([str(python), "-c", _PROBE], cwd=outside, env=_clean_env())), venv)
 

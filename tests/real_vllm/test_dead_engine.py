@@ -7,7 +7,7 @@ outside — an unsupported CPU attention shape (`Unsupported CPU attention confi
 forward, the case measured in issue 24; the package now refuses such a model before the first batch,
 `rollout/vllm_shapes.py`), an out-of-memory kill. vLLM then answers HTTP 500 `EngineCore encountered an issue ...`
 and its API server exits. The server does not come back, so this test runs last in the folder (`ends_server`).
-The stub version (and a restart that is waited for): `tests/unit/test_dead_engine.py`.
+The stub version (and a restart that is waited for): `tests/unit/rollout/test_dead_engine.py`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from tests.fixtures.parity import CaptureGrads, load_model, relative_error
+from benchmarks.parity import CaptureGrads, load_model, relative_error
 from tests.real_vllm.conftest import restore_base
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.tiny.model import save_tiny_model

@@ -3,7 +3,7 @@
 dies mid-batch (re-publishing the current weights before it gets requests again), and leaves no vLLM process or
 folder behind.
 
-One run of `tests/integration/server_lifecycle_script.py` (two GRPO steps, SGD with a large learning rate, so θ_1 is
+One run of `tests/fixtures/server_lifecycle_script.py` (two GRPO steps, SGD with a large learning rate, so θ_1 is
 far from θ_0) in a subprocess with its own TMPDIR, its vLLM API server SIGKILLed at the first reward of step 1.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from tests.real_vllm.conftest import REPO
 
-SCRIPT = REPO / "tests" / "integration" / "server_lifecycle_script.py"
+SCRIPT = REPO / "tests" / "fixtures" / "server_lifecycle_script.py"
 
 
 def vllm_processes(tmp: Path) -> list[int]:
@@ -66,7 +66,7 @@ def test_a_model_a_cpu_vllm_cannot_serve_is_refused_before_any_server_starts(vll
     installation's build, with no 40-second server start first; 'auto' falls back to the embedded server."""
     from transformers import Qwen3Config
 
-    from tests.fixtures.parity import cpu_config
+    from benchmarks.parity import cpu_config
     from trl_thundersync import ThunderSyncGRPOConfig
     from trl_thundersync.errors import UnsupportedOptionError
 

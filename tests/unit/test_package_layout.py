@@ -1,5 +1,6 @@
-"""The package's edges (issue 12): the library never imports test fixtures or benchmarks, trainers never import each
-other, the wheel ships only the library, and the runnable code outside it resolves."""
+"""The package's edges (issue 12): the library never imports test fixtures or benchmarks, nothing outside tests/
+imports tests, trainers never import each other, the wheel ships only the library, and the runnable code outside it
+resolves."""
 
 from __future__ import annotations
 
@@ -36,10 +37,40 @@ def test_the_library_never_imports_test_fixtures_or_benchmarks():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_nothing_outside_tests_imports_tests():
+    # benchmarks/, scripts/ and examples/ run from a checkout; what they share with the tests lives in benchmarks/
+    outside = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).parts[0] != "tests"
+               and not p.relative_to(ROOT).parts[0].startswith(".") and not any(d in p.as_posix() for d in TASK_DATA)]
+    assert {"benchmarks", "scripts", "examples", "trl_thundersync"} <= {p.relative_to(ROOT).parts[0] for p in outside}
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in imported_modules(p) if n.split(".")[0] == "tests")
+                 for p in outside}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_test_modules_share_helpers_through_fixtures_not_through_each_other():
+    # what several test modules use lives in tests/fixtures/ (or benchmarks/); a test module imports no other one
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in imported_modules(p) if n.split(".")[0] == "tests"
+                                                  and n.split(".")[-1].startswith("test_"))
+                 for p in tests}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    launched = [p.name for p in (ROOT / "tests" / "integration").glob("*_script.py") if not p.name.startswith("test_")]
+    assert launched == []  # the programs the multi-process tests launch are fixtures
+
+
+def test_the_unit_tests_mirror_the_package():
+    # tests/unit/<folder>/ tests trl_thundersync/<folder>/ (benchmarks/ and scripts/: the runnable code outside it)
+    unit = ROOT / "tests" / "unit"
+    folders = {p.parent.relative_to(unit) for p in unit.rglob("test_*.py")} - {Path(".")}
+    assert folders and all((LIBRARY / f).is_dir() or f.parts[0] in {"benchmarks", "scripts"} for f in folders), folders
+    assert all((unit / f / "__init__.py").is_file() for f in folders)  # equal basenames in other folders stay distinct
+
+
 def test_imports_are_resolved_the_way_this_test_reads_them():
-    # the check above would pass vacuously if relative imports were misread
+    # the checks above would pass vacuously if relative or function-level imports were misread
     assert "trl_thundersync.rollout.engine" in imported_modules(LIBRARY / "trainers" / "grpo" / "trainer.py")
-    assert "tests.fixtures.parity" in imported_modules(ROOT / "benchmarks" / "exactness.py")
+    assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "exactness.py")
+    assert "benchmarks.parity" in imported_modules(ROOT / "benchmarks" / "time_to_quality.py")  # inside a function
 
 
 def test_no_trainer_module_imports_another_trainers_module():
@@ -57,12 +88,10 @@ def test_the_wheel_ships_the_library_only():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["trl_thundersync*"]
     assert not (LIBRARY / "bench").exists() and not (LIBRARY / "scripts.py").exists()
-    assert {p.stem for p in (LIBRARY / "testing").glob("*.py")} <= {"__init__", "tiny", "tiny_agent"}  # re-exports
+    assert not (LIBRARY / "testing").exists()  # the tiny builders are `trl_thundersync.tiny`, fixtures in tests/
 
 
-def test_the_old_tiny_paths_re_export_the_new_builders():
-    from trl_thundersync.testing import tiny, tiny_agent
-    from trl_thundersync.tiny import agent, model
-
-    assert tiny.save_tiny_model is model.save_tiny_model
-    assert tiny_agent.save_tiny_agent_model is agent.save_tiny_agent_model
+def test_no_module_of_the_library_only_re_exports_a_moved_one():
+    moved = {str(p.relative_to(ROOT)) for p in library_modules()
+             if (ast.get_docstring(ast.parse(p.read_text())) or "").startswith(("Moved to", "Moved:"))}
+    assert moved == set()

@@ -1,7 +1,6 @@
 """Agentic environments, in layers: harness, runtimes, task data, environments, task suites (verifiers' split).
 
-    from trl_thundersync.envs.swe import SWERepairEnv            # environment_factory=SWERepairEnv
-    from trl_thundersync.envs.terminal import TerminalTaskEnv
+    from trl_thundersync.envs.environments import SWERepairEnv, TerminalTaskEnv  # environment_factory=SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset, terminal_dataset, load_swe_rows
 
 - `harness/`: the agent loops (paper and TRL protocols), tool-call parsing, tool messages, observation tokens,
@@ -13,13 +12,12 @@
 - `tasks/`: task data: records, the bundled suites (`tasks/swe/`, `tasks/terminal/`, package data), the SWE-bench row
   loader, prompts and datasets, grading, the authenticated pytest channel and its runner.
 - `suites/`: one `Suite` record per task suite (its tasks, environment, prompt, reference solution, warm start) and
-  the registry that loading, validation (`python -m trl_thundersync.envs.validate`) and held-out evaluation iterate
-  over; `register_suite` plugs in a suite of your own.
+  the registry that loading, validation (`python -m trl_thundersync.envs.suites.validate`) and held-out evaluation
+  iterate over; `register_suite` plugs in a suite of your own.
 - `errors.py`: every sandbox and task error (`SandboxError`, `TaskFormatError`, `UnknownTaskError`,
   `TaskSetupError`, `UngradableWorkspace`).
 
-Dependencies point one way: suites → environments → tasks → runtimes; the harness stands alone. The modules left at this
-level (`swe`, `terminal`, `validate`, `sandbox`, `sandbox_api`, `agent_loop`, `trl_tool_loop`: the paths users and
-docs imported) only re-export their names from the layer they moved to, so imports written before the split keep
-working.
+Dependencies point one way: suites → environments → tasks → runtimes; the harness stands alone. Nothing else lives
+at this level: each name is imported from its layer (`envs.harness.agent_loop`, `envs.runtimes`, `envs.environments`,
+`envs.suites`, ...).
 """

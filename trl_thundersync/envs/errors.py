@@ -9,7 +9,7 @@ Which one means what, and who must act:
 - `TaskSetupError`: a task's workspace could not be prepared: the task or the host is broken.
 - `UngradableWorkspace`: the agent's workspace is over the grading limits: the *attempt* failed (reward 0.0).
 
-They are re-exported where users imported them before (`envs.sandbox_api`, `envs.runtimes`, `envs.tasks`,
+They are also importable from the layers that raise them (`envs.runtimes`, `envs.runtimes.api`, `envs.tasks`,
 `envs.tasks.grading`). Errors of the trainers, the rollout side and configuration live in `trl_thundersync.errors`,
 whose `ThunderSyncError` is the base of all of these.
 """

@@ -48,7 +48,7 @@ class RolloutEngine(Protocol):
 class TurnGenerator(Protocol):
     """Samples one generation request at a time: what the multi-turn agent loop drives, one request per turn.
 
-    Implemented by `LocalProcessEngine`, `VLLMServerEngine` and `ScriptedTurnGenerator` (`tests/fixtures/scripted.py`);
+    Implemented by `LocalProcessEngine`, `VLLMServerEngine` and `ScriptedTurnGenerator` (`benchmarks/scripted.py`);
     a trainer takes one through `trainer.use_turn_generator(generator)` (the agent loop wraps it when the trainer has
     tools or environments).
 

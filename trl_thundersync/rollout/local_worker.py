@@ -19,7 +19,6 @@ import torch
 from ..errors import RolloutError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .sampling import Decoder, SamplingChain, cache_argument, sampling_chain
-from .sampling import sample_next as sample_next  # re-exported: its home was this module
 from .weights import FlatLayout
 
 

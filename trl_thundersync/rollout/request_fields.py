@@ -16,7 +16,7 @@ refusal by name instead of a silent departure:
   mode lets the kwargs win, its colocate mode the regex).
 
 `VLLM_COMPLETION_FIELDS` is the union of `CompletionRequest`'s fields over the supported releases, with the first
-release that has each; `tests/unit/test_vllm_contract.py` checks it against the frozen contract
+release that has each; `tests/unit/rollout/test_vllm_contract.py` checks it against the frozen contract
 (`tests/data/vllm_contract.json`, made by `scripts/vllm_contract.py` from the wheels). A field newer than a server's
 release is refused once the engine read the server's `/version` (`check_server_release`).
 """

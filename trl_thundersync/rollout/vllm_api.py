@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError, DeadEngineError, RolloutError  # noqa: F401  (DeadEngineError: re-exported)
+from ..errors import ConfigurationError, RolloutError
 from ..types import SamplingParams
 
 POLICY_VERSION_HEADER = "x-thundersync-policy-version"

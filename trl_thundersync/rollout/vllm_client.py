@@ -59,16 +59,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import RolloutError, StalePolicyError
+from ..errors import DeadEngineError, RolloutError, StalePolicyError
 from ..types import Rollout, RolloutRequest, SamplingParams
 from .batches import SubmittedBatch
 from .publish_role import SINGLE_PROCESS, PublishRole, run_on_main
+from .publisher_choice import make_publisher
 from .server_acks import ConfirmGate
 from .server_info import ServerLimits, default_concurrency, startup_checks
 from .vllm_api import (
     Cancellation,
     Completion,
-    DeadEngineError,
     EngineClosed,
     HTTPReply,
     completion_payload,
@@ -91,7 +91,6 @@ from .vllm_replicas import (
     check_completion,
     check_engine_options,
     connect_all,
-    make_publisher,
     percentile,
     push_all,
     restore_version,

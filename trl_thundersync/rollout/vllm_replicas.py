@@ -21,12 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import AbortedSampleError, ConfigurationError, RolloutError, StalePolicyError
-from .publisher_choice import make_publisher  # noqa: F401  (re-exported: the engine imports it from here)
+from ..errors import AbortedSampleError, ConfigurationError, DeadEngineError, RolloutError, StalePolicyError
 from .server_info import ServerLimits, read_limits
 from .vllm_api import (
     Cancellation,
-    DeadEngineError,
     EngineClosed,
     HTTPReply,
     check_base_url,

@@ -7,8 +7,8 @@ model folder has a tokenizer) and the sampling fields the embedded generation lo
 `prompt_logprobs`. Every other field of vLLM's `CompletionRequest` (0.22 … 0.31, `tests/data/vllm_contract.json`)
 is either `IGNORED` (it leaves the samples as they are: `user`, `priority`, `cache_salt`, ...) or `REFUSED`: set to
 anything but its "off" value (streaming, presence/frequency penalties, stop strings, logit bias, structured outputs,
-prompt truncation, ...) it is answered HTTP 400 naming it, never ignored; `tests/unit/test_vllm_contract.py` checks
-that the three lists cover the contract. Fields vLLM does not know are ignored, as vLLM's `OpenAIBaseModel`
+prompt truncation, ...) it is answered HTTP 400 naming it, never ignored; `tests/unit/rollout/test_vllm_contract.py`
+checks that the three lists cover the contract. Fields vLLM does not know are ignored, as vLLM's `OpenAIBaseModel`
 (`extra="allow"`) ignores them. As in vLLM, sample j of a request with `n > 1` uses seed `seed + j`.
 
 `prompt_logprobs: k` (vLLM's field; 0 = the prompt tokens only, -1 = the whole vocabulary) answers, per choice,

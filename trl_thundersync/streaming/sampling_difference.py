@@ -22,7 +22,7 @@ barrier and `sampling_metrics` reduces the processes' as TRL does (`trainers/grp
 difference whenever the rollouts carry sampler log-probs (every engine of this package returns them), not only with
 `use_vllm`: it is how a run shows it is on-policy; the ratio only when the correction is on, as TRL.
 
-Run the tests: `pytest tests/unit/test_sampling_difference.py`.
+Run the tests: `pytest tests/unit/streaming/test_sampling_difference.py`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ and the loss covers only the ~150 assistant tokens; forward and backward are nea
 template is ~2 ms a transcript). So each step draws one prompt and 8 tool-use episodes for it: the prompt is
 forwarded once, each episode runs over a copy of the prompt's key/value cache, and one backward goes through all of
 them — the loss and gradient a padded batch of the 8 full transcripts gives, up to FP32 rounding
-(`tests/unit/test_tiny_agent.py`), at a fifth of the cost.
+(`tests/unit/tiny/test_tiny_agent.py`), at a fifth of the cost.
 """
 
 from __future__ import annotations

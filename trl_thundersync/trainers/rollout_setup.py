@@ -7,7 +7,7 @@ embedded engine in a worker process or thread, embedded HTTP servers started for
 
 A trainer handed a generator (`trainer.use_turn_generator(g)`, any `rollout.engine.TurnGenerator`) uses that one
 instead. With tools or environments both trainers wrap the generator in the agent loop with
-`rollout.agent_setup.make_agent_engine` (`capped_agent_limits`, re-exported here, gives that loop a context budget
+`rollout.agent_setup.make_agent_engine` (`rollout.agent_setup.capped_agent_limits` gives that loop a context budget
 the model and the servers can hold); without, `as_rollout_engine` gives it `start_batch`/`results`.
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOptionError
-from ..rollout.agent_setup import capped_agent_limits  # noqa: F401  (re-exported: the trainers' import path)
 from ..rollout.engine import TurnGenerator
 from ..rollout.request_fields import request_fields
 from ..types import SamplingParams

@@ -1,6 +1,6 @@
 """`SWERepairEnv`: repair a small Python repository until its failing tests pass (TRL `environment_factory`).
 
-    from trl_thundersync.envs.swe import SWERepairEnv
+    from trl_thundersync.envs.environments import SWERepairEnv
     from trl_thundersync.envs.tasks import swe_dataset
     trainer = GRPOTrainer(..., train_dataset=swe_dataset(), environment_factory=SWERepairEnv)
 

@@ -1,6 +1,6 @@
 """`TerminalTaskEnv`: SETA / Terminal-Bench style shell tasks graded by a hidden pytest verifier.
 
-    from trl_thundersync.envs.terminal import TerminalTaskEnv
+    from trl_thundersync.envs.environments import TerminalTaskEnv
     from trl_thundersync.envs.tasks import terminal_dataset
     trainer = GRPOTrainer(..., train_dataset=terminal_dataset(), environment_factory=TerminalTaskEnv)
 

@@ -36,8 +36,8 @@ exit code 126 and a stderr line the model sees. The workspace disk quota is the 
 
 What the sandbox protects against and what it does not
 ------------------------------------------------------
-Protects against (tests in tests/unit/: S = test_sandbox.py, H = test_sandbox_hardening.py; as root, Linux 6.18,
-bubblewrap 0.8, cgroup v1):
+Protects against (tests in tests/unit/envs/runtimes/: S = test_sandbox.py, H = test_sandbox_hardening.py; as root,
+Linux 6.18, bubblewrap 0.8, cgroup v1):
 - network egress: loopback only (S test_outbound_network_fails, test_loopback_works_inside,
   test_network_flag_shares_the_host_namespace);
 - writes anywhere but the workspace (S test_writes_outside_the_workspace_fail);
@@ -80,8 +80,8 @@ Does not protect against:
 - without root: no aggregate memory cap (RLIMIT_AS is per process, N processes may use N × memory_bytes, plus
   `tmp_bytes` in each of /tmp and /dev/shm) and no workspace quota (a plain directory: RLIMIT_FSIZE caps each file,
   not their number or sum); untested here: the non-root paths (RLIMIT_NPROC checked once by hand with setpriv) and
-  real cgroup v2 (its discovery is tested on synthetic mount tables, tests/unit/test_sandbox_cgroup.py; memory.max,
-  memory.swap.max and memory.events were not exercised: this host has cgroup v1);
+  real cgroup v2 (its discovery is tested on synthetic mount tables, tests/unit/envs/runtimes/test_sandbox_cgroup.py;
+  memory.max, memory.swap.max and memory.events were not exercised: this host has cgroup v1);
 - disk use of a directory that is not a `create_workspace` workspace (the environments' workspaces and grading copies
   are, H test_grading_copies_get_the_workspace_quota);
 - with `network=True`: the host's whole network, including its abstract unix sockets.

@@ -10,7 +10,8 @@ held-out evaluation; the tiny agent builds read `Suite.warm_start`).
 - `swe.py`, `terminal.py`, `lookup.py`, `thermostat.py`: the bundled suites' records (their task data lives in
   `envs/tasks/`, their environments in `envs/environments/`), with the warm-start episodes of lookup and thermostat.
 - `registry.py`: `register_suite`, `get_suite`, `suite_names`, `load_suite` (tasks, data set, environment factory).
-- `validate.py`: `python -m trl_thundersync.envs.validate`: every task unsolved as shipped, solved by its reference.
+- `validate.py`: `python -m trl_thundersync.envs.suites.validate`: every task unsolved as shipped, solved by its
+  reference.
 - `evaluate.py`: `evaluate_suite`, held-out success of a policy (imports torch; not imported here).
 
 A suite of your own: build a `Suite` (tasks with `task_id` and `difficulty`, an environment class with the

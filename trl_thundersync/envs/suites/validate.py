@@ -1,9 +1,9 @@
 """Validate the task suites (every registered `Suite`, every split): each task must be unsolved as shipped and solved
 by its reference solution (`Suite.solution`).
 
-    python -m trl_thundersync.envs.validate                      # all suites, bubblewrap sandbox
-    python -m trl_thundersync.envs.validate --suite swe --task slugify_separators
-    python -m trl_thundersync.envs.validate --backend local      # UNSANDBOXED subprocess fallback (dev only)
+    python -m trl_thundersync.envs.suites.validate                  # all suites, bubblewrap sandbox
+    python -m trl_thundersync.envs.suites.validate --suite swe --task slugify_separators
+    python -m trl_thundersync.envs.suites.validate --backend local  # UNSANDBOXED subprocess fallback (dev)
 
 For each task: a fresh environment is reset and the untouched workspace is graded (SWE must get 0.0, terminal less
 than the full 1.5); then a second fresh environment is reset, the reference solution is applied through the
@@ -147,7 +147,8 @@ def format_table(results: list[TaskValidation]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trl_thundersync.envs.validate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trl_thundersync.envs.suites.validate",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=ALL, choices=(*suite_names(), ALL))
     parser.add_argument("--task", action="append", default=[], help="validate only this task id (repeatable)")
     parser.add_argument("--jobs", type=int, default=4, help="tasks validated concurrently")

@@ -19,7 +19,7 @@ depend on the number of processes as TRL's do; they are logged whenever the roll
 ratio's keys only with the vLLM importance-sampling correction. Not logged (TRL computes them in its loss forward,
 which the streamed pass does not report): `entropy` (logged with the entropy bonus only) and `vespo/phi_seq_mean`.
 
-Run the tests: `pytest tests/unit/test_grpo_metrics.py tests/integration/test_distributed_metrics.py`.
+Run the tests: `pytest tests/unit/trainers/grpo/test_grpo_metrics.py tests/integration/test_distributed_metrics.py`.
 """
 
 from __future__ import annotations

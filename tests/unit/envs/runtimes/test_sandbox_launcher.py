@@ -1,0 +1,77 @@
+"""What both sandbox backends share: the launcher (`runtimes/launcher.py`) and the bounded capture (`process_io.py`).
+
+Bubblewrap reads a command's output from pipes (`BoundedCapture.feed`, chunk by chunk), the local fallback from
+files (`BoundedCapture.feed_file`, reading only the bytes kept): both must keep the same head, tail and count. The
+local backend runs commands through the same launcher as bubblewrap's, so it also runs commands longer than one
+argv string and applies the rlimits the launcher is given. No bubblewrap needed; the local runs are host processes.
+Run: python -m pytest tests/unit/envs/runtimes/test_sandbox_launcher.py -q
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from trl_thundersync.envs.runtimes.api import SandboxLimits
+from trl_thundersync.envs.runtimes.launcher import LAUNCHER
+from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
+from trl_thundersync.envs.runtimes.process_io import BoundedCapture
+
+
+@pytest.mark.parametrize("limit", [0, 1, 7, 16, 1000])
+@pytest.mark.parametrize("size", [0, 1, 8, 15, 16, 17, 999, 5000])
+def test_file_and_pipe_capture_keep_the_same_head_tail_and_count(limit: int, size: int) -> None:
+    data = bytes((i * 7 + 3) % 251 for i in range(size))
+    piped = BoundedCapture(limit)
+    for start in range(0, size, 3):  # small, uneven chunks, as pipe reads may come
+        piped.feed(data[start : start + 3])
+    filed = BoundedCapture(limit)
+    with tempfile.TemporaryFile() as stream:
+        stream.write(data)
+        filed.feed_file(stream)
+    assert (filed.text(), filed.elided, filed.total) == (piped.text(), piped.elided, piped.total)
+    assert filed.total == size and filed.elided == max(0, size - limit)
+
+
+def test_the_local_backend_elides_the_middle_of_long_output(tmp_path: Path) -> None:
+    box = LocalSubprocessSandbox(tmp_path, SandboxLimits(output_bytes=100))
+    result = box.run("printf 'a%.0s' $(seq 1 400); printf 'b%.0s' $(seq 1 400)")
+    assert result.ok and result.truncated_bytes == 700
+    assert result.stdout == "a" * 50 + "\n[... 700 bytes elided ...]\n" + "b" * 50
+
+
+def test_the_local_backend_runs_a_command_longer_than_one_argv_string(tmp_path: Path) -> None:
+    box = LocalSubprocessSandbox(tmp_path)
+    filler = "x" * (200 << 10)  # over MAX_ARG_STRLEN (128 KiB): read by the shell from the launcher's memfd
+    result = box.run(f": '{filler}'; echo done", stdin=b"kept\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "done\n", "")
+    assert box.run("cat").stdout == "" and box.run("cat", stdin=b"in\n").stdout == "in\n"
+
+
+def test_the_local_backend_applies_the_launchers_rlimits(tmp_path: Path) -> None:
+    box = LocalSubprocessSandbox(tmp_path, SandboxLimits(max_file_bytes=1 << 20, cpu_time_s=7))
+    assert box.run("ulimit -f; ulimit -t").stdout.split() == [str((1 << 20) // 512), "7"]
+    assert box.run("head -c 2000000 /dev/zero > big").exit_code != 0 and (tmp_path / "big").stat().st_size == 1 << 20
+
+
+def test_both_backends_exec_the_one_launcher(tmp_path: Path) -> None:
+    local = LocalSubprocessSandbox(tmp_path)._argv(3)
+    assert local[local.index(LAUNCHER) + 1 :] == ["-1", "3", *_rlimit_numbers(tmp_path)]  # no handshake fd
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: only the local backend checked")
+    from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+
+    argv = BwrapSandbox(tmp_path)._argv(4, 5, None)
+    assert argv[argv.index(LAUNCHER) + 1 : argv.index(LAUNCHER) + 3] == ["4", "5"]
+
+
+def _rlimit_numbers(tmp_path: Path) -> list[str]:
+    """The local backend's rlimits as launcher arguments: CPU, AS and FSIZE, soft = hard (no NPROC on the host)."""
+    limits = LocalSubprocessSandbox(tmp_path).limits
+    triples = ((resource.RLIMIT_CPU, limits.cpu_time_s), (resource.RLIMIT_AS, limits.memory_bytes),
+               (resource.RLIMIT_FSIZE, limits.max_file_bytes))
+    return [str(v) for kind, value in triples for v in (kind, value, value)]
