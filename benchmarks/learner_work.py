@@ -15,6 +15,11 @@ table, writes JSON.
 
     python -m benchmarks.learner_work                 # prompts 64/512/2048 × groups 4/8/16 (under a minute on 2 cores)
     python -m benchmarks.learner_work --quick         # prompts 64/512 × groups 4/8, one repeat
+    python -m benchmarks.learner_work --learner --prompts 800 --groups 8 --completion 130   # the main job's shape
+
+`--learner` runs both variants through the wired GRPO learner instead (`GRPOBatchLearner` + `TrajectoryBackward`,
+reward release, `shared_prefix` on or off), so the per-member bookkeeping the trainer pays is in the wall time and
+the FLOPs are the ledger's (`trace.recorder.learner_events`) as `thundersync/learner_tflops_per_s` counts them.
 """
 
 from __future__ import annotations
@@ -27,16 +32,23 @@ import time
 import torch
 
 from trl_thundersync.streaming.accumulators import GroupStatistics
+from trl_thundersync.streaming.learner import GRPOBatchLearner
+from trl_thundersync.streaming.normalization import LossNormalization
+from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
 from trl_thundersync.streaming.shared_prefix import (
     GroupPrefix,
     PrefixAdjoints,
     full_pass_work,
+    pass_flop_counter,
     pass_flops,
     prompt_plan,
 )
+from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.tiny.model import build_tiny_tokenizer, model_from_config, tiny_shape
-from trl_thundersync.trace.flops import ModelShape
+from trl_thundersync.trace.flops import ModelShape, model_flop_counter
+from trl_thundersync.trace.recorder import learner_events
+from trl_thundersync.types import Rollout, ScoredRollout
 
 EPS = 1e-4
 
@@ -93,25 +105,71 @@ def run_shared(model, params, members, rewards, prompt: int) -> tuple[torch.Tens
     return _fold(grads) + through_prefix.vector, prefix
 
 
-def measure_point(model, prompt: int, size: int, completion: int, repeats: int) -> dict:
+def _logps_fn(model):
+    """Per-token log π of the last `keep` tokens, as TRL's forward computes them (temperature 1)."""
+    def logps(ids, mask, keep):
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1).logits[:, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -keep:, None])[..., 0]
+    return logps
+
+
+def run_learner(model, params, members, rewards, prompt: int, shared: bool):
+    """One group through the wired learner at reward release; returns its direction, work items and passes."""
+    norm = LossNormalization("grpo", len(members), 1, max(len(ids) for ids in members))
+    prefixes = None
+    if shared:
+        prefixes = PrefixGroups(model=model, params=params, group_size=len(members), max_open=1,
+                                flops=pass_flop_counter(model, params))
+    backward = TrajectoryBackward(params=params, logps_fn=_logps_fn(model), normalization=norm, eos_and_pad=(-1,),
+                                  mask_truncated=False, prefixes=prefixes)
+    learner = GRPOBatchLearner(batch_size=len(members), num_generations=len(members),
+                               num_params=sum(p.numel() for p in params), policy_version=0, scale_rewards="group",
+                               source_backward=backward, eps=EPS, prefixes=prefixes)
+    for i, (ids, reward) in enumerate(zip(members, rewards, strict=True)):
+        rollout = Rollout(index=i, group=0, policy_version=0, prompt_ids=tuple(ids[:prompt]),
+                          completion_ids=tuple(ids[prompt:]))
+        learner.submit(ScoredRollout(rollout, (reward,), reward, time.perf_counter()))
+    totals = learner.finish()
+    work = prefixes.closed_work if shared else full_pass_work([len(ids) for ids in members])
+    return totals.accumulator.policy[0], totals.work, work
+
+
+def _timed(runs: dict, repeats: int) -> tuple[dict, dict[str, list[float]]]:
+    """Each variant once untimed (allocator, kernels at these shapes), then `repeats` interleaved timed runs, so
+    machine noise hits both; the last result of each."""
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    results = {name: run() for name, run in runs.items()}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            results[name] = run()
+            walls[name].append(time.perf_counter() - start)
+    return results, walls
+
+
+def measure_point(model, prompt: int, size: int, completion: int, repeats: int, learner: bool = False) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     shape = ModelShape.from_config(model.config)
     members, rewards = _group(model.config.vocab_size, prompt, size, completion, seed=prompt * 100 + size)
-    walls: dict[str, list[float]] = {"full": [], "shared": []}
-    run_full(model, params, members, rewards, prompt)  # warm-up (allocator, kernels at these shapes), untimed
-    run_shared(model, params, members, rewards, prompt)
-    for _ in range(repeats):  # interleaved, so machine noise hits both variants
-        start = time.perf_counter()
-        full = run_full(model, params, members, rewards, prompt)
-        walls["full"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        shared, prefix = run_shared(model, params, members, rewards, prompt)
-        walls["shared"].append(time.perf_counter() - start)
-    full_work = full_pass_work([len(ids) for ids in members])
     row = {"prompt": prompt, "group": size, "completion_tokens": sum(len(ids) - prompt for ids in members)}
-    for name, work in (("full", full_work), ("shared", prefix.work)):
-        row[name] = {"token_passes": sum(w.tokens for w in work),
-                     "flops": sum(pass_flops(shape, w) for w in work),
+    if learner:
+        results, walls = _timed({name: lambda s=name == "shared": run_learner(model, params, members, rewards,
+                                                                                prompt, s)
+                                 for name in ("full", "shared")}, repeats)
+        context = {i: len(ids) for i, ids in enumerate(members)}
+        flops_of = model_flop_counter(model, params)
+        (full, full_items, full_work), (shared, shared_items, shared_work) = results["full"], results["shared"]
+        ledger = {"full": sum(e.flops for e in learner_events(full_items, context, flops_of)),
+                  "shared": sum(e.flops for e in learner_events(shared_items, context, flops_of))}
+    else:
+        results, walls = _timed({"full": lambda: run_full(model, params, members, rewards, prompt),
+                                 "shared": lambda: run_shared(model, params, members, rewards, prompt)}, repeats)
+        full, (shared, prefix) = results["full"], results["shared"]
+        full_work, shared_work = full_pass_work([len(ids) for ids in members]), prefix.work
+        ledger = {name: sum(pass_flops(shape, w) for w in work)
+                  for name, work in (("full", full_work), ("shared", shared_work))}
+    for name, work in (("full", full_work), ("shared", shared_work)):
+        row[name] = {"token_passes": sum(w.tokens for w in work), "flops": ledger[name],
                      "wall_seconds": statistics.median(walls[name]), "wall_runs": walls[name]}
     row["flop_ratio"] = row["shared"]["flops"] / row["full"]["flops"]
     row["wall_ratio"] = row["shared"]["wall_seconds"] / row["full"]["wall_seconds"]
@@ -130,16 +188,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: comparable under load)")
     parser.add_argument("--quick", action="store_true", help="prompts 64/512, groups 4/8, one repeat")
+    parser.add_argument("--learner", action="store_true",
+                        help="both variants through the wired GRPO learner (shared_prefix on / off)")
     parser.add_argument("--out", default="learner_work.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.groups, args.repeats = [p for p in args.prompts if p <= 512], [4, 8], 1
     torch.set_num_threads(args.threads)
     model = _model(args.hidden, args.layers, window=max(args.prompts) + 2 * args.completion + 8)
-    rows = [measure_point(model, p, g, args.completion, args.repeats) for p in args.prompts for g in args.groups]
+    rows = [measure_point(model, p, g, args.completion, args.repeats, args.learner)
+            for p in args.prompts for g in args.groups]
     print(f"tiny Qwen3 ({args.hidden} wide, {args.layers} layers, {sum(p.numel() for p in model.parameters()):,} "
           f"parameters), ~{args.completion} completion tokens per member, median of {args.repeats}, "
-          f"{args.threads} thread(s)")
+          f"{args.threads} thread(s)" + (", through the GRPO learner" if args.learner else ""))
     print(f"{'prompt':>6}{'G':>4}{'tokens full':>13}{'shared':>8}{'GFLOP full':>12}{'shared':>9}{'ratio':>7}"
           f"{'wall s full':>13}{'shared':>9}{'ratio':>7}{'(fastest)':>10}{'rel. error':>12}")
     for r in rows:

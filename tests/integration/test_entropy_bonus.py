@@ -25,7 +25,10 @@ TOL = 1e-5
 CASES = ENTROPY_PARITY_CASES
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
             # one buffer slot: most trajectories are released at their reward, their E_i with them (once each)
-            "content_one_slot": dict(release="content", max_buffered_trajectories=1)}
+            "content_one_slot": dict(release="content", max_buffered_trajectories=1),
+            # the shared-prefix backward: the entropy adjoints summed per TRL micro-batch, one prefix backward each
+            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
+            "content_one_slot_shared_prefix": dict(release="content", max_buffered_trajectories=1, shared_prefix=True)}
 
 
 def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **overrides):

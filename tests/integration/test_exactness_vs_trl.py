@@ -24,7 +24,12 @@ CASES = PARITY_CASES
 
 # Release points × reward scopes: the paper's reward release with per-trajectory calls, and content release (every
 # H_i computed before any reward, bound when TRL's own batch call returns).
-RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+# Each also with the shared-prefix backward (the group's prompt forwarded and back-propagated once).
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
+            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
+# option sets the shared prefix refuses (full passes, the reason logged): it must not run there
+PREFIX_REFUSED = {"gradient_checkpointing", "normalize_then_sum"}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -37,7 +42,9 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
                           rewards=rewards, **overrides, **RELEASES[release])
     kinds = {w.kind for w in trainer.last_batch[0].work}
-    assert ("content" in kinds and "bind" in kinds) if release != "reward" else "content" not in kinds
+    assert ("content" in kinds and "bind" in kinds) if release.startswith("content") else "content" not in kinds
+    shared = release.endswith("shared_prefix") and case not in PREFIX_REFUSED
+    assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
     assert len(ref) == len(got) == 1
     assert ref[0].norm() > 0
     assert rel(got[0], ref[0]) <= TOL, f"{case}: relative error {rel(got[0], ref[0]):.2e}"

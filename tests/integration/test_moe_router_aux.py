@@ -21,7 +21,10 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 
 CASES = MOE_PARITY_CASES
-RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+# each also with the shared-prefix backward (full passes, logged, where it refuses the options)
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
+            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,10 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 REWARDS = (reward_len, reward_parity, reward_constant)
 WEIGHTS = [0.5, 2.0, 1.0]
-RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch")}
+# each also with the shared-prefix backward (full passes, logged, where it refuses the options)
+RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
+            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
 OBJECTIVE = dict(multi_objective_aggregation="normalize_then_sum", reward_weights=WEIGHTS,
                  per_device_train_batch_size=8, num_generations=4)
 THRESHOLD = 0.5

@@ -39,7 +39,8 @@ class ShuffledEngine:
 
 
 @pytest.mark.parametrize("case", [dict(), dict(loss_type="grpo", beta=0.1), dict(gradient_accumulation_steps=2,
-                                  per_device_train_batch_size=2, loss_type="bnpo")])
+                                  per_device_train_batch_size=2, loss_type="bnpo"),
+                                  dict(shared_prefix=True), dict(loss_type="grpo", beta=0.1, shared_prefix=True)])
 def test_update_is_independent_of_completion_order(case, tmp_path, tokenizer, tiny_model_path):
     overrides = dict(case, max_steps=2, max_grad_norm=0.0, optim="sgd")
     base_dirs, base, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "base", tokenizer,
@@ -94,7 +95,29 @@ def test_admission_cap_bounds_open_groups_and_keeps_the_update(release, buffers,
         assert t_cap.last_batch[0].peak_held <= buffers and log["thundersync/buffered_peak"] <= buffers
 
 
-def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_model_path):
+@pytest.mark.parametrize("release", ["reward", "content"])
+def test_shared_prefix_under_the_admission_cap_keeps_the_update(release, tmp_path, tokenizer, tiny_model_path):
+    """max_open_groups=1 also caps the open prefixes: under content release later groups' members run full passes
+    (their groups decline a prefix); the update is the uncapped full passes'."""
+    common = dict(max_steps=1, optim="sgd", per_device_train_batch_size=8, release=release,
+                  wrap_engine=lambda e: ShuffledEngine(e, 7))
+    _, free, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "free", tokenizer, tiny_model_path,
+                     **common)
+    _, capped, t_cap = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "cap", tokenizer,
+                           tiny_model_path, max_open_groups=1, shared_prefix=True, **common)
+    assert rel(capped, free) <= TOL
+    work = t_cap.last_batch[0].work
+    opened = [w for w in work if w.kind == "prefix_forward"]
+    assert opened and len(opened) == len([w for w in work if w.kind == "prefix_backward"])
+    live = 0
+    for w in sorted(opened + [w for w in work if w.kind == "prefix_backward"], key=lambda w: w.start):
+        live += 1 if w.kind == "prefix_forward" else -1
+        assert live <= 1  # never more open prefixes than max_open_groups
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_lora_trains_adapter_only_and_matches_trl(shared_prefix, tmp_path, tokenizer, tiny_model_path):
+    """With the shared prefix, the KL reference's prefix is the policy's with its adapter disabled."""
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -103,7 +126,9 @@ def test_lora_trains_adapter_only_and_matches_trl(tmp_path, tokenizer, tiny_mode
     ref_dirs, ref, _ = run(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, peft_config=lora,
                            **overrides)
     got_dirs, got, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer,
-                                 tiny_model_path, peft_config=lora, **overrides)
+                                 tiny_model_path, peft_config=lora, shared_prefix=shared_prefix, **overrides)
+    kinds = {w.kind for w in trainer.last_batch[0].work}
+    assert ("prefix_forward" in kinds) == shared_prefix
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     full = sum(p.numel() for p in trainer.model.parameters())

@@ -43,6 +43,7 @@ from .learner_records import BatchTotals, SourceGradients, TrajectoryTallies, Wo
 from .moe_aux import RouterAuxLoss
 from .objectives import ObjectiveGroupStatistics
 from .off_policy_mask import OffPolicyMask
+from .prefix_groups import PrefixGroups
 from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
@@ -87,8 +88,13 @@ class GRPOBatchLearner:
         entropy_micro_batch_of: Callable[[int], int] | None = None,
         off_policy_threshold: float | None = None,
         objective_weights: tuple[float, ...] | None = None,
+        prefixes: PrefixGroups | None = None,
     ) -> None:
         _check_arguments(batch_size, num_generations, release, content_backward, turn_source)
+        if prefixes is not None and (release == "turn" or off_policy_threshold is not None
+                                     or objective_weights is not None):
+            raise ValueError("shared prefixes cover reward and content release without the off-policy mask and "
+                             "normalize_then_sum")
         self.batch_size = batch_size
         self.num_generations = num_generations
         self.num_groups = batch_size // num_generations
@@ -123,6 +129,8 @@ class GRPOBatchLearner:
         self.peak_held = 0  # most trajectories holding a buffer or per-turn state at once
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
+        self.prefixes = prefixes  # the shared prefixes the source backwards read (None: full passes only)
+        self.peak_prefix_bytes = 0
 
     # -- intake -------------------------------------------------------------------------------------------------
     def _check(self, index: int, group: int, version: int, what: str) -> None:
@@ -181,7 +189,11 @@ class GRPOBatchLearner:
                 self.turn_fallbacks += 1
                 grads, kind = self.content_backward(rollout, bucket), "content"
         elif self._holding() < self.max_buffered:
+            self._open_prefix(rollout, ready)
+            start = time.perf_counter()
             grads, kind = self.content_backward(rollout, bucket), "content"
+            if self.prefixes is not None:
+                self.prefixes.hold(rollout.index, rollout.group, grads.prefix, bucket, self._micro_batch(rollout.index))
         else:
             return
         if grads.free_grad is not None:
@@ -189,9 +201,10 @@ class GRPOBatchLearner:
         self._add_entropy(rollout.index, grads)
         self.tallies.record(rollout.index, grads)
         # K_i and E_i are folded already: keep only H_i, so the buffer holds one vector (release.vector_bytes)
-        self.buffered[rollout.index] = Buffered(replace(grads, free_grad=None, entropy_grad=None), ready)
+        self.buffered[rollout.index] = Buffered(replace(grads, free_grad=None, entropy_grad=None, prefix=None), ready)
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, ready, start,
-                                  time.perf_counter(), grads.scored_tokens, content_ready=ready))
+                                  time.perf_counter(), grads.scored_tokens, content_ready=ready,
+                                  flops=grads.prefix.flops if grads.prefix is not None else None))
         self._track_memory()
 
     def submit(self, source: ScoredRollout) -> None:
@@ -258,22 +271,31 @@ class GRPOBatchLearner:
         held = self.buffered.pop(rollout.index, None)
         if held is not None:  # content released: bind H_i to its reward (dropped when the row is unscorable)
             self._add(group, source, held.grads, held.grads.score_grad if source.scorable else None, bucket)
-            kind, tokens, content_ready = "bind", 0, held.content_ready
+            if self.prefixes is not None:
+                self.prefixes.bind(rollout.index, rollout.group, source.reward if source.scorable else float("nan"),
+                                   bucket)
+            kind, tokens, content_ready, flops = "bind", 0, held.content_ready, None
         else:
             if rollout.index in self.turning:  # its content was never reported: drop the per-turn state
                 self.turning.discard(rollout.index)
                 self.turn_source.discard(rollout.index)
+            self._open_prefix(rollout, source.scored_at)
+            start = time.perf_counter()
             grads = self.source_backward(source, bucket)
+            if self.prefixes is not None:
+                self.prefixes.add(rollout.group, grads.prefix, source.reward if source.scorable else float("nan"),
+                                  bucket, self._micro_batch(rollout.index))
             if grads.free_grad is not None:
                 self.accumulator.add_free(grads.free_grad, bucket)
             self._add_entropy(rollout.index, grads)
             self._add(group, source, grads, grads.score_grad, bucket)
             self.tallies.record(rollout.index, grads)
             kind, tokens, content_ready = "trajectory", grads.scored_tokens, rollout.finished_at
+            flops = grads.prefix.flops if grads.prefix is not None else None
         self.tallies.rewards[rollout.index] = source.reward
         end = time.perf_counter()
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, source.scored_at, start,
-                                  end, tokens, content_ready=content_ready, reward_at=source.scored_at))
+                                  end, tokens, content_ready=content_ready, reward_at=source.scored_at, flops=flops))
         self._track_memory()
         if group.complete:
             self._close(group, ready=end)
@@ -305,6 +327,7 @@ class GRPOBatchLearner:
         else:
             scale = self.scaling.group_scale(group.std)  # "batch": 1/(σ_B + eps) at the barrier (`advantages.py`)
             self.accumulator.add_policy(group.fold(scale))
+            self._close_prefix(group.group, scale)
         first = group.group * self.num_generations  # off-policy masked members: fold, drop or defer (TRL's mask)
         self.off_policy.close(range(first, first + self.num_generations), self.tallies.rewards, group.mean, scale,
                               self.accumulator)
@@ -313,6 +336,32 @@ class GRPOBatchLearner:
         self.closed[group.group] = group
         self.work.append(WorkItem("group_fold", -1, group.group, self.policy_version, ready, start,
                                   time.perf_counter(), 0))
+
+    def _micro_batch(self, index: int) -> int:
+        return self.entropy_micro_batch_of(index) if self.entropy_micro_batch_of is not None else 0
+
+    def _open_prefix(self, rollout: Rollout, ready: float) -> None:
+        """Before a member's backward: its group's shared prefix, forwarded once (a "prefix_forward" item)."""
+        if self.prefixes is None:
+            return
+        start = time.perf_counter()
+        opened = self.prefixes.open_group(rollout)
+        if opened is not None:
+            tokens, flops = opened
+            self.work.append(WorkItem("prefix_forward", -1, rollout.group, self.policy_version, ready, start,
+                                      time.perf_counter(), tokens, flops=flops))
+            self._track_memory()
+
+    def _close_prefix(self, group: int, scale: float) -> None:
+        """The group's coefficients are fixed: one backward through its prefix (a "prefix_backward" item)."""
+        if self.prefixes is None:
+            return
+        start = time.perf_counter()
+        closed = self.prefixes.close(group, scale, self.accumulator, self.entropy_terms)
+        if closed is not None:
+            tokens, flops = closed
+            self.work.append(WorkItem("prefix_backward", -1, group, self.policy_version, start, start,
+                                      time.perf_counter(), tokens, flops=flops))
 
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
@@ -324,6 +373,8 @@ class GRPOBatchLearner:
         if self.turn_source is not None:
             used += self.turn_source.held_bytes()
         self.peak_bytes = max(self.peak_bytes, used)
+        if self.prefixes is not None:  # activations, not statistics: their own mark (max_open_groups bounds them)
+            self.peak_prefix_bytes = max(self.peak_prefix_bytes, self.prefixes.held_bytes())
         self.peak_held = max(self.peak_held, self._holding())
 
     def abort(self) -> None:
@@ -334,6 +385,8 @@ class GRPOBatchLearner:
         self.buffered.clear()
         self.entropy_terms.clear()
         self.off_policy.clear()
+        if self.prefixes is not None:
+            self.prefixes.discard()
         if self.router_aux is not None:
             self.router_aux.abort()
 
@@ -366,6 +419,7 @@ class GRPOBatchLearner:
             scaling=self.scaling,
             peak_held=self.peak_held,
             turn_fallbacks=self.turn_fallbacks,
+            peak_prefix_bytes=self.peak_prefix_bytes,
             router_aux=router_aux,
             entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
             entropy_sums=tuple(self.tallies.entropy_sums),

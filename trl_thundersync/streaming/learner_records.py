@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -15,6 +15,9 @@ from .accumulators import BatchAccumulator
 from .advantages import RewardScaling
 from .moe_aux import RouterAuxResult
 from .sampling_difference import SamplingStats
+
+if TYPE_CHECKING:
+    from .prefix_groups import PrefixShare
 
 
 @dataclass(frozen=True)
@@ -35,16 +38,20 @@ class SourceGradients:
     # how far the sampler's log-probs are from θ_k's on its loss tokens (`sampling_difference`); None: the rollout
     # carries no sampler log-probs
     sampling: SamplingStats | None = None
+    # the member's pass ran over its group's shared prefix: its boundary adjoints, folded at the group's close
+    # (`prefix_groups.py`); None: a full pass
+    prefix: PrefixShare | None = None
 
 
 # What one learner item did. GRPO: "trajectory" (backward at reward release), "content" (backward before the reward),
 # "turn" (one turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a
 # buffered H_i folded into its group once the reward is known), "group_fold", "router_aux" (the MoE load-balancing term
-# of one TRL micro-batch, once its last member's tokens are final). Distillation: "turn_backward" (one turn's objective
-# backward), "context_replay" (a closed trajectory's deferred context adjoints). `trace.recorder.LEARNER_KINDS` maps
-# GRPO's names to the trace's.
-WorkKind = Literal["trajectory", "content", "turn", "close", "bind", "group_fold", "router_aux", "turn_backward",
-                   "context_replay"]
+# of one TRL micro-batch, once its last member's tokens are final), "prefix_forward" / "prefix_backward" (a group's
+# shared prompt forwarded once / back-propagated once with its members' folded adjoints). Distillation:
+# "turn_backward" (one turn's objective backward), "context_replay" (a closed trajectory's deferred context adjoints).
+# `trace.recorder.LEARNER_KINDS` maps GRPO's names to the trace's.
+WorkKind = Literal["trajectory", "content", "turn", "close", "bind", "group_fold", "router_aux", "prefix_forward",
+                   "prefix_backward", "turn_backward", "context_replay"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class WorkItem:
     reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
     turn: int = -1  # "turn" / "turn_backward" items: the turn number
     teacher: TeacherInterval | None = None  # "turn_backward" items: the teacher scoring its turn (None: no teacher)
+    flops: float | None = None  # learner FLOPs the learner priced itself (shared-prefix passes, `pass_flops`); None:
+    # the trace prices the item by its tokens
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,9 @@ class BatchTotals:
     scaling: RewardScaling  # the `scale_rewards` rule the groups were folded with (the barrier applies the rest)
     peak_held: int = 0  # most trajectories holding a release buffer or per-turn state at once
     turn_fallbacks: int = 0  # turn-released trajectories recomputed whole (their turns did not match their tokens)
+    # high-water mark of the open shared prefixes (`prefix_groups`): retained prefix graphs, reference key/values and
+    # boundary adjoints, at most max_open_groups of them (0: no shared prefix)
+    peak_prefix_bytes: int = 0
     router_aux: RouterAuxResult | None = None  # the MoE router auxiliary term (None: TRL adds none)
     entropy_terms: dict[int, torch.Tensor] | None = None  # Σ_{i∈b} E_i per TRL micro-batch b (None: no bonus)
     entropy_sums: tuple[float, ...] = ()  # per trajectory index: SourceGradients.entropy_sum

@@ -289,11 +289,16 @@ class GroupPrefix:
                 raise NonFiniteGradientError(f"{where}: the combined boundary adjoint for {name!r} is not finite; "
                                              "refusing to propagate it")
         outputs = self.outputs
+        # an output no trainable parameter reaches (LoRA on some projections only: a layer's keys from a frozen
+        # k_proj over frozen inputs) carries its adjoint nowhere
+        live = [out.requires_grad for out in outputs]
         for n, (name, adjoint) in enumerate(todo):
-            pieces = [piece.view_as(out).to(out.dtype) for piece, out in
-                      zip(adjoint.split([o.numel() for o in outputs]), outputs, strict=True)]
-            grads = torch.autograd.grad(outputs, self.params, grad_outputs=pieces, retain_graph=n + 1 < len(todo),
-                                        allow_unused=True)
+            pairs = [(out, piece.view_as(out).to(out.dtype)) for piece, out, used in
+                     zip(adjoint.split([o.numel() for o in outputs]), outputs, live, strict=True) if used]
+            if not pairs:
+                continue
+            grads = torch.autograd.grad([out for out, _ in pairs], self.params, grad_outputs=[p for _, p in pairs],
+                                        retain_graph=n + 1 < len(todo), allow_unused=True)
             sinks[name].add(grads, where)
         self.prefix_backwards = len(todo)
         self.discard()

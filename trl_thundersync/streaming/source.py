@@ -37,7 +37,9 @@ from ..types import Rollout, ScoredRollout
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
+from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
+from .segment_backward import FlatGradient
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -113,6 +115,8 @@ class TrajectoryBackward:
         entropy_coef: float | None = None,
         off_policy_sampling: bool = False,
         sequence_level_kl: bool = False,
+        prefixes: PrefixGroups | None = None,
+        temperature: float = 1.0,
     ) -> None:
         if beta != 0.0 and ref_logps_fn is None:
             raise ValueError("beta != 0 needs reference log-probabilities")
@@ -134,6 +138,8 @@ class TrajectoryBackward:
         self.logps_entropy_fn = logps_entropy_fn
         self.entropy_coef = entropy_coef  # the batch's applied coefficient; None: no entropy bonus
         self.off_policy_sampling = off_policy_sampling  # off-policy mask: use the rollout's sampler log-probs
+        self.prefixes = prefixes  # the batch's shared prefixes (None: every pass is a full one)
+        self.temperature = temperature  # TRL's sampling temperature, dividing the logits of a prefix path's rows
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
@@ -163,11 +169,18 @@ class TrajectoryBackward:
             sampling = self._sampling_stats(rollout, ids, attention, keep, mask)
             return SourceGradients(None, None, tokens, sampling=sampling)
 
+        if self.prefixes is not None:
+            shared = self._prefix_gradients(rollout, mask, tokens, weight, (need_score, need_free, need_entropy))
+            if shared is not None:
+                return shared
         logps, entropies = self._forward(rollout, ids, attention, keep, mask, need_entropy)
         outputs: list[tuple[str, torch.Tensor]] = []  # (term kind, scalar to differentiate), in VJP order
         off_policy, value = self._score_term(rollout, logps, mask, weight, outputs) if need_score else (0.0, 0.0)
-        free_value, kl_sum = (self._free_term(ids, attention, keep, logps, mask, weight, outputs) if need_free
-                              else (0.0, 0.0))
+        free_value, kl_sum = 0.0, 0.0
+        if need_free:
+            with torch.no_grad():
+                ref = self.ref_logps_fn(ids, attention, keep)
+            free_value, kl_sum = self._free_term(ref, logps, mask, weight, outputs)
         entropy_sum = self._entropy_term(entropies, mask, outputs) if need_entropy else 0.0
 
         vectors = self._vectors(outputs)
@@ -179,6 +192,52 @@ class TrajectoryBackward:
         return SourceGradients(score, vectors.get("free"), tokens, free_value, kl_sum,
                                vectors.get("entropy"), entropy_sum, off_policy, value,
                                self._sampling_stats(rollout, ids, attention, keep, mask, logps))
+
+    def _prefix_gradients(self, rollout: Rollout, mask: torch.Tensor, tokens: int, weight: float,
+                          needs: tuple[bool, bool, bool]) -> SourceGradients | None:
+        """The same terms as the full pass, from the completion's forward over its group's shared prefix
+        (`prefix_groups`): parameter gradients here, boundary adjoints in `SourceGradients.prefix`. None: the
+        member runs its full pass (no prefix for its group, or a mismatch)."""
+        need_score, need_free, need_entropy = needs
+        found: dict[str, float | torch.Tensor] = {}
+
+        def objective(logits: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
+            scaled = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            logps = scaled.gather(-1, actions.unsqueeze(-1)).squeeze(-1).unsqueeze(0)  # [1, T]
+            if not torch.isfinite(logps[mask.bool()]).all():
+                raise NonFiniteGradientError(
+                    f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
+                    f"version {rollout.policy_version}; refusing to accumulate it")
+            found["logps"] = logps.detach()
+            outputs: list[tuple[str, torch.Tensor]] = []
+            if need_score:
+                found["off_policy"], found["value"] = self._score_term(rollout, logps, mask, weight, outputs)
+            if need_free:
+                with torch.no_grad():
+                    ref_rows = self.prefixes.reference_logits(rollout).float() / self.temperature
+                    ref = torch.log_softmax(ref_rows, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)[None]
+                found["free_value"], found["kl_sum"] = self._free_term(ref, logps, mask, weight, outputs)
+            if need_entropy:
+                entropies = -(scaled.exp() * scaled).sum(-1).unsqueeze(0)
+                found["entropy_sum"] = self._entropy_term(entropies, mask, outputs)
+            return dict(outputs)
+
+        sinks = {c: FlatGradient(self.params, self.device) for c in ("score", "free", "entropy")}
+        shared = self.prefixes.member(rollout, objective, sinks)
+        if shared is None:
+            return None
+        result, share = shared
+        vectors = {c: sinks[c].vector for c in result.values}
+        score = vectors.get("score")
+        if score is not None and not math.isfinite(float(score.abs().sum())):
+            raise NonFiniteGradientError(
+                f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient")
+        ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)
+        sampling = self._sampling_stats(rollout, ids, torch.ones_like(ids), len(rollout.completion_ids), mask,
+                                        found["logps"])
+        return SourceGradients(score, vectors.get("free"), tokens, found.get("free_value", 0.0),
+                               found.get("kl_sum", 0.0), vectors.get("entropy"), found.get("entropy_sum", 0.0),
+                               found.get("off_policy", 0.0), found.get("value", 0.0), sampling, prefix=share)
 
     def _sampling_stats(self, rollout: Rollout, ids: torch.Tensor, attention: torch.Tensor, keep: int,
                         mask: torch.Tensor, logps: torch.Tensor | None = None) -> SamplingStats | None:
@@ -224,11 +283,10 @@ class TrajectoryBackward:
         outputs.append(("score", policy.sum() * weight * self.normalization.policy_coefficient))
         return off_policy, policy_value(self.normalization, logps, mask, weights, weight)
 
-    def _free_term(self, ids: torch.Tensor, attention: torch.Tensor, keep: int, logps: torch.Tensor,
-                   mask: torch.Tensor, weight: float, outputs: list[tuple[str, torch.Tensor]]) -> tuple[float, float]:
-        """Appends β · Σ_t m_it · u_i · KL_it · ratio_it (K_i's potential); returns (its value, Σ_t m_it KL_it)."""
-        with torch.no_grad():
-            ref = self.ref_logps_fn(ids, attention, keep)
+    def _free_term(self, ref: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor, weight: float,
+                   outputs: list[tuple[str, torch.Tensor]]) -> tuple[float, float]:
+        """Appends β · Σ_t m_it · u_i · KL_it · ratio_it (K_i's potential, `ref` the reference's log-probs [1, T]);
+        returns (its value, Σ_t m_it KL_it)."""
         kl = torch.exp(ref - logps) - (ref - logps) - 1
         kl_sum = float((kl.detach() * mask).sum())
         if self.bias_correction_kl:  # TRL's coef_1: exactly 1 at θ_k, its gradient is what counts

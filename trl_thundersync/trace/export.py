@@ -145,7 +145,8 @@ def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[floa
 # Timeline rows, top to bottom: (label, y).
 _ROWS = (("rollout busy", 3), ("tool calls", 2), ("learner busy", 1), ("barrier / publish", 0))
 _LEARNER_COLORS = {"source_backward": "tab:green", "group_fold": "tab:purple", "content_backward": "limegreen",
-                   "turn_backward": "seagreen", "turn_close": "darkslategray", "bind": "tab:pink"}
+                   "turn_backward": "seagreen", "turn_close": "darkslategray", "bind": "tab:pink",
+                   "prefix_forward": "olive", "prefix_backward": "darkolivegreen"}
 
 
 def plot_timeline(steps: Sequence[StepTrace], path: str | Path, title: str | None = None) -> Path:

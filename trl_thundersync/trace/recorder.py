@@ -107,6 +107,8 @@ def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
         else:
             tokens = 0
         flops = flops_of(tokens) if flops_of is not None and tokens else 0.0
+        if w.flops is not None:  # priced by the learner: a pass over a shared prefix, or the prefix's own
+            flops = w.flops
         events.append(TraceEvent("learner", kind, w.start, w.end, w.index, w.group, w.turn, w.policy_version, w.ready,
                                  w.tokens, flops, content_ready=w.content_ready, reward_at=w.reward_at))
     return events

@@ -10,7 +10,9 @@ Learner kinds: "source_backward" (a trajectory's backward at reward release), "c
 content readiness, before the reward), "turn_backward" (one agentic turn's backward while its tool runs),
 "turn_close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a buffered H_i folded into
 its group once the reward is known), "group_fold" and "router_aux" (the MoE load-balancing term of one TRL
-micro-batch); stock TRL's whole-batch item is "score_loss_backward". Each per-trajectory item carries its
+micro-batch), "prefix_forward" / "prefix_backward" (a GRPO group's shared prompt forwarded once, and
+back-propagated once with its members' folded boundary adjoints); stock TRL's whole-batch item is
+"score_loss_backward". Each per-trajectory item carries its
 trajectory's content-ready and reward times, so one trace replays every release point (`model.predict_release`).
 Traces written before these fields existed load with them None.
 """
@@ -25,7 +27,7 @@ TraceLane = Literal["rollout", "tool", "learner", "barrier", "publish", "teacher
 RolloutKind = Literal["trajectory", "turn", "reward", "generate_batch", "grading"]
 # Learner lane (module docstring); "context_replay": distillation's deferred context adjoints when a trajectory closes.
 LearnerKind = Literal["source_backward", "content_backward", "turn_backward", "turn_close", "bind", "group_fold",
-                      "router_aux", "context_replay", "score_loss_backward"]
+                      "router_aux", "context_replay", "score_loss_backward", "prefix_forward", "prefix_backward"]
 TraceKind = Literal[RolloutKind, "tool_call", LearnerKind, "teacher_score", "optimizer", "publish"]
 
 

@@ -100,23 +100,26 @@ def release_items(step: StepTrace, mode: str) -> list[tuple[float, float]]:
         raise ValueError(f"mode={mode!r}: expected one of {RELEASE_MODES}")
     work = trajectory_work(step)
     keyed: list[tuple[float, int, int, float]] = []  # (τ, rank, index, p)
+    first: dict[int, float] = {}  # group -> its first member's τ (a shared prefix is forwarded then)
     for w in work.values():
         if mode == "reward":
-            keyed.append((w.reward_at, 0, w.index, w.service + w.bind_service))
-            continue
-        if mode == "turn" and w.turns:
-            keyed.extend((tau, 0, w.index, p) for tau, p in w.turns)
+            items = [(w.reward_at, 0, w.index, w.service + w.bind_service)]
+        elif mode == "turn" and w.turns:
+            items = [(tau, 0, w.index, p) for tau, p in w.turns] + [(w.reward_at, 1, w.index, w.bind_service)]
         else:
-            keyed.append((w.content_ready, 0, w.index, w.service))
-        keyed.append((w.reward_at, 1, w.index, w.bind_service))
+            items = [(w.content_ready, 0, w.index, w.service), (w.reward_at, 1, w.index, w.bind_service)]
+        keyed.extend(items)
+        first[w.group] = min(first.get(w.group, math.inf), items[0][0])
     last_reward: dict[int, float] = {}
     for w in work.values():
         last_reward[w.group] = max(last_reward.get(w.group, w.reward_at), w.reward_at)
     for e in step.events:
         if e.lane != "learner" or (e.index >= 0 and e.kind in _WORK_KINDS + ("bind",)):
             continue
-        if e.kind == "group_fold" and e.group in last_reward:
+        if e.kind in ("group_fold", "prefix_backward") and e.group in last_reward:
             keyed.append((last_reward[e.group], 2, -1, e.end - e.start))
+        elif e.kind == "prefix_forward" and e.group in first:
+            keyed.append((first[e.group], -1, -1, e.end - e.start))
         else:
             keyed.append((e.ready if e.ready is not None else e.start, 2, -1, e.end - e.start))
     return [(tau, p) for tau, _, _, p in sorted(keyed)]

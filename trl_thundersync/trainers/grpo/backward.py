@@ -19,8 +19,11 @@ from trl.trainer.grpo_trainer import use_adapter
 
 from ...streaming.moe_aux import ChunkBackward, RouterAuxLoss, padded_micro_batch
 from ...streaming.normalization import LossNormalization
+from ...streaming.prefix_groups import PrefixGroups, log_once
+from ...streaming.shared_prefix import model_refusal, pass_flop_counter
 from ...streaming.source import TrajectoryBackward, flatten_grads, loss_mask
 from ...streaming.turn_grpo import TurnScoreBackward
+from ..placement.replicated import ReplicatedPlacement
 from .settings import GRPOSettings
 
 # TRL's `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)`
@@ -42,8 +45,9 @@ class BatchModels:
 
 
 def trajectory_backward(settings: GRPOSettings, models: BatchModels, normalization: LossNormalization,
-                        entropy_coef: float | None = None) -> TrajectoryBackward:
-    """`entropy_coef`: the entropy bonus coefficient applied to this batch (None: TRL adds no bonus)."""
+                        entropy_coef: float | None = None, prefixes: PrefixGroups | None = None) -> TrajectoryBackward:
+    """`entropy_coef`: the entropy bonus coefficient applied to this batch (None: TRL adds no bonus); `prefixes`:
+    the batch's shared prefixes (None: full passes)."""
     forward, module = models.forward, models.module
 
     def logps(ids, mask, keep):
@@ -62,7 +66,47 @@ def trajectory_backward(settings: GRPOSettings, models: BatchModels, normalizati
         correction=settings.correction,
         logps_entropy_fn=logps_and_entropies if entropy_coef is not None else None, entropy_coef=entropy_coef,
         off_policy_sampling=settings.off_policy_sampling, sequence_level_kl=settings.sequence_level,
+        prefixes=prefixes, temperature=settings.args.temperature,
     )
+
+
+def prefix_refusal(settings: GRPOSettings, module: torch.nn.Module, sharded: bool) -> str | None:
+    """Why this run's batches cannot use shared prefixes exactly (None: they can)."""
+    args = settings.args
+    refusals = [
+        (settings.release == "turn", "release='turn' (its per-turn boundary cut already shares each history)"),
+        (sharded, "a sharded or engine-managed placement (DeepSpeed, FSDP2)"),
+        (args.num_iterations > 1, "num_iterations > 1 (passes 2..μ re-run full forwards)"),
+        (args.off_policy_mask_threshold is not None, "the off-policy mask holds score gradients per trajectory"),
+        (settings.objective_weights is not None, "multi_objective_aggregation='normalize_then_sum'"),
+    ]
+    for refused, reason in refusals:
+        if refused:
+            return reason
+    return model_refusal(module)
+
+
+def prefix_groups(settings: GRPOSettings, models: BatchModels, max_open: int, placement: Any) -> PrefixGroups | None:
+    """The batch's shared prefixes (`streaming/prefix_groups.py`), or None: `shared_prefix` is off, or a reason to
+    refuse it (logged once); `placement` the learner placement (only a replicated one, single process or DDP, runs
+    the per-source passes on the whole model)."""
+    if not settings.args.shared_prefix:
+        return None
+    reason = prefix_refusal(settings, models.module, not isinstance(placement, ReplicatedPlacement))
+    if reason is not None:
+        log_once(reason)
+        return None
+    module, reference, context = models.module, None, None
+    if settings.beta != 0.0:
+        reference = models.reference if models.reference is not None else module
+        if models.reference is None:  # PEFT: the policy with its adapter disabled (or the 'ref' adapter)
+            name = "ref" if "ref" in module.peft_config else None
+
+            def context():
+                return use_adapter(module, adapter_name=name)
+    return PrefixGroups(model=module, params=models.params, group_size=settings.num_generations, max_open=max_open,
+                        temperature=settings.args.temperature, device=settings.device, reference=reference,
+                        reference_context=context, flops=pass_flop_counter(module, models.params))
 
 
 def reference_logps_fn(models: BatchModels):

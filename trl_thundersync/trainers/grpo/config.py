@@ -122,6 +122,15 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "agentic turn while the tool runs). Same update in every mode."
         },
     )
+    shared_prefix: bool = field(
+        default=False,
+        metadata={
+            "help": "Forward and back-propagate each group's prompt once instead of once per member (paper Appendix "
+            "I), for release='reward'/'content'; the same update up to FP32 rounding. Falls back to full passes, "
+            "logged with the reason, where it is not exact (turn release, sharded engines, num_iterations > 1, the "
+            "off-policy mask, normalize_then_sum, gradient checkpointing, non-full attention)."
+        },
+    )
     max_buffered_trajectories: int | None = field(
         default=None,
         metadata={

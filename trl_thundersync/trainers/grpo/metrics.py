@@ -10,14 +10,14 @@ ThunderSync streams each process's own trajectories; at the barrier each process
 metrics are computed from the whole batch by the same formulas TRL applies to its gathered tensors.
 
 By design per process (like TRL's own `step_time`): the timings (`thundersync/*_seconds`,
-`thundersync/learner_idle_fraction`) and the rollout engine's own counters (`rollout/*`). The memory high-water
-marks (`thundersync/stats_peak_mb`, `stats_bound_mb`, `buffered_peak`) are the maximum over processes — the number
-that decides whether a run fits — and `thundersync/turn_fallbacks` the sum. TRL's `sampling/*` diagnostics (how far
-the sampler's log-probs are from the learner's; `streaming/sampling_difference.py`) keep TRL's own reduction, a mean
-of per-process means, so `sampling/sampling_logp_difference/mean` and `sampling/importance_sampling_ratio/mean` depend
-on the number of processes as TRL's do; they are logged whenever the rollouts carry sampler log-probs, the ratio's
-keys only with the vLLM importance-sampling correction. Not logged (TRL computes them in its loss forward, which the
-streamed pass does not report): `entropy` (logged with the entropy bonus only) and `vespo/phi_seq_mean`.
+`thundersync/learner_idle_fraction`) and the rollout engine's own counters (`rollout/*`). The memory high-water marks
+(`thundersync/stats_peak_mb`, `stats_bound_mb`, `buffered_peak`, `prefix_peak_mb`) are the maximum over processes —
+the number that decides whether a run fits — and `thundersync/turn_fallbacks` the sum. TRL's `sampling/*` diagnostics
+(how far the sampler's log-probs are from the learner's; `streaming/sampling_difference.py`) keep TRL's own reduction,
+a mean of per-process means, so `sampling/sampling_logp_difference/mean` and `sampling/importance_sampling_ratio/mean`
+depend on the number of processes as TRL's do; they are logged whenever the rollouts carry sampler log-probs, the
+ratio's keys only with the vLLM importance-sampling correction. Not logged (TRL computes them in its loss forward,
+which the streamed pass does not report): `entropy` (logged with the entropy bonus only) and `vespo/phi_seq_mean`.
 
 Run the tests: `pytest tests/unit/trainers/grpo/test_grpo_metrics.py tests/integration/test_distributed_metrics.py`.
 """
@@ -90,6 +90,7 @@ class ProcessBatchLog:
     stats_bound_bytes: int  # this process's bound of the same
     peak_held: int  # most trajectories holding a release buffer at once
     turn_fallbacks: int  # turn-released trajectories recomputed whole
+    peak_prefix_bytes: int = 0  # high-water mark of the open shared prefixes (0: shared_prefix off or refused)
     sampling: SamplingStats | None = None  # sampler-vs-learner log-probs over its rows (None: no row carries any)
 
 
@@ -160,6 +161,8 @@ def batch_metrics(logs: Sequence[ProcessBatchLog], settings: MetricSettings) -> 
     out["thundersync/stats_bound_mb"] = [max(log.stats_bound_bytes for log in logs) / 2**20]
     if release != "reward":
         out["thundersync/buffered_peak"] = [float(max(log.peak_held for log in logs))]
+    if any(log.peak_prefix_bytes for log in logs):
+        out["thundersync/prefix_peak_mb"] = [max(log.peak_prefix_bytes for log in logs) / 2**20]
     if release == "turn":
         out["thundersync/turn_fallbacks"] = [float(sum(log.turn_fallbacks for log in logs))]
     return out
@@ -222,7 +225,8 @@ def process_batch_log(settings: GRPOSettings, totals, scored, advantages: Sequen
         agent=tuple(s.rollout.agent for s in scored if s.rollout.agent is not None), prompts=tuple(prompts),
         completions=tuple(s.rollout.completion for s in scored), extra=extra, reported=reported,
         peak_stats_bytes=totals.peak_stats_bytes, stats_bound_bytes=stats_bound, peak_held=totals.peak_held,
-        turn_fallbacks=totals.turn_fallbacks, sampling=merge(sampled) if sampled else None,
+        turn_fallbacks=totals.turn_fallbacks, peak_prefix_bytes=totals.peak_prefix_bytes,
+        sampling=merge(sampled) if sampled else None,
     )
 
 

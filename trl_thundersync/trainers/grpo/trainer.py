@@ -41,7 +41,7 @@ from ...types import Rollout, RolloutRequest, SamplingParams
 from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
 from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 from . import iterations, metrics
-from .backward import BatchModels, router_aux_loss, trajectory_backward, turn_backward
+from .backward import BatchModels, prefix_groups, router_aux_loss, trajectory_backward, turn_backward
 from .batch import OpenBatch, accelerator_collectives
 from .checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
 from .entropy import EntropyBatch, entropy_batch, entropy_normalizers, entropy_step
@@ -254,7 +254,9 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         θ_k log-probs it records for passes 2..μ (None with one iteration)."""
         settings = self.settings
         entropy_coef = entropy.coef if entropy is not None else None
-        backward = trajectory_backward(settings, models, normalization, entropy_coef)
+        prefixes = prefix_groups(settings, models, self.args.max_open_groups or batch_size // self.num_generations,
+                                 self._learner_placement())
+        backward = trajectory_backward(settings, models, normalization, entropy_coef, prefixes)
         recorded = None
         if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
             recorded = RecordedLogProbs().wrap(backward)
@@ -271,6 +273,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             max_buffered=self.args.max_buffered_trajectories, router_aux=aux,
             entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
             off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=settings.objective_weights,
+            prefixes=prefixes,
         )
         return learner, recorded
 

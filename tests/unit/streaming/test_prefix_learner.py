@@ -1,0 +1,182 @@
+"""The GRPO learner with shared prefixes (`streaming/prefix_groups.py`): the batch direction equals the full passes'
+under reward and content release (with β·KL, the entropy bonus, an unscorable member, several buckets), a member
+whose tokens do not extend its group's prompt runs its own full pass, a run-level refusal is logged once, and the
+FLOP ledger shows fewer token passes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from trl_thundersync.streaming import prefix_groups as prefix_module
+from trl_thundersync.streaming.learner import GRPOBatchLearner
+from trl_thundersync.streaming.normalization import LossNormalization
+from trl_thundersync.streaming.prefix_groups import PrefixGroups
+from trl_thundersync.streaming.shared_prefix import pass_flop_counter
+from trl_thundersync.streaming.source import TrajectoryBackward
+from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+from trl_thundersync.trace.flops import model_flop_counter
+from trl_thundersync.trace.recorder import learner_events
+from trl_thundersync.trainers.grpo.backward import prefix_groups
+from trl_thundersync.types import Rollout, ScoredRollout
+
+TOLERANCE = 1e-5  # FP32: the prefix path differs from the full pass by rounding only
+EOS, G, PROMPT = 7, 4, 10
+
+
+@functools.cache  # (called with both arguments positionally: one cache entry per model)
+def _model(temperature: float = 1.0, seed: int = 3):
+    """The policy (seed 3), or the KL reference (another seed)."""
+    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=seed)
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))  # as GRPOTrainer's policy
+    model.train()
+    return model
+
+
+def _params(temperature: float = 1.0):
+    return [p for p in _model(temperature, 3).parameters() if p.requires_grad]
+
+
+def _forward(compute_entropy: bool, temperature: float, seed: int = 3):
+    fn = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__
+    owner = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext))
+    model = _model(temperature, seed)
+    if compute_entropy:
+        return lambda ids, mask, keep: fn(owner, model, ids, mask, keep, compute_entropy=True)[:2]
+    return lambda ids, mask, keep: fn(owner, model, ids, mask, keep)[0]
+
+
+def _batch(groups: int = 2, rewrite: int | None = None) -> list[ScoredRollout]:
+    """`groups` groups of G members over one prompt each; member `rewrite` gets its own first prompt token."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = _model(1.0, 3).config.vocab_size
+    out = []
+    for g in range(groups):
+        prompt = torch.randint(8, vocab, (PROMPT,), generator=gen).tolist()
+        for m in range(G):
+            index = g * G + m
+            ids = list(prompt)
+            if index == rewrite:
+                ids[0] = 8 + (ids[0] + 1 - 8) % (vocab - 8)
+            completion = torch.randint(8, vocab, (3 + m,), generator=gen).tolist() + [EOS]
+            rollout = Rollout(index=index, group=g, policy_version=0, prompt_ids=tuple(ids),
+                              completion_ids=tuple(completion))
+            reward = float("nan") if index == 1 else float(torch.rand((), generator=gen))
+            out.append(ScoredRollout(rollout, (reward,), reward, 0.0))
+    return out
+
+
+def _learner(batch, *, shared: bool, release: str, beta: float = 0.0, entropy: float | None = None,
+             temperature: float = 1.0, max_open: int | None = None):
+    model, params = _model(temperature, 3), _params(temperature)
+    norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
+    prefixes = None
+    if shared:
+        prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=max_open or len(batch) // G,
+                                temperature=temperature, reference=_model(temperature, 4) if beta else None,
+                                flops=pass_flop_counter(model, params))
+    backward = TrajectoryBackward(
+        params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(EOS, 0),
+        mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
+        logps_entropy_fn=_forward(True, temperature) if entropy is not None else None, entropy_coef=entropy,
+        prefixes=prefixes, temperature=temperature)
+    learner = GRPOBatchLearner(
+        batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
+        scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release=release,
+        content_backward=backward.content, max_open_groups=max_open, prefixes=prefixes,
+        entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
+    if release == "content":
+        for source in batch:
+            learner.submit_content(source.rollout)
+    for source in reversed(batch):
+        learner.submit(source)
+    return learner, learner.finish()
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _terms(totals):
+    acc = totals.accumulator
+    return {**{("policy", b): v for b, v in acc.policy.items()}, **{("free", b): v for b, v in acc.free_terms.items()},
+            **{("entropy", b): v for b, v in (totals.entropy_terms or {}).items()}}
+
+
+@pytest.mark.parametrize("release", ["reward", "content"])
+@pytest.mark.parametrize("options", [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)], ids=["plain", "kl_ent"])
+def test_direction_matches_full_passes(release, options):
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release=release, **options)
+    learner, shared = _learner(batch, shared=True, release=release, **options)
+    expected, got = _terms(full), _terms(shared)
+    assert set(got) == set(expected)
+    for key, vector in expected.items():
+        assert _rel(got[key], vector) <= TOLERANCE, key
+    kinds = [w.kind for w in shared.work]
+    assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 2
+    assert shared.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)
+    assert shared.entropy_sums == pytest.approx(full.entropy_sums, rel=1e-5)
+    assert shared.peak_prefix_bytes > 0 == full.peak_prefix_bytes  # the held prefix graphs are tracked
+    assert not learner.prefixes.open and not learner.prefixes.mismatched
+
+
+def test_mismatched_member_runs_its_own_full_pass():
+    batch = _batch(rewrite=6)  # group 1's third member carries another prompt
+    _, full = _learner(batch, shared=False, release="reward")
+    learner, shared = _learner(batch, shared=True, release="reward")
+    assert list(learner.prefixes.mismatched) == [6]
+    for key, vector in _terms(full).items():
+        assert _rel(_terms(shared)[key], vector) <= TOLERANCE, key
+    items = {w.index: w for w in shared.work if w.kind == "trajectory"}
+    assert items[6].flops is None and items[5].flops is not None  # priced as a full pass by the trace
+
+
+def test_cap_declines_groups_beyond_max_open(caplog):
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="content", max_open=1)
+    with caplog.at_level(logging.INFO, logger=prefix_module.__name__):
+        learner, shared = _learner(batch, shared=True, release="content", max_open=1)
+    assert list(learner.prefixes.declined) == [1]
+    assert sum("group 1 runs full passes" in r.getMessage() for r in caplog.records) == 1
+    for key, vector in _terms(full).items():
+        assert _rel(_terms(shared)[key], vector) <= TOLERANCE, key
+
+
+def test_run_level_refusal_is_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(prefix_module, "_LOGGED", set())
+    args = SimpleNamespace(shared_prefix=True, num_iterations=1, off_policy_mask_threshold=None, temperature=1.0)
+    settings = SimpleNamespace(args=args, release="turn", objective_weights=None)
+    models = SimpleNamespace(module=_model(1.0, 3), params=_params())
+    with caplog.at_level(logging.WARNING, logger=prefix_module.__name__):
+        for _ in range(3):
+            assert prefix_groups(settings, models, 2, placement=None) is None
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "release='turn'" in messages[0]
+    args.shared_prefix = False  # off: nothing to refuse, nothing logged
+    assert prefix_groups(settings, models, 2, placement=None) is None
+    assert len(caplog.records) == 1
+
+
+def test_flop_ledger_counts_fewer_token_passes():
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="reward")
+    _, shared = _learner(batch, shared=True, release="reward")
+    context = {s.rollout.index: len(s.rollout.prompt_ids) + len(s.rollout.completion_ids) for s in batch}
+    flops_of = model_flop_counter(_model(1.0, 3), _params())
+    full_flops = sum(e.flops for e in learner_events(full.work, context, flops_of))
+    shared_flops = sum(e.flops for e in learner_events(shared.work, context, flops_of))
+    assert {e.kind for e in learner_events(shared.work, context, flops_of)} >= {"prefix_forward", "prefix_backward"}
+    # 2 groups × G members: the prompt's PROMPT tokens are passed 2 times instead of 2·G times (the unscorable
+    # member runs no score pass; the full path's whole-context price counts it anyway)
+    prompt_passes = sum(len(s.rollout.prompt_ids) for s in batch)
+    assert math.isfinite(shared_flops) and 0 < shared_flops < full_flops
+    assert shared_flops < full_flops * (1 - 0.5 * (prompt_passes - 2 * PROMPT) / sum(context.values()))

@@ -1,0 +1,215 @@
+"""The GRPO learner's shared-prefix state for one logical batch (`shared_prefix.py`, paper Appendix I): per group the
+prompt is forwarded once at θ_k (`GroupPrefix`, plus `ReferencePrefix` for β·KL), each member's backward runs its
+completion over the prefix's detached states (`TrajectoryBackward`), the members' boundary adjoints are folded with
+the group's reward statistics (`PrefixAdjoints`), and when the group closes one backward through the prefix adds
+J_pᵀ·(combined adjoint) into the batch accumulator's terms: the policy term per bucket, β·KL per bucket, the entropy
+bonus per TRL micro-batch. Linear in the adjoints, so the batch direction is the full passes' up to FP32 rounding.
+
+A group decides at its first member whether it gets a prefix: not when its prompt cannot be shared (`prompt_plan`)
+or when `max_open` prefixes are held already; it then runs full passes, and so does a member whose tokens or prompt
+length do not match its group's prefix (`PrefixMismatchError`). Each fallback is logged with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import PrefixMismatchError
+from ..types import Rollout
+from .accumulators import BatchAccumulator
+from .segment_backward import ChannelObjective, FlatGradient, GradientSink
+from .shared_prefix import (
+    GroupPrefix,
+    MemberPass,
+    PassWork,
+    PrefixAdjoints,
+    PrefixFallback,
+    ReferencePrefix,
+    context_window,
+    prompt_plan,
+)
+
+logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()  # run-level fallback reasons already logged by this process
+
+
+def log_once(reason: str) -> None:
+    """Log a run-level reason for full passes once per process."""
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        logger.warning("shared_prefix: full passes: %s", reason)
+
+
+@dataclass(frozen=True)
+class PrefixShare:
+    """A member's backward that ran over its group's shared prefix: what the learner folds at the group's close."""
+
+    group: int  # the member's group
+    adjoints: dict[str, torch.Tensor]  # channel ("score", "free", "entropy") -> flat FP32 boundary adjoint
+    flops: float | None  # learner FLOPs of the continuation passes it ran (`pass_flops`; None: no counter)
+
+
+@dataclass
+class _Open:
+    prefix: GroupPrefix  # the policy's prefix pass, graph retained until the group closes
+    reference: ReferencePrefix | None  # the KL reference's prefix key/values (β ≠ 0)
+    adjoints: PrefixAdjoints  # the members' boundary adjoints, folded like the group statistics
+
+
+class PrefixGroups:
+    """The open shared prefixes of one logical batch; see the module docstring."""
+
+    def __init__(self, *, model: Any, params: Sequence[torch.Tensor], group_size: int, max_open: int,
+                 temperature: float = 1.0, device: torch.device | str = "cpu", reference: Any = None,
+                 reference_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 flops: Callable[[PassWork], float] | None = None) -> None:
+        self.model, self.params, self.device = model, list(params), torch.device(device)
+        self.group_size, self.max_open, self.temperature = group_size, max_open, temperature
+        self.reference, self.reference_context, self.flops = reference, reference_context, flops
+        self.window = context_window(model)
+        self.open: dict[int, _Open] = {}
+        self.declined: dict[int, str] = {}  # group -> why its members run full passes
+        self.mismatched: dict[int, str] = {}  # trajectory -> why it ran a full pass in a group with a prefix
+        self.closed_work: list[PassWork] = []  # passes of the groups closed so far
+
+    # -- group open --------------------------------------------------------------------------------------------
+    def open_group(self, rollout: Rollout) -> tuple[int, float | None] | None:
+        """Before a member's backward: forward its group's prefix if the group has none yet and can get one.
+        Returns the prefix tokens forwarded and their FLOPs (policy and reference; None: no counter, or the group was
+        decided before, or falls back)."""
+        group = rollout.group
+        if group in self.open or group in self.declined:
+            return None
+        if len(self.open) >= self.max_open:
+            return self._decline(group, f"{len(self.open)} open prefixes already (max_open_groups)")
+        plan = prompt_plan(group, rollout.prompt_ids, self.window)
+        if isinstance(plan, PrefixFallback):
+            return self._decline(group, plan.reason)
+        prefix = GroupPrefix(self.model, self.params, plan, self.device)
+        reference = None
+        if self.reference is not None:
+            reference = ReferencePrefix(self.reference, plan, self.device, self.reference_context)
+        self.open[group] = _Open(prefix, reference, PrefixAdjoints(group, self.group_size, prefix.adjoint_size))
+        forwards = 1 + (reference is not None)
+        return len(plan.ids), self._flops(PassWork(len(plan.ids), 0, 0), forwards)
+
+    def _decline(self, group: int, reason: str) -> None:
+        self.declined[group] = reason
+        logger.info("shared_prefix: group %d runs full passes: %s", group, reason)
+        return None
+
+    # -- a member's pass ---------------------------------------------------------------------------------------
+    def member(self, rollout: Rollout, objective: ChannelObjective,
+               sinks: dict[str, GradientSink]) -> tuple[MemberPass, PrefixShare] | None:
+        """Member `rollout`'s pass over its group's prefix (`GroupPrefix.member`); None: it runs its full pass (its
+        group has no prefix, or its tokens do not extend the prefix as its prompt)."""
+        state = self.open.get(rollout.group)
+        if state is None:
+            return None
+        ids = [*rollout.prompt_ids, *rollout.completion_ids]
+        before = (len(state.prefix.member_work), len(state.reference.member_work) if state.reference else 0)
+        try:
+            if len(rollout.prompt_ids) != state.prefix.plan.prompt_length:
+                raise PrefixMismatchError(f"group {rollout.group} member {rollout.index}: a {len(rollout.prompt_ids)}"
+                                          f"-token prompt where the group's is {state.prefix.plan.prompt_length}")
+            result = state.prefix.member(rollout.index, ids, objective, sinks)
+        except PrefixMismatchError as exc:
+            self.mismatched[rollout.index] = str(exc)
+            logger.info("shared_prefix: %s", exc)
+            return None
+        work = state.prefix.member_work[before[0]:]
+        if state.reference is not None:
+            work = work + state.reference.member_work[before[1]:]
+        flops = sum(self.flops(w) for w in work) if self.flops is not None else None
+        return result, PrefixShare(rollout.group, result.adjoints, flops)
+
+    def reference_logits(self, rollout: Rollout) -> torch.Tensor:
+        """The KL reference's logits rows (|completion|, V) for a member of a group with a prefix."""
+        state = self.open[rollout.group]
+        return state.reference.logits(rollout.index, [*rollout.prompt_ids, *rollout.completion_ids])
+
+    # -- adjoints (the learner calls these for every member of a group with a prefix) --------------------------
+    def add(self, group: int, share: PrefixShare | None, reward: float, bucket: int, micro_batch: int) -> None:
+        """A member whose reward is known (reward release): its score adjoint with its reward, the rest summed."""
+        state = self.open.get(group)
+        if state is None:
+            return
+        adjoints = share.adjoints if share is not None else {}
+        self._add_free(state, adjoints, bucket, micro_batch)
+        state.adjoints.add(reward, adjoints.get("score"), bucket)
+
+    def hold(self, index: int, group: int, share: PrefixShare | None, bucket: int, micro_batch: int) -> None:
+        """A member released at content: the advantage-free adjoints summed now, the score adjoint held."""
+        state = self.open.get(group)
+        if state is None:
+            return
+        adjoints = share.adjoints if share is not None else {}
+        self._add_free(state, adjoints, bucket, micro_batch)
+        state.adjoints.hold(index, adjoints.get("score"))
+
+    def bind(self, index: int, group: int, reward: float, bucket: int) -> None:
+        """A content-released member's reward (NaN: unscorable, its score adjoint is dropped with its H_i)."""
+        state = self.open.get(group)
+        if state is None:
+            return
+        if index in state.adjoints.held:
+            state.adjoints.bind(index, reward, bucket)
+        else:  # released before its group opened a prefix: a full pass, nothing held
+            state.adjoints.add(reward, None, bucket)
+
+    @staticmethod
+    def _add_free(state: _Open, adjoints: dict[str, torch.Tensor], bucket: int, micro_batch: int) -> None:
+        if "free" in adjoints:
+            state.adjoints.add_free("free", adjoints["free"], bucket)
+        if "entropy" in adjoints:
+            state.adjoints.add_free("entropy", adjoints["entropy"], micro_batch)
+
+    # -- group close -------------------------------------------------------------------------------------------
+    def close(self, group: int, scale: float, accumulator: BatchAccumulator,
+              entropy_terms: dict[int, torch.Tensor]) -> tuple[int, float | None] | None:
+        """The group's coefficients are fixed: J_pᵀ·(folded adjoint) once per (channel, key) into the accumulator's
+        policy (score, per bucket) and free (β·KL, per bucket) terms and the entropy micro-batch buffers. Returns
+        the prefix tokens back-propagated and the FLOPs of those backward products (None: no prefix)."""
+        state = self.open.pop(group, None)
+        if state is None:
+            return None
+        folded = state.adjoints.fold(scale)
+        sinks = {key: FlatGradient(self.params, accumulator.device) for key in folded}
+        state.prefix.backward(folded, sinks)
+        if state.reference is not None:
+            self.closed_work.extend(state.reference.work)
+        for (channel, key), sink in sinks.items():
+            if channel == "score":
+                accumulator.add_policy({key: sink.vector})
+            elif channel == "free":
+                accumulator.add_free(sink.vector, key)
+            elif key in entropy_terms:
+                entropy_terms[key].add_(sink.vector)
+            else:
+                entropy_terms[key] = sink.vector
+        self.closed_work.extend(state.prefix.work)
+        tokens, backwards = len(state.prefix.plan.ids), state.prefix.prefix_backwards
+        flops = None
+        if self.flops is not None:  # the backward products only: the forward was priced at the group's open
+            flops = self.flops(PassWork(tokens, 0, backwards)) - self.flops(PassWork(tokens, 0, 0))
+        return tokens, flops
+
+    def _flops(self, work: PassWork, times: int = 1) -> float | None:
+        return times * self.flops(work) if self.flops is not None else None
+
+    def held_bytes(self) -> int:
+        """What the open prefixes hold: retained prefix graphs, reference key/values, boundary adjoints."""
+        return sum(s.prefix.held_bytes() + (s.reference.held_bytes() if s.reference is not None else 0)
+                   + s.adjoints.nbytes() for s in self.open.values())
+
+    def discard(self) -> None:
+        """Free every open prefix (a void batch)."""
+        for state in self.open.values():
+            state.prefix.discard()
+        self.open.clear()
