@@ -7,7 +7,7 @@ lengths around `--completion`) is learned twice at the same θ, side by side in 
     shared:  the prompt forwarded once, each member's continuation over its detached key/values, boundary adjoints
              folded by the same algebra (`PrefixAdjoints`), one backward through the prompt at group close
 
-Learner FLOPs come from the ledger's accounting (`trace.flops`, via `shared_prefix.pass_flops` over the passes that
+Learner FLOPs come from the ledger's accounting (`streaming.flops`, via `shared_prefix.pass_flops` over the passes that
 actually ran); wall time is the median of `--repeats` runs of each variant, interleaved, after one untimed warm-up
 run each (the ratio of the fastest runs is printed too: on a loaded machine it is the less disturbed estimate). The
 relative error of the two group directions is printed as a check that both computed the same update. Prints a
@@ -32,6 +32,7 @@ import time
 import torch
 
 from trl_thundersync.streaming.accumulators import GroupStatistics
+from trl_thundersync.streaming.flops import ModelShape, model_flop_counter
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
@@ -46,7 +47,6 @@ from trl_thundersync.streaming.shared_prefix import (
 )
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.tiny.model import build_tiny_tokenizer, model_from_config, tiny_shape
-from trl_thundersync.trace.flops import ModelShape, model_flop_counter
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.types import Rollout, ScoredRollout
 

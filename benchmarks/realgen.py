@@ -85,7 +85,7 @@ def build_trl(w: RealgenWorkload, model: str, out_dir: Path, timer):
     rollout item = TRL's generation call incl. its tool loop, one learner item = scoring + loss + backward)."""
     from trl import GRPOTrainer
 
-    from trl_thundersync.trace.flops import ModelShape, learner_flops
+    from trl_thundersync.streaming.flops import ModelShape, learner_flops
     from trl_thundersync.trace.recorder import TraceWriter
     from trl_thundersync.trace.records import StepTrace, TraceEvent
 

@@ -32,8 +32,8 @@ from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from benchmarks.parity import cpu_config, load_model  # noqa: E402
+from trl_thundersync.streaming.flops import ModelShape, learner_flops  # noqa: E402
 from trl_thundersync.tiny.model import save_tiny_model  # noqa: E402
-from trl_thundersync.trace.flops import ModelShape, learner_flops  # noqa: E402
 from trl_thundersync.trace.recorder import TraceWriter  # noqa: E402
 from trl_thundersync.trace.records import StepTrace, TraceEvent  # noqa: E402
 

@@ -25,7 +25,7 @@ destination sink with the combined adjoint. Work per group: P + Σ_i C_i token p
 The KL reference model (frozen, no graph) gets the same treatment: `ReferencePrefix` forwards the prefix once and
 each member's continuation over its key/values. The work that actually ran is listed as `PassWork` records
 (`GroupPrefix.work`: the prefix once, then the continuations with the prefix as cached context); `pass_flops` /
-`pass_flop_counter` price them in the learner FLOP ledger's accounting (`trace.flops`).
+`pass_flop_counter` price them in the learner FLOP ledger's accounting (`streaming.flops`).
 
 Adjoints are flat FP32 vectors of `GroupPrefix.adjoint_size` entries: per layer K then V (1, kv_heads, P, head_dim),
 then ℓ (rows, vocab) when the prefix holds scored rows. Same requirements as the boundary cut: a Hugging Face causal
@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
-from ..trace.flops import ModelShape, forward_flops
 from .accumulators import GroupStatistics
+from .flops import ModelShape, forward_flops
 from .segment_backward import ChannelObjective, GradientSink, SavedBytes, model_logits, proxy_cache
 
 
@@ -139,7 +139,7 @@ class PassWork:
 
 
 def pass_flops(shape: ModelShape, work: PassWork, lora_adapter_params: int | None = None) -> float:
-    """Learner FLOPs of one pass in `trace.flops`' accounting: the forward of `tokens` plus their attention to
+    """Learner FLOPs of one pass in `streaming.flops`' accounting: the forward of `tokens` plus their attention to
     `cached` tokens (2·2·tokens·cached per head dim and layer), and per backward product 2× the forward (full
     fine-tuning; LoRA: 1× plus the adapters'). With cached = 0 and one backward this is `learner_flops`."""
     forward = forward_flops(shape, work.tokens)
@@ -155,7 +155,7 @@ def full_pass_work(lengths: Sequence[int], backwards: int = 1) -> list[PassWork]
 
 
 def pass_flop_counter(model: Any, trainable: Iterable[torch.nn.Parameter]) -> Callable[[PassWork], float] | None:
-    """`pass_flops` bound to a policy's shapes, as `trace.flops.model_flop_counter` binds `learner_flops` (PEFT
+    """`pass_flops` bound to a policy's shapes, as `streaming.flops.model_flop_counter` binds `learner_flops` (PEFT
     adapter: the `trainable` parameters are the adapter's); None for a config that is not a standard decoder's."""
     adapter = sum(p.numel() for p in trainable) if hasattr(model, "peft_config") else None
     try:

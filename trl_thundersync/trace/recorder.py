@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import TraceInUseError
+from ..streaming.flops import FlopCounter
 from ..streaming.learner_records import BatchTiming, WorkItem
 from ..types import Rollout, ScoredRollout
-from .flops import FlopCounter
 from .records import StepTrace, TraceEvent
 
 # GRPO's WorkItem.kind → TraceEvent.kind on the learner lane (records.py lists them); the other kinds ("router_aux",
@@ -120,9 +120,10 @@ def build_step_trace(*, step: int, schedule: str, timing: BatchTiming, work: Seq
                      peak_flops_per_s: float = 0.0) -> StepTrace:
     """One optimizer step as a `StepTrace`, for GRPO and distillation alike: the rollout lane (trajectories, turns,
     tool calls, and the reward interval of `ScoredRollout`s), the teacher lane (from the items' `TeacherInterval`s),
-    the learner items with their FLOPs (`flops_of(tokens)`: one pass over a context of that many tokens, `trace.flops`;
-    None: no estimate), the barrier (from the last learner item or the rollout end, whichever is later, to
-    `optimizer_end`) and the publication (`optimizer_end` → `publish_end`, absent when nothing was published)."""
+    the learner items with their FLOPs (`flops_of(tokens)`: one pass over a context of that many tokens,
+    `streaming.flops`; None: no estimate), the barrier (from the last learner item or the rollout end, whichever is
+    later, to `optimizer_end`) and the publication (`optimizer_end` → `publish_end`, absent when nothing was
+    published)."""
     context = {}
     for item in rollouts:
         r = item.rollout if isinstance(item, ScoredRollout) else item

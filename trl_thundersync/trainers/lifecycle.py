@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 from transformers import TrainerCallback
 
 from ..rollout.engine import RolloutEngine
+from ..streaming.flops import FlopCounter, model_flop_counter
 from ..streaming.learner_records import BatchTiming
-from ..trace.flops import FlopCounter, model_flop_counter
 from ..trace.recorder import flop_metrics, open_run_trace
 from .placement import learner_placement, unplaced_policy
 from .rank_failure import RankFailureGuard
@@ -150,7 +150,7 @@ class StreamingLifecycle:
 
     @cached_property
     def _flops_of(self) -> FlopCounter | None:
-        """Learner FLOPs of one pass over a context of n tokens (`trace.flops`), for `_step_trace`; built once, at
+        """Learner FLOPs of one pass over a context of n tokens (`streaming.flops`), for `_step_trace`; built once, at
         the first step's trace (the model prepared, its trainable parameters `_trainable` known); None for a
         non-standard decoder config."""
         return model_flop_counter(self.accelerator.unwrap_model(self.model), self._trainable)

@@ -17,13 +17,13 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from trl_thundersync.streaming import prefix_groups as prefix_module
+from trl_thundersync.streaming.flops import model_flop_counter
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.trace.flops import model_flop_counter
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.trainers.grpo.backward import prefix_groups
 from trl_thundersync.types import Rollout, ScoredRollout

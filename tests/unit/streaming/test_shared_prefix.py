@@ -12,6 +12,7 @@ import torch
 
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
 from trl_thundersync.streaming.accumulators import GroupStatistics
+from trl_thundersync.streaming.flops import ModelShape, learner_flops
 from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
 from trl_thundersync.streaming.shared_prefix import (
     GroupPrefix,
@@ -28,7 +29,6 @@ from trl_thundersync.streaming.shared_prefix import (
     prompt_plan,
 )
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
-from trl_thundersync.trace.flops import ModelShape, learner_flops
 
 TOLERANCE = 1e-5  # FP32: observed ~5e-7 for these groups
 EPS = 1e-4

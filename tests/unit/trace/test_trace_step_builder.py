@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trl_thundersync.streaming.flops import ModelShape, flop_counter, learner_flops, model_flop_counter
 from trl_thundersync.streaming.learner_records import BatchTiming, TeacherInterval, TeacherLoad, WorkItem
-from trl_thundersync.trace.flops import ModelShape, flop_counter, learner_flops, model_flop_counter
 from trl_thundersync.trace.recorder import build_step_trace, flop_metrics
 from trl_thundersync.types import AgentStats, Rollout, ScoredRollout
 

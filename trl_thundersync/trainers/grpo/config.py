@@ -41,6 +41,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on GRPO groups holding gradient statistics at once.
         max_buffered_trajectories (`int`, *optional*):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
+        shared_prefix (`bool`, *optional*, defaults to `False`):
+            Whether each group's prompt is forwarded and back-propagated once instead of once per member.
 
         > Parameters that control rewards (docs/rewards.md)
 
