@@ -1,12 +1,12 @@
 """The quickstart: GRPO on the thermostat tasks — multi-turn, sandboxed tool use that a tiny agent learns on two CPU
-cores in about eight and a half minutes, the three-minute model build and the vLLM server's start included (issue
-25; measured 8 min 22 s in a fresh clone).
+cores in about three minutes, the model build and the vLLM server's start included (measured 2 min 47 s in a fresh
+clone on 2026-12-05).
 
 Each task hides a dial's level in a sandboxed workspace: the agent runs `./check`, then `./down` while it reads
 `status: high` and `./up` while it reads `status: low`, then `submit()` at `status: ok`
 (`trl_thundersync/envs/tasks/thermostat.py`; partial credit; the held-out tasks start farther from the target than
 any trained on). Out of the box (CPU, offline): the 64-wide tiny agent warm-started on the suite's format with half
-of its actions right (`tiny-agent-thermostat`, built on first use in about three minutes), bubblewrap-sandboxed shell
+of its actions right (`tiny-agent-thermostat`, built on first use in under a minute), bubblewrap-sandboxed shell
 tools, rollouts from a real `vllm serve` the trainer starts and stops (`rollout_engine="auto"` → `managed_vllm` when
 `scripts/setup.sh` installed `.venv-vllm`; else the embedded server; `--rollout_engine embedded_server` to choose
 it), gradient streaming. The training reward climbs from ~0.65 to ~0.9, and held-out success rises with it
