@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from .lazy import lazy_attributes
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -33,9 +35,10 @@ if TYPE_CHECKING:
     from .trainers.grpo import ThunderSyncGRPOTrainer as ThunderSyncGRPOTrainer
 
 
+_public = lazy_attributes(__name__, _LAZY)
+
+
 def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
     if name in ("errors", "types"):
         return importlib.import_module(f"trl_thundersync.{name}")
-    raise AttributeError(f"module 'trl_thundersync' has no attribute {name!r}")
+    return _public(name)

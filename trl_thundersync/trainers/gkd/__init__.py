@@ -9,8 +9,9 @@ engine). The names import lazily, so importing `config` alone does not load the 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ...lazy import lazy_attributes
 
 _EXPORTS = {"ThunderSyncGKDTrainer": ".trainer", "ThunderSyncGKDConfig": ".config"}
 
@@ -21,7 +22,4 @@ if TYPE_CHECKING:
     from .trainer import ThunderSyncGKDTrainer as ThunderSyncGKDTrainer
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
