@@ -95,3 +95,22 @@ def test_no_module_of_the_library_only_re_exports_a_moved_one():
     moved = {str(p.relative_to(ROOT)) for p in library_modules()
              if (ast.get_docstring(ast.parse(p.read_text())) or "").startswith(("Moved to", "Moved:"))}
     assert moved == set()
+
+
+# The only places that hold a trainer object itself: the trainers, TRL's callback that publishes after each step,
+# and the examples' end-of-run reports (they read a finished trainer's args, accelerator and trace).
+TAKES_THE_TRAINER = {"trainers/grpo/trainer.py", "trainers/gkd/trainer.py", "trainers/lifecycle.py",
+                     "examples_support/reports.py"}
+
+
+def test_no_library_module_below_the_trainers_takes_the_trainer():
+    """Issue 27: helpers get a settings record and explicit callables, never `trainer` to read attributes from."""
+    holders = set()
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                arguments = (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)
+                if any(a.arg == "trainer" for a in arguments):
+                    holders.add(path.relative_to(LIBRARY).as_posix())
+    assert holders <= TAKES_THE_TRAINER, sorted(holders - TAKES_THE_TRAINER)
+    assert holders >= {"trainers/lifecycle.py"}  # the check reads parameters (a misread would pass vacuously)
