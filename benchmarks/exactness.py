@@ -2,12 +2,11 @@
 
     python -m benchmarks.exactness [--out outputs/exactness.json] [--reward-scopes]
 
-For every case of `testing.parity.PARITY_CASES` both trainers take one step from the same tiny model on the same
+For every case of `benchmarks.parity.PARITY_CASES` both trainers take one step from the same tiny model on the same
 scripted rollouts; the relative error ‖g_ts − g_trl‖ / ‖g_trl‖ of the batch direction is printed and saved.
 `--reward-scopes` adds the reward_scope × release table: 3 SGD and 3 AdamW steps with call-dependent rewards, the
 relative error of the parameter displacement ‖Δθ_ts − Δθ_trl‖ / ‖Δθ_trl‖ per scope, next to the floor (stock TRL
-against itself with each
-group's members reversed / rotated).
+against itself with each group's members reversed / rotated).
 """
 
 from __future__ import annotations
