@@ -8,6 +8,10 @@ It runs as `sys.executable -I -S -c LAUNCHER READY_FD COMMAND_FD [RESOURCE SOFT 
 `preexec_fn` (unsafe in threads) and one for every backend (bubblewrap runs it inside the sandbox, the local
 fallback on the host), so both apply limits and read commands the same way. In order:
 
+0. SIGPIPE back to its default action: Python ignores it at startup, and an ignored signal stays ignored across
+   exec, so without this every command would run with SIGPIPE ignored. A writer into a closed pipe (`cat f | head
+   -x`) would then print "Broken pipe" or not depending on which process ran first, and what the model sees next
+   would depend on the scheduler. With the default, as in a terminal's shell, the writer ends silently;
 1. each rlimit (a `resource.RLIMIT_*` number, soft, hard), each value capped at the ceiling the process already has;
 2. with READY_FD >= 0, one byte written to it: proof the backend's own setup succeeded, so a backend failure is never
    mistaken for the command exiting 1 (what follows, reading the command included, is the command's own: an OOM kill
@@ -29,7 +33,8 @@ from ..errors import SandboxError
 Rlimit = tuple[int, int, int]  # (resource.RLIMIT_* number, soft limit, hard limit)
 
 LAUNCHER = """\
-import errno, os, resource as r, sys
+import errno, os, resource as r, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 ready, source, *limits = map(int, sys.argv[1:])
 for kind, soft, hard in zip(limits[0::3], limits[1::3], limits[2::3]):
     ceiling = r.getrlimit(kind)[1]

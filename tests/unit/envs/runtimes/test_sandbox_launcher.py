@@ -75,3 +75,21 @@ def _rlimit_numbers(tmp_path: Path) -> list[str]:
     triples = ((resource.RLIMIT_CPU, limits.cpu_time_s), (resource.RLIMIT_AS, limits.memory_bytes),
                (resource.RLIMIT_FSIZE, limits.max_file_bytes))
     return [str(v) for kind, value in triples for v in (kind, value, value)]
+
+
+def test_commands_run_with_sigpipe_at_its_default_action(tmp_path: Path) -> None:
+    """A writer into a closed pipe ends silently, as in a terminal's shell. Python ignores SIGPIPE, exec keeps an
+    ignored signal ignored, and `yes` would then report "Broken pipe" on every run; for writers that finish in a
+    race with their reader (`cat *.py | head -x`) the message came or not with the scheduler, and greedy episodes
+    stopped being reproducible."""
+    box = LocalSubprocessSandbox(tmp_path)
+    result = box.run("yes | head -n 1")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "y\n", "")
+    mask = next(line for line in box.run("grep SigIgn /proc/self/status").stdout.splitlines())
+    assert not int(mask.split()[1], 16) & (1 << 12)  # bit 13 - 1: SIGPIPE is not ignored in the command
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: only the local backend checked")
+    from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+
+    sandboxed = BwrapSandbox(tmp_path).run("yes | head -n 1")
+    assert (sandboxed.exit_code, sandboxed.stdout, sandboxed.stderr) == (0, "y\n", "")
