@@ -143,7 +143,7 @@ class FullContext:
         return SegmentOutcome({c: float(v.detach()) for c, v in losses.items()}, len(action),
                               len(context) + len(action))
 
-    def close(self, index: int, sinks: Mapping[str, GradientSink]) -> int:
+    def close(self, index: int, sinks: Mapping[str, GradientSink], boundary: dict | None = None) -> int:
         return 0
 
     def discard(self, index: int) -> None:
@@ -177,6 +177,7 @@ class _Segment:
     logits_proxy: torch.Tensor | None  # previous segment's last logits, when this segment started with its action
     saved_bytes: int = 0  # tensors its retained graph holds (activations, key/value copies), parameters excluded
     adjoints: dict[str, _Adjoints] = field(default_factory=dict)
+    external: bool = False  # a seeded prefix (`BoundaryCut.seed`): its graph is its owner's, its adjoints go back
 
     def channel(self, name: str) -> _Adjoints:
         if name not in self.adjoints:
@@ -232,6 +233,19 @@ class BoundaryCut:
         self.open: dict[int, _History] = {}
         self._param_storages = {p.untyped_storage().data_ptr() for p in self.params}
 
+    def seed(self, index: int, ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+             last_logits: torch.Tensor | None) -> None:
+        """Start trajectory `index`'s history with a prefix computed elsewhere (a GRPO group's shared prompt,
+        `shared_prefix.GroupPrefix`): its per-layer keys/values (1, kv_heads, len(ids), head_dim) and the logits row
+        at its last position (V,) (None: no turn starts with its action right after it), graph-attached to their
+        owner's graph. Turns read them as proxies like any segment's; `close` does not back-propagate them but
+        returns, per channel, the adjoints the turns sent them (in `boundary`), for the owner to propagate once."""
+        if index in self.open:
+            raise TurnOrderError(f"trajectory {index}: a prefix seeds a history only before its first turn")
+        logits = last_logits if last_logits is not None else torch.zeros(0)
+        segment = _Segment(len(ids), list(keys), list(values), logits, [], None, external=True)
+        self.open[index] = _History(list(ids), [segment])
+
     def turn(self, event: TurnEvent, objective: ChannelObjective, sinks: Mapping[str, GradientSink],
              where: str) -> SegmentOutcome:
         state = self.open.setdefault(event.index, _History())
@@ -260,6 +274,9 @@ class BoundaryCut:
             values = [layer.values[:, :, start:] for layer in cache.layers]
             logits_proxy = None
             if action and len(new) == len(action):  # the action starts the segment: the last one predicts its first
+                if state.segments[-1].last_logits.numel() == 0:
+                    raise TurnOrderError(f"trajectory {event.index} turn {event.turn}: an action right after a seeded "
+                                         "prefix that came without its last logits row")
                 logits_proxy = state.segments[-1].last_logits.detach().requires_grad_()
                 action_logits = torch.cat([logits_proxy.unsqueeze(0), logits[:-1]])
             else:
@@ -276,14 +293,24 @@ class BoundaryCut:
         state.ids += new
         return SegmentOutcome({c: float(v.detach()) for c, v in losses.items()}, len(action), len(new))
 
-    def close(self, index: int, sinks: Mapping[str, GradientSink]) -> int:
-        """Replay the deferred adjoints of trajectory `index` into each channel's sink; returns the tokens replayed."""
+    def close(self, index: int, sinks: Mapping[str, GradientSink],
+              boundary: dict[str, list[torch.Tensor | None]] | None = None) -> int:
+        """Replay the deferred adjoints of trajectory `index` into each channel's sink; returns the tokens replayed.
+        A seeded prefix is not replayed: `boundary[channel]` gets the adjoints of its outputs instead (keys per
+        layer, values per layer, then the last logits row; None where no turn read one)."""
         state = self.open.pop(index, None)
         if state is None:
             return 0
         replayed = 0
         for position in range(len(state.segments) - 1, -1, -1):
             segment = state.segments[position]
+            if segment.external:
+                if boundary is None:
+                    raise ValueError(f"trajectory {index}: its history starts with a seeded prefix; pass `boundary` "
+                                     "to receive that prefix's adjoints")
+                for channel, adj in segment.adjoints.items():
+                    boundary[channel] = [*adj.keys, *adj.values, adj.logits]
+                continue
             channels = [c for c in segment.adjoints if segment.pending(c)[0]]
             for n, channel in enumerate(channels):
                 outputs, adjoints = segment.pending(channel)
@@ -305,7 +332,7 @@ class BoundaryCut:
         else:
             states = [self.open[index]] if index in self.open else []
         return sum(s.saved_bytes + sum(a.nbytes() for a in s.adjoints.values())
-                   for state in states for s in state.segments if s is not None)
+                   for state in states for s in state.segments if s is not None)  # (a seeded prefix: adjoints only)
 
     def _backward(self, outputs, adjoints, segment: _Segment, state: _History, channel: str, sink: GradientSink,
                   where: str, *, retain_graph: bool, owner: int | None = None) -> None:

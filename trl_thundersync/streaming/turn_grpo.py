@@ -42,6 +42,7 @@ from ..types import Rollout, TurnBackward, TurnEvent
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
+from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
 from .segment_backward import BoundaryCut, FlatGradient, FullContext
 from .source import loss_mask, policy_value
@@ -66,6 +67,7 @@ class _Open:
     entropy: FlatGradient | None = None  # e_i (entropy_coef ≠ 0)
     entropies: list[torch.Tensor] = field(default_factory=list)  # detached Σ_t H_t per action (entropy bonus on)
     weights: list[torch.Tensor] = field(default_factory=list)  # detached token-mode IS weights c_t per action
+    seeded: bool = False  # its history starts from its group's shared prefix (`prefix_groups.turn_seed`)
 
 
 class TurnScoreBackward:
@@ -77,7 +79,7 @@ class TurnScoreBackward:
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
                  turn_backward: TurnBackward = "boundary_cut", entropy_coef: float | None = None,
-                 off_policy_sampling: bool = False) -> None:
+                 off_policy_sampling: bool = False, prefixes: PrefixGroups | None = None) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
         if turn_backward not in TURN_BACKWARDS:
@@ -102,6 +104,8 @@ class TurnScoreBackward:
                                        context=ref_context) if beta != 0.0 else None
         self.open: dict[int, _Open] = {}
         self.fallbacks: dict[int, str] = {}  # trajectory index -> why `finish` returned None (or will)
+        # the batch's shared prefixes: a member's first turn starts from its group's (boundary cut only)
+        self.prefixes = prefixes if turn_backward == "boundary_cut" else None
 
     @property
     def token_mode(self) -> bool:
@@ -127,6 +131,7 @@ class TurnScoreBackward:
             state = self.open[event.index] = _Open(event.policy_version, FlatGradient(self.params, self.device), free)
             if self.entropy_coef:
                 state.entropy = FlatGradient(self.params, self.device)
+            self._seed(state, event)
         reason = self._refuse(state, event)
         if reason is not None:
             self._fall_back(event.index, f"turn {event.turn}: {reason}")
@@ -149,6 +154,16 @@ class TurnScoreBackward:
             state.sampled.append(event.action_logprobs)
         state.ids += new
         return outcome.forwarded_tokens
+
+    def _seed(self, state: _Open, event: TurnEvent) -> None:
+        """A member's first turn: start its history (policy and reference) from its group's shared prefix, if any."""
+        seed = self.prefixes.turn_seed(event.index, event.context_ids) if self.prefixes is not None else None
+        if seed is None:
+            return
+        self.core.seed(event.index, seed.ids, seed.keys, seed.values, seed.last_logits)
+        if self.reference is not None:
+            self.reference.seed(event.index, seed.reference_keys, seed.reference_values, seed.reference_last)
+        state.ids, state.seeded = list(seed.ids), True
 
     def _refuse(self, state: _Open, event: TurnEvent) -> str | None:
         """Why this turn cannot be learned per turn exactly (None: it can)."""
@@ -216,10 +231,17 @@ class TurnScoreBackward:
             sequence_weight = float(self._sequence_weight(state, rollout, mask))
         kl = off_policy_kl(self._laid_out(state, rollout), sampler_logps(rollout),
                            mask.unsqueeze(0)) if self.off_policy_sampling else 0.0
-        self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy})
+        boundary: dict[str, list] | None = {} if state is not None and state.seeded else None
+        self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy}, boundary)
         self.discard(index)
+        share = None
+        if boundary is not None:  # the prefix's adjoints, with the coefficients `_bind` gives each channel
+            weight = self.normalization.sequence_weight(tokens)
+            scales = {"score": weight * self.normalization.policy_coefficient * sequence_weight, "free": weight,
+                      "entropy": 1.0}
+            share = self.prefixes.turn_share(index, boundary, scales)
         return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl,
-                       sampling=self._sampling_stats(state, rollout, mask))
+                       sampling=self._sampling_stats(state, rollout, mask), prefix=share)
 
     def _sampling_stats(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> SamplingStats | None:
         """`source.TrajectoryBackward`'s sampler-vs-learner statistics, from the turns' recorded log-probs."""

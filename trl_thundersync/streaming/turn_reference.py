@@ -35,6 +35,16 @@ class TurnReference:
         self.context = context if context is not None else contextlib.nullcontext  # e.g. PEFT's adapter off
         self.open: dict[int, _ReferenceState] = {}
 
+    def seed(self, index: int, keys: list[torch.Tensor], values: list[torch.Tensor],
+             last_logits: torch.Tensor | None) -> None:
+        """Start trajectory `index` from a prefix the reference forwarded once for its group
+        (`shared_prefix.ReferencePrefix`): its key/values and last logits row. The cache appends by concatenation,
+        so the shared tensors are read, never written."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=list(zip(keys, values, strict=True)))
+        self.open[index] = _ReferenceState(cache, last_logits)
+
     @torch.no_grad()
     def action_logps(self, index: int, new: Sequence[int], n_action: int) -> torch.Tensor:
         """Reference log-probs (n_action,) of the last `n_action` tokens of `new`, the tokens appended by a turn."""
