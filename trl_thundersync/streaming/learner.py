@@ -150,21 +150,32 @@ class GRPOBatchLearner:
 
     def submit_turn(self, event: TurnEvent) -> None:
         """Release="turn": one turn's action is complete; run its backward now if the trajectory holds a slot."""
-        self._check(event.index, event.index // self.num_generations, event.policy_version, f"turn {event.turn}")
-        if self.release != "turn" or event.index in self.turns_refused:
+        self.submit_turns((event,))
+
+    def submit_turns(self, events: Sequence[TurnEvent]) -> None:
+        """Release="turn": consecutive turns of one trajectory, all complete (`coalesce.py`: ready together while
+        the learner was busy); their backward runs as one segment (`TurnSource.turns`), exact like turn by turn."""
+        first = events[0]
+        for event in events:
+            self._check(event.index, first.index // self.num_generations, event.policy_version, f"turn {event.turn}")
+        if self.release != "turn" or first.index in self.turns_refused:
             return
-        if event.index in self.content_seen:
-            raise BatchIncompleteError(f"trajectory {event.index} turn {event.turn} arrived after its last turn ended")
-        if event.index not in self.turning:
+        if first.index in self.content_seen:
+            raise BatchIncompleteError(f"trajectory {first.index} turn {first.turn} arrived after its last turn ended")
+        if first.index not in self.turning:
             if self._holding() >= self.max_buffered:
-                self.turns_refused.add(event.index)
+                self.turns_refused.add(first.index)
                 return
-            self.turning.add(event.index)
-            self._open_prefix(event.index // self.num_generations, event.context_ids, event.time)
+            self.turning.add(first.index)
+            self._open_prefix(first.index // self.num_generations, first.context_ids, first.time)
         start = time.perf_counter()
-        self.turn_source.turn(event)
-        self.work.append(WorkItem("turn", event.index, event.index // self.num_generations, event.policy_version,
-                                  event.time, start, time.perf_counter(), len(event.action_ids), turn=event.turn))
+        if len(events) > 1:
+            self.turn_source.turns(events)
+        else:
+            self.turn_source.turn(first)
+        self.work.append(WorkItem("turn", first.index, first.index // self.num_generations, first.policy_version,
+                                  events[-1].time, start, time.perf_counter(),
+                                  sum(len(e.action_ids) for e in events), turn=first.turn, turns=len(events)))
         self._track_memory()
 
     def submit_content(self, rollout: Rollout) -> None:

@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from trl_thundersync.streaming import prefix_groups as prefix_module
+from trl_thundersync.streaming.coalesce import CoalescedTurns, coalesce_turns
 from trl_thundersync.streaming.flops import model_flop_counter
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
@@ -212,7 +213,7 @@ def _turn_batch(groups: int = 2, rewrite: int | None = None):
 
 
 def _turn_learner(batch, events, *, shared: bool, beta: float = 0.0, entropy: float | None = None,
-                  temperature: float = 1.0):
+                  temperature: float = 1.0, coalesce: bool = False):
     model, params = _model(temperature, 3), _params(temperature)
     norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
     prefixes = None
@@ -234,8 +235,11 @@ def _turn_learner(batch, events, *, shared: bool, beta: float = 0.0, entropy: fl
         scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release="turn",
         content_backward=backward.content, turn_source=turns, prefixes=prefixes,
         entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
-    for event in events:
-        learner.submit_turn(event)
+    for item in coalesce_turns(events) if coalesce else events:  # (events: each trajectory's turns in a row)
+        if isinstance(item, CoalescedTurns):
+            learner.submit_turns(item.events)
+        else:
+            learner.submit_turn(item)
     for source in batch:
         learner.submit_content(source.rollout)
     for source in reversed(batch):
@@ -243,11 +247,12 @@ def _turn_learner(batch, events, *, shared: bool, beta: float = 0.0, entropy: fl
     return learner, learner.finish()
 
 
+@pytest.mark.parametrize("coalesce", [False, True], ids=["per_turn", "coalesced"])
 @pytest.mark.parametrize("options", [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)], ids=["plain", "kl_ent"])
-def test_turn_release_over_the_group_prefix_matches_full_passes(options):
+def test_turn_release_over_the_group_prefix_matches_full_passes(options, coalesce):
     batch, events = _turn_batch()
     _, full = _learner(batch, shared=False, release="reward", **options)  # whole-trajectory passes, no prefix
-    learner, turned = _turn_learner(batch, events, shared=True, **options)
+    learner, turned = _turn_learner(batch, events, shared=True, coalesce=coalesce, **options)
     assert turned.turn_fallbacks == 0 and not learner.prefixes.mismatched
     expected, got = _terms(full), _terms(turned)
     assert set(got) == set(expected)
@@ -255,7 +260,8 @@ def test_turn_release_over_the_group_prefix_matches_full_passes(options):
         assert _rel(got[key], vector) <= TOLERANCE, key
     kinds = [w.kind for w in turned.work]
     assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 2
-    assert kinds.count("turn") == 2 * len(batch) and kinds.count("close") == len(batch)
+    assert kinds.count("turn") == (1 if coalesce else 2) * len(batch) and kinds.count("close") == len(batch)
+    assert sum(w.turns for w in turned.work if w.kind == "turn") == 2 * len(batch)
     # every member's turns started from the prefix: turn 0 forwarded its action only, never the prompt again
     assert all(not state.open for state in (learner.turn_source, learner.turn_source.core))
     assert turned.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)

@@ -222,7 +222,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source, turns=self._turns,
-                                               grade=rewards.start if rewards.grades_ahead else None)
+                                               grade=rewards.start if rewards.grades_ahead else None,
+                                               coalesce=self.args.coalesce_turns)
         finally:
             rewards.close()
             progress.close()
