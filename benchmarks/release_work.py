@@ -7,6 +7,8 @@ learner (`GRPOBatchLearner` with `TrajectoryBackward`, and `TurnScoreBackward` u
 
     content:  each trajectory's whole backward once its content is final (the default release point)
     turn:     each turn's backward when its action ends (boundary cut), the deferred adjoints replayed at its close
+    turn+prefix+coalesced: every trajectory's turns ready together, learned as one segment (`coalesce.py`: what a
+              learner that is far behind its rollouts does)
 
 each with `shared_prefix` off and on. Learner busy time is the wall time of the learner's calls (all turns, contents,
 rewards and the barrier's fold), the median of `--repeats` interleaved runs after one untimed warm-up run each, so
@@ -39,7 +41,7 @@ from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
 
 EOS = 7
-VARIANTS = ("content", "content+prefix", "turn", "turn+prefix")
+VARIANTS = ("content", "content+prefix", "turn", "turn+prefix", "turn+prefix+coalesced")
 
 
 def make_batch(vocab: int, groups: int, size: int, prompt: int, actions: list[int], framings: list[int],
@@ -77,7 +79,7 @@ def _logps_fn(model):
 
 def run(model, params, batch, turns, variant: str) -> tuple[torch.Tensor, float, float]:
     """One logical batch through the learner; its policy direction, busy seconds, and the FLOPs of its passes."""
-    release, shared = variant.split("+")[0], variant.endswith("+prefix")
+    release, shared, coalesced = variant.split("+")[0], "+prefix" in variant, variant.endswith("+coalesced")
     size = sum(1 for s in batch if s.rollout.group == 0)
     norm = LossNormalization("grpo", len(batch), 1, max(len(s.rollout.completion_ids) for s in batch))
     counter = pass_flop_counter(model, params)
@@ -92,7 +94,10 @@ def run(model, params, batch, turns, variant: str) -> tuple[torch.Tensor, float,
                                policy_version=0, scale_rewards="group", source_backward=backward, release=release,
                                content_backward=backward.content, turn_source=turn_source, prefixes=prefixes)
     start = time.perf_counter()
-    for event in turns if release == "turn" else ():
+    if coalesced:  # every trajectory's turns ready together (a learner far behind its rollouts)
+        for index in range(len(batch)):
+            learner.submit_turns([e for e in turns if e.index == index])
+    for event in turns if release == "turn" and not coalesced else ():
         learner.submit_turn(event)
     for source in batch:
         learner.submit_content(source.rollout)
@@ -100,14 +105,14 @@ def run(model, params, batch, turns, variant: str) -> tuple[torch.Tensor, float,
         learner.submit(source)
     totals = learner.finish()
     busy = time.perf_counter() - start
-    return totals.accumulator.policy[0], busy, _flops(counter, batch, turns, release, shared)
+    return totals.accumulator.policy[0], busy, _flops(counter, batch, turns, release, shared, coalesced)
 
 
-def _flops(counter, batch, turns, release: str, shared: bool) -> float:
+def _flops(counter, batch, turns, release: str, shared: bool, coalesced: bool = False) -> float:
     """The passes each variant runs, priced by `pass_flops` (see the module docstring)."""
     prompt = {s.rollout.group: len(s.rollout.prompt_ids) for s in batch}
     total = sum(counter(PassWork(p, 0, 1)) for p in prompt.values()) if shared else 0.0
-    if release == "content":
+    if release == "content" or coalesced:  # (coalesced: one segment per trajectory, no replay)
         for s in batch:
             p, c = len(s.rollout.prompt_ids), len(s.rollout.completion_ids)
             total += counter(PassWork(c, p, 1)) if shared else counter(PassWork(p + c, 0, 1))
@@ -154,11 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tiny Qwen3 ({args.hidden} wide, {args.layers} layers), {args.groups} groups × {args.group}, prompt "
           f"{args.prompt}, actions {args.actions}, framings {args.framings} ({tokens / len(batch):.0f} tokens per "
           f"trajectory), median of {args.repeats}, {args.threads} thread(s)")
-    print(f"{'variant':<16}{'busy s':>8}{'vs content':>12}{'(fastest)':>11}{'GFLOP':>9}{'vs content':>12}"
+    print(f"{'variant':<24}{'busy s':>8}{'vs content':>12}{'(fastest)':>11}{'GFLOP':>9}{'vs content':>12}"
           f"{'rel. error':>12}")
     base = rows["content"]
     for v, r in rows.items():
-        print(f"{v:<16}{r['busy_seconds']:>8.3f}{r['busy_seconds'] / base['busy_seconds']:>11.2f}x"
+        print(f"{v:<24}{r['busy_seconds']:>8.3f}{r['busy_seconds'] / base['busy_seconds']:>11.2f}x"
               f"{min(r['busy_runs']) / min(base['busy_runs']):>10.2f}x{r['flops'] / 1e9:>9.2f}"
               f"{r['flops'] / base['flops']:>11.2f}x{r['relative_error']:>12.1e}")
     turn, content = rows["turn+prefix"], rows["content+prefix"]

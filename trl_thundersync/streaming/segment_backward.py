@@ -53,6 +53,15 @@ def require_finite(grad: torch.Tensor, where: str) -> None:
         raise NonFiniteGradientError(f"{where} produced a non-finite gradient; refusing to accumulate it")
 
 
+def require_all_finite(grads: Sequence[torch.Tensor | None], where: str) -> None:
+    """`require_finite` for every gradient of a pass, in one reduction per tensor and one sync: a non-finite entry
+    makes its tensor's sum non-finite; a sum that overflowed from finite entries is then checked entry-wise."""
+    present = [g for g in grads if g is not None]
+    if present and not bool(torch.isfinite(torch.stack([g.sum() for g in present])).all()):
+        for grad in present:
+            require_finite(grad, where)
+
+
 class GradientSum:
     """Σ of parameter gradients in FP32, one buffer per trainable parameter (the unnormalized Σ_j g_j)."""
 
@@ -61,9 +70,9 @@ class GradientSum:
         self.buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
+        require_all_finite(grads, where)
         for buffer, grad in zip(self.buffers, grads, strict=True):
             if grad is not None:
-                require_finite(grad, where)
                 buffer.add_(grad.to(torch.float32))
 
 
@@ -76,10 +85,10 @@ class FlatGradient:
         self.vector = torch.zeros(sum(self.sizes), dtype=torch.float32, device=device)
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
+        require_all_finite(grads, where)
         offset = 0
         for size, grad in zip(self.sizes, grads, strict=True):
             if grad is not None:
-                require_finite(grad, where)
                 self.vector[offset : offset + size].add_(grad.reshape(-1).to(torch.float32))
             offset += size
 

@@ -24,7 +24,7 @@ from tests.fixtures.turn_grpo import (
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError, TurnOrderError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
-from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext
+from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
@@ -325,3 +325,15 @@ def test_coalesced_turns_refuse_a_history_that_does_not_extend():
     with pytest.raises(TurnOrderError, match="coalesced turns must extend"):
         BoundaryCut(policy, params).turns([events[0], events[1], bad], lambda logits, a: {"score": logits.sum()},
                                           {"score": FlatGradient(params)}, "")
+
+
+def test_gradient_sinks_refuse_non_finite_entries_only():
+    """One reduction per tensor finds a NaN or inf entry; finite entries whose sum overflows FP32 are accepted."""
+    params = [torch.zeros(3), torch.zeros(2, 2)]
+    big = torch.full((2, 2), 3e38)  # finite, but its FP32 sum is inf
+    for sink in (FlatGradient(params), GradientSum(params)):
+        sink.add([torch.ones(3), big], "ok")
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(NonFiniteGradientError, match="trajectory 9 turn 1"):
+                sink.add([torch.tensor([1.0, bad, 0.0]), None], "trajectory 9 turn 1")
+    assert float(FlatGradient(params).vector.sum()) == 0.0
