@@ -53,6 +53,12 @@ def require_finite(grad: torch.Tensor, where: str) -> None:
         raise NonFiniteGradientError(f"{where} produced a non-finite gradient; refusing to accumulate it")
 
 
+def all_finite(vector: torch.Tensor) -> bool:
+    """Whether every entry is finite, with one reduction in the common case: a finite sum has finite entries only;
+    a non-finite sum (a NaN or inf entry, or finite entries overflowing) is checked entry-wise."""
+    return bool(torch.isfinite(vector.sum())) or bool(torch.isfinite(vector).all())
+
+
 def require_all_finite(grads: Sequence[torch.Tensor | None], where: str) -> None:
     """`require_finite` for every gradient of a pass, in one reduction per tensor and one sync: a non-finite entry
     makes its tensor's sum non-finite; a sum that overflowed from finite entries is then checked entry-wise."""

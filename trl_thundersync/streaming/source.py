@@ -27,7 +27,6 @@ so that the barrier's loss is s_b·(free_i − A_i·V_i) per trajectory, as TRL'
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -39,7 +38,7 @@ from .learner import SourceGradients
 from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
-from .segment_backward import FlatGradient
+from .segment_backward import FlatGradient, all_finite
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -185,7 +184,7 @@ class TrajectoryBackward:
 
         vectors = self._vectors(outputs)
         score = vectors.get("score")
-        if score is not None and not math.isfinite(float(score.abs().sum())):
+        if score is not None and not all_finite(score):
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient"
             )
@@ -229,7 +228,7 @@ class TrajectoryBackward:
         result, share = shared
         vectors = {c: sinks[c].vector for c in result.values}
         score = vectors.get("score")
-        if score is not None and not math.isfinite(float(score.abs().sum())):
+        if score is not None and not all_finite(score):
             raise NonFiniteGradientError(
                 f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite gradient")
         ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)

@@ -44,7 +44,7 @@ from .learner import SourceGradients
 from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
-from .segment_backward import BoundaryCut, FlatGradient, FullContext
+from .segment_backward import BoundaryCut, FlatGradient, FullContext, all_finite
 from .source import loss_mask, policy_value
 from .turn_reference import TurnReference
 
@@ -273,7 +273,7 @@ class TurnScoreBackward:
     def _bind(self, state: _Open, rollout: Rollout, tokens: int, sequence_weight: float) -> SourceGradients:
         weight = self.normalization.sequence_weight(tokens)
         score = state.score.vector * (weight * self.normalization.policy_coefficient * sequence_weight)
-        if not bool(torch.isfinite(score).all()):
+        if not all_finite(score):
             raise NonFiniteGradientError(f"trajectory {rollout.index} (group {rollout.group}) produced a non-finite "
                                          "gradient")
         entropy_grad = state.entropy.vector if state.entropy is not None else None

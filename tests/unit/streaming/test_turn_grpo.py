@@ -24,7 +24,7 @@ from tests.fixtures.turn_grpo import (
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError, TurnOrderError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
-from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum
+from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum, all_finite
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
@@ -337,3 +337,13 @@ def test_gradient_sinks_refuse_non_finite_entries_only():
             with pytest.raises(NonFiniteGradientError, match="trajectory 9 turn 1"):
                 sink.add([torch.tensor([1.0, bad, 0.0]), None], "trajectory 9 turn 1")
     assert float(FlatGradient(params).vector.sum()) == 0.0
+
+
+def test_all_finite_sees_every_non_finite_entry_and_accepts_an_overflowing_sum():
+    vector = torch.zeros(1000)
+    assert all_finite(vector)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        vector[517] = bad
+        assert not all_finite(vector)
+    assert all_finite(torch.full((4,), 3e38))  # finite entries, an FP32 sum of inf
+    assert not all_finite(torch.tensor([float("inf"), -float("inf"), 1.0]))  # (their sum is NaN)
