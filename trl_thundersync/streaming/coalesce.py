@@ -22,10 +22,9 @@ class CoalescedTurns:
     events: tuple[TurnEvent, ...]  # in turn order, one trajectory, at least two
 
 
-def take_ready(inbox: queue.Queue, first: Any, done: Any) -> list:
-    """`first` and every item already waiting in `inbox` behind it, up to and including `done`, without blocking."""
-    items = [first]
-    while items[-1] is not done:
+def take_ready(inbox: queue.Queue, items: list, done: Any) -> list:
+    """`items` and every item already waiting in `inbox` behind them, up to and including `done`, without blocking."""
+    while not items or items[-1] is not done:
         try:
             items.append(inbox.get_nowait())
         except queue.Empty:
@@ -34,20 +33,22 @@ def take_ready(inbox: queue.Queue, first: Any, done: Any) -> list:
 
 
 def coalesce_turns(items: list) -> list:
-    """`items` with each trajectory's consecutive turns among them merged into one `CoalescedTurns`, at the place of
-    the first (nothing of that trajectory lies between them: its content and reward come after its last turn)."""
+    """`items` with each trajectory's consecutive turns among them (single `TurnEvent`s or `CoalescedTurns` already
+    merged) merged into one `CoalescedTurns`, at the place of the first (nothing of that trajectory lies between them:
+    its content and reward come after its last turn). Nothing moves ahead of a producer's failure."""
     out: list = []
     at: dict[int, int] = {}  # trajectory -> position in `out` of its open run of turns
     for item in items:
-        if isinstance(item, TurnEvent):
-            slot = at.get(item.index)
-            if slot is not None and out[slot][-1].turn + 1 == item.turn:
-                out[slot].append(item)
-                continue
-            at[item.index] = len(out)
-            out.append([item])
-        else:
-            if isinstance(item, BaseException):  # a producer's failure: nothing moves ahead of it
+        events = item.events if isinstance(item, CoalescedTurns) else (item,) if isinstance(item, TurnEvent) else None
+        if events is None:
+            if isinstance(item, BaseException):
                 at.clear()
             out.append(item)
+            continue
+        slot = at.get(events[0].index)
+        if slot is not None and out[slot][-1].turn + 1 == events[0].turn:
+            out[slot].extend(events)
+            continue
+        at[events[0].index] = len(out)
+        out.append(list(events))
     return [(x[0] if len(x) == 1 else CoalescedTurns(tuple(x))) if isinstance(x, list) else x for x in out]

@@ -118,20 +118,27 @@ def _score_in_order(score: Callable[[Rollout], Sequence[ScoredRollout]], inbox: 
 def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None],
           coalesce: Callable[[list], list] | None = None) -> list:
     """Take items from a producer's queue until `DONE`, calling `on_item` on each as it arrives; returns them in
-    arrival order. With `coalesce`, the items waiting together are passed through it first (`coalesce.py`: ready
-    turns of one trajectory become one `CoalescedTurns`). A producer's exception is re-raised here; any failure
+    arrival order. With `coalesce`, the items waiting are passed through it before each hand-over (`coalesce.py`:
+    ready turns of one trajectory become one `CoalescedTurns`, and a turn that arrives while an earlier one of its
+    trajectory still waits joins it). A producer's exception is re-raised here; any failure
     sets `stop` so producers quit a void batch."""
     arrived: list = []
+    waiting: list = []  # taken from the inbox, not yet handed over (with `coalesce`: re-merged as more arrive)
     try:
         while True:
-            first = inbox.get()
-            for item in coalesce(take_ready(inbox, first, DONE)) if coalesce is not None else (first,):
-                if item is DONE:
-                    return arrived
-                if isinstance(item, BaseException):
-                    raise item
-                arrived.extend(item.events if isinstance(item, CoalescedTurns) else (item,))
-                on_item(item)
+            if coalesce is None:
+                item = inbox.get()
+            else:
+                if not waiting:
+                    waiting.append(inbox.get())
+                waiting = coalesce(take_ready(inbox, waiting, DONE))
+                item = waiting.pop(0)
+            if item is DONE:
+                return arrived
+            if isinstance(item, BaseException):
+                raise item
+            arrived.extend(item.events if isinstance(item, CoalescedTurns) else (item,))
+            on_item(item)
     except BaseException:
         stop.set()
         raise

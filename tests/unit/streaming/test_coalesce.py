@@ -28,12 +28,37 @@ def test_consecutive_turns_of_one_trajectory_merge_at_the_first_place():
     assert out[2:] == [_content(1), _turn(1, 2), _turn(2, 0)]
 
 
+def test_already_merged_turns_take_the_next_ones():
+    merged = CoalescedTurns((_turn(0, 0), _turn(0, 1)))
+    out = coalesce_turns([merged, _turn(1, 0), _turn(0, 2), CoalescedTurns((_turn(1, 1), _turn(1, 2)))])
+    assert out == [CoalescedTurns((_turn(0, 0), _turn(0, 1), _turn(0, 2))),
+                   CoalescedTurns((_turn(1, 0), _turn(1, 1), _turn(1, 2)))]
+
+
+def test_a_turn_arriving_while_its_trajectorys_earlier_turn_waits_joins_it():
+    """The learner is busy with trajectory 0's turn while trajectory 1's turn 0 waits; its turn 1 then arrives."""
+    inbox: queue.Queue = queue.Queue()
+    for item in (_turn(0, 0), _turn(1, 0)):
+        inbox.put(item)
+    seen: list = []
+
+    def on_item(item):
+        seen.append(item)
+        if item == _turn(0, 0):  # arrives during the first hand-over
+            inbox.put(_turn(1, 1))
+            inbox.put(DONE)
+
+    drain(inbox, threading.Event(), on_item, coalesce_turns)
+    assert seen == [_turn(0, 0), CoalescedTurns((_turn(1, 0), _turn(1, 1)))]
+
+
 def test_take_ready_stops_at_done_and_never_blocks():
     inbox: queue.Queue = queue.Queue()
     for item in (2, 3, DONE, 4):
         inbox.put(item)
-    assert take_ready(inbox, 1, DONE) == [1, 2, 3, DONE]
-    assert take_ready(inbox, 5, DONE) == [5, 4]  # (nothing left: returns at once)
+    assert take_ready(inbox, [1], DONE) == [1, 2, 3, DONE]
+    assert take_ready(inbox, [5], DONE) == [5, 4]  # (nothing left: returns at once)
+    assert take_ready(inbox, [], DONE) == []
 
 
 def test_drain_hands_coalesced_turns_to_the_learner_and_keeps_every_item():
