@@ -140,7 +140,7 @@ class TrajectoryBackward:
         self.entropy_coef = entropy_coef  # the batch's applied coefficient; None: no entropy bonus
         self.off_policy_sampling = off_policy_sampling  # off-policy mask: use the rollout's sampler log-probs
         self.prefixes = prefixes  # the batch's shared prefixes (None: every pass is a full one)
-        self.temperature = temperature  # TRL's sampling temperature, dividing the logits of a prefix path's rows
+        self.temperature = temperature  # TRL's sampling temperature, scaling the logits of a prefix path's rows
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
