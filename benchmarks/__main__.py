@@ -219,7 +219,7 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "hidden", "layers", "seed")
+          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "shared_prefix", "hidden", "layers", "seed")
 
 
 def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -275,6 +275,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--grading-cv", type=float, help="CV of the grading time between trajectories")
     knobs.add_argument("--reward-scope", choices=("auto", "trajectory", "group", "batch"),
                        help="ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules (stock TRL: always batch)")
+    knobs.add_argument("--shared-prefix", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
+                       help="ThunderSyncGRPOConfig.shared_prefix of the sync and ThunderSync schedules (default: "
+                            "the config's)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

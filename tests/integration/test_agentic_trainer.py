@@ -6,7 +6,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.parity import CaptureGrads, cpu_config, load_model, relative_error
+from benchmarks.parity import SHARED_PREFIX, CaptureGrads, cpu_config, load_model, relative_error
 from tests.fixtures.agentic_trainer import dataset, make_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -16,23 +16,29 @@ pytestmark = pytest.mark.slow
 # options of both trainers: per-turn release with the KL term (a per-token term, exact per turn) and grpo's 1/|o_i|
 # (a per-trajectory scalar applied when the last turn ends)
 OPTIONS = {"plain": {}, "beta_grpo": dict(beta=0.1, loss_type="grpo")}
+# ThunderSync only: each member's first turn starts from its group's shared prompt (`shared_prefix`), or not
+PREFIX = {"": dict(shared_prefix=False), "_prefix": dict(SHARED_PREFIX)}
 
 
 @pytest.mark.parametrize("release, options", [("reward", "plain"), ("content", "plain"), ("turn", "plain"),
-                                              ("turn", "beta_grpo")])
+                                              ("turn", "beta_grpo"), ("turn", "plain_prefix"),
+                                              ("turn", "beta_grpo_prefix")])
 def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, options, tmp_path, tokenizer,
                                                                   tiny_model_path):
+    options, prefix = options.removesuffix("_prefix"), "_prefix" if options.endswith("_prefix") else ""
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
                                                          delay=lambda i, t: 0.002 * ((7 * i + t) % 5),
-                                                         release=release, **OPTIONS[options])
+                                                         release=release, **OPTIONS[options], **PREFIX[prefix])
     trainer.train()
     totals = trainer.last_batch[0]
     kinds = {w.kind for w in totals.work}
+    assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == bool(prefix)
     expected = {"reward": {"trajectory"}, "content": {"content", "bind"}, "turn": {"turn", "close", "bind"}}[release]
     assert expected <= kinds and (release == "reward" or "trajectory" not in kinds)
     if release == "turn":  # every trajectory learned turn by turn, none recomputed whole
         assert totals.turn_fallbacks == 0 and "content" not in kinds
-        assert len([w for w in totals.work if w.kind == "turn"]) == sum(r.agent.turns for r, _ in captured[-1])
+        # (ready turns of one trajectory may be learned as one item: `turns` counts them)
+        assert sum(w.turns for w in totals.work if w.kind == "turn") == sum(r.agent.turns for r, _ in captured[-1])
     assert generator.publications == [1, 2]
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"

@@ -30,7 +30,7 @@ count, known only at the barrier (one parameter-sized buffer per micro-batch).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -91,9 +91,8 @@ class GRPOBatchLearner:
         prefixes: PrefixGroups | None = None,
     ) -> None:
         _check_arguments(batch_size, num_generations, release, content_backward, turn_source)
-        if prefixes is not None and (release == "turn" or off_policy_threshold is not None
-                                     or objective_weights is not None):
-            raise ValueError("shared prefixes cover reward and content release without the off-policy mask and "
+        if prefixes is not None and (off_policy_threshold is not None or objective_weights is not None):
+            raise ValueError("shared prefixes cover every release point, without the off-policy mask and "
                              "normalize_then_sum")
         self.batch_size = batch_size
         self.num_generations = num_generations
@@ -151,20 +150,32 @@ class GRPOBatchLearner:
 
     def submit_turn(self, event: TurnEvent) -> None:
         """Release="turn": one turn's action is complete; run its backward now if the trajectory holds a slot."""
-        self._check(event.index, event.index // self.num_generations, event.policy_version, f"turn {event.turn}")
-        if self.release != "turn" or event.index in self.turns_refused:
+        self.submit_turns((event,))
+
+    def submit_turns(self, events: Sequence[TurnEvent]) -> None:
+        """Release="turn": consecutive turns of one trajectory, all complete (`coalesce.py`: ready together while
+        the learner was busy); their backward runs as one segment (`TurnSource.turns`), exact like turn by turn."""
+        first = events[0]
+        for event in events:
+            self._check(event.index, first.index // self.num_generations, event.policy_version, f"turn {event.turn}")
+        if self.release != "turn" or first.index in self.turns_refused:
             return
-        if event.index in self.content_seen:
-            raise BatchIncompleteError(f"trajectory {event.index} turn {event.turn} arrived after its last turn ended")
-        if event.index not in self.turning:
+        if first.index in self.content_seen:
+            raise BatchIncompleteError(f"trajectory {first.index} turn {first.turn} arrived after its last turn ended")
+        if first.index not in self.turning:
             if self._holding() >= self.max_buffered:
-                self.turns_refused.add(event.index)
+                self.turns_refused.add(first.index)
                 return
-            self.turning.add(event.index)
+            self.turning.add(first.index)
+            self._open_prefix(first.index // self.num_generations, first.context_ids, first.time)
         start = time.perf_counter()
-        self.turn_source.turn(event)
-        self.work.append(WorkItem("turn", event.index, event.index // self.num_generations, event.policy_version,
-                                  event.time, start, time.perf_counter(), len(event.action_ids), turn=event.turn))
+        if len(events) > 1:
+            self.turn_source.turns(events)
+        else:
+            self.turn_source.turn(first)
+        self.work.append(WorkItem("turn", first.index, first.index // self.num_generations, first.policy_version,
+                                  events[-1].time, start, time.perf_counter(),
+                                  sum(len(e.action_ids) for e in events), turn=first.turn, turns=len(events)))
         self._track_memory()
 
     def submit_content(self, rollout: Rollout) -> None:
@@ -189,13 +200,13 @@ class GRPOBatchLearner:
                 self.turn_fallbacks += 1
                 grads, kind = self.content_backward(rollout, bucket), "content"
         elif self._holding() < self.max_buffered:
-            self._open_prefix(rollout, ready)
+            self._open_prefix(rollout.group, rollout.prompt_ids, ready)
             start = time.perf_counter()
             grads, kind = self.content_backward(rollout, bucket), "content"
-            if self.prefixes is not None:
-                self.prefixes.hold(rollout.index, rollout.group, grads.prefix, bucket, self._micro_batch(rollout.index))
         else:
             return
+        if self.prefixes is not None:
+            self.prefixes.hold(rollout.index, rollout.group, grads.prefix, bucket, self._micro_batch(rollout.index))
         if grads.free_grad is not None:
             self.accumulator.add_free(grads.free_grad, bucket)
         self._add_entropy(rollout.index, grads)
@@ -279,7 +290,7 @@ class GRPOBatchLearner:
             if rollout.index in self.turning:  # its content was never reported: drop the per-turn state
                 self.turning.discard(rollout.index)
                 self.turn_source.discard(rollout.index)
-            self._open_prefix(rollout, source.scored_at)
+            self._open_prefix(rollout.group, rollout.prompt_ids, source.scored_at)
             start = time.perf_counter()
             grads = self.source_backward(source, bucket)
             if self.prefixes is not None:
@@ -340,15 +351,16 @@ class GRPOBatchLearner:
     def _micro_batch(self, index: int) -> int:
         return self.entropy_micro_batch_of(index) if self.entropy_micro_batch_of is not None else 0
 
-    def _open_prefix(self, rollout: Rollout, ready: float) -> None:
-        """Before a member's backward: its group's shared prefix, forwarded once (a "prefix_forward" item)."""
+    def _open_prefix(self, group: int, prompt_ids: Sequence[int], ready: float) -> None:
+        """Before a member's backward (or first turn): its group's shared prefix, forwarded once (a
+        "prefix_forward" item)."""
         if self.prefixes is None:
             return
         start = time.perf_counter()
-        opened = self.prefixes.open_group(rollout)
+        opened = self.prefixes.open_prompt(group, prompt_ids)
         if opened is not None:
             tokens, flops = opened
-            self.work.append(WorkItem("prefix_forward", -1, rollout.group, self.policy_version, ready, start,
+            self.work.append(WorkItem("prefix_forward", -1, group, self.policy_version, ready, start,
                                       time.perf_counter(), tokens, flops=flops))
             self._track_memory()
 

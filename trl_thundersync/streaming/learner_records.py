@@ -89,7 +89,8 @@ class WorkItem:
     tokens: int  # scored tokens (0 for folds and binds; context tokens replayed for a "context_replay")
     content_ready: float | None = None  # trajectory items: when its last turn ended (tokens fixed)
     reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
-    turn: int = -1  # "turn" / "turn_backward" items: the turn number
+    turn: int = -1  # "turn" / "turn_backward" items: the turn number (the first, when several were coalesced)
+    turns: int = 1  # "turn" items: the consecutive turns learned as one segment (>1: coalesced, `coalesce.py`)
     teacher: TeacherInterval | None = None  # "turn_backward" items: the teacher scoring its turn (None: no teacher)
     flops: float | None = None  # learner FLOPs the learner priced itself (shared-prefix passes, `pass_flops`); None:
     # the trace prices the item by its tokens

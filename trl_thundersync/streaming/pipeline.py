@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
 from ..types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
+from .coalesce import CoalescedTurns, coalesce_turns, take_ready
 from .learner import BatchTotals, GRPOBatchLearner
 from .learner_records import BatchTiming
 
@@ -114,19 +115,23 @@ def _score_in_order(score: Callable[[Rollout], Sequence[ScoredRollout]], inbox: 
             out.put(exc)
 
 
-def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None]) -> list:
+def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None],
+          coalesce: Callable[[list], list] | None = None) -> list:
     """Take items from a producer's queue until `DONE`, calling `on_item` on each as it arrives; returns them in
-    arrival order. A producer's exception is re-raised here; any failure sets `stop` so producers quit a void batch."""
+    arrival order. With `coalesce`, the items waiting together are passed through it first (`coalesce.py`: ready
+    turns of one trajectory become one `CoalescedTurns`). A producer's exception is re-raised here; any failure
+    sets `stop` so producers quit a void batch."""
     arrived: list = []
     try:
         while True:
-            item = inbox.get()
-            if item is DONE:
-                return arrived
-            if isinstance(item, BaseException):
-                raise item
-            arrived.append(item)
-            on_item(item)
+            first = inbox.get()
+            for item in coalesce(take_ready(inbox, first, DONE)) if coalesce is not None else (first,):
+                if item is DONE:
+                    return arrived
+                if isinstance(item, BaseException):
+                    raise item
+                arrived.extend(item.events if isinstance(item, CoalescedTurns) else (item,))
+                on_item(item)
     except BaseException:
         stop.set()
         raise
@@ -142,13 +147,15 @@ def run_logical_batch(
     on_source: Callable[[ScoredRollout], None] | None = None,
     turns: TurnRouter | None = None,
     grade: Callable[[Rollout], None] | None = None,
+    coalesce: bool = True,
 ) -> tuple[BatchTotals, BatchTiming]:
     """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
-    its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises."""
+    its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises.
+    `coalesce`: under turn release, ready turns of one trajectory are learned as one segment (`coalesce.py`)."""
     start = time.perf_counter()
     delivered: list[int] = []
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
-                          delivered)
+                          delivered, coalesce)
     arrived = _scored_sources(items, delivered, len(requests))
     if schedule == "sync":
         for item in arrived:
@@ -176,6 +183,7 @@ def _stream_batch(
     turns: TurnRouter | None,
     grade: Callable[[Rollout], None] | None,
     delivered: list[int],
+    coalesce: bool = True,
 ) -> list:
     """Run the batch's rollouts on the producer thread and hand each item to the learner as it arrives (under
     "thundersync"); returns every item in arrival order. `delivered` collects the indices the engine delivered."""
@@ -189,9 +197,11 @@ def _stream_batch(
                                 name="thundersync-rollouts", daemon=True)
     producer.start()
 
-    def on_item(item: ScoredRollout | Rollout | TurnEvent) -> None:
+    def on_item(item: ScoredRollout | Rollout | TurnEvent | CoalescedTurns) -> None:
         if isinstance(item, TurnEvent):
             learner.submit_turn(item)
+        elif isinstance(item, CoalescedTurns):
+            learner.submit_turns(item.events)
         elif isinstance(item, Rollout):
             learner.submit_content(item)
         else:
@@ -201,7 +211,8 @@ def _stream_batch(
                 learner.submit(item)
 
     try:
-        return drain(inbox, stop, on_item)
+        per_turn = turns is not None and early and learner.release == "turn"
+        return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else None)
     except BaseException:
         learner.abort()
         raise

@@ -55,6 +55,19 @@ class PrefixShare:
     flops: float | None  # learner FLOPs of the continuation passes it ran (`pass_flops`; None: no counter)
 
 
+@dataclass(frozen=True)
+class TurnSeed:
+    """What a turn-released member's history starts from: its group's prefix, forwarded once (`turn_seed`)."""
+
+    ids: tuple[int, ...]  # the prefix tokens
+    keys: list[torch.Tensor]  # policy keys per layer (1, kv_heads, P, head_dim), attached to the prefix's graph
+    values: list[torch.Tensor]  # policy values per layer, likewise
+    last_logits: torch.Tensor | None  # policy logits row at the prefix's last position (V,), graph-attached
+    reference_keys: list[torch.Tensor] | None = None  # the KL reference's (no graph; None: β = 0)
+    reference_values: list[torch.Tensor] | None = None
+    reference_last: torch.Tensor | None = None
+
+
 @dataclass
 class _Open:
     prefix: GroupPrefix  # the policy's prefix pass, graph retained until the group closes
@@ -81,18 +94,21 @@ class PrefixGroups:
 
     # -- group open --------------------------------------------------------------------------------------------
     def open_group(self, rollout: Rollout) -> tuple[int, float | None] | None:
-        """Before a member's backward: forward its group's prefix if the group has none yet and can get one.
-        Returns the prefix tokens forwarded and their FLOPs (policy and reference; None: no counter, or the group was
-        decided before, or falls back)."""
-        group = rollout.group
+        """Before a member's backward: `open_prompt` with its group and prompt."""
+        return self.open_prompt(rollout.group, rollout.prompt_ids)
+
+    def open_prompt(self, group: int, prompt_ids: Sequence[int]) -> tuple[int, float | None] | None:
+        """Forward group `group`'s prefix (`prompt_ids`) if the group has none yet and can get one (before a
+        member's backward, or its first turn's under turn release). Returns the prefix tokens forwarded and their
+        FLOPs (policy and reference; None: no counter, or the group was decided before, or falls back)."""
         if group in self.open or group in self.declined:
             return None
-        if len(rollout.prompt_ids) < self.min_prompt_tokens:
-            return self._decline(group, f"its prompt of {len(rollout.prompt_ids)} tokens is shorter than "
+        if len(prompt_ids) < self.min_prompt_tokens:
+            return self._decline(group, f"its prompt of {len(prompt_ids)} tokens is shorter than "
                                         f"shared_prefix_min_prompt_tokens={self.min_prompt_tokens}")
         if len(self.open) >= self.max_open:
             return self._decline(group, f"{len(self.open)} open prefixes already (max_open_groups)")
-        plan = prompt_plan(group, rollout.prompt_ids, self.window)
+        plan = prompt_plan(group, prompt_ids, self.window)
         if isinstance(plan, PrefixFallback):
             return self._decline(group, plan.reason)
         prefix = GroupPrefix(self.model, self.params, plan, self.device)
@@ -132,6 +148,40 @@ class PrefixGroups:
             work = work + state.reference.member_work[before[1]:]
         flops = sum(self.flops(w) for w in work) if self.flops is not None else None
         return result, PrefixShare(rollout.group, result.adjoints, flops)
+
+    # -- turn release: a member's turns start from the prefix ---------------------------------------------------
+    def turn_seed(self, index: int, context_ids: Sequence[int]) -> TurnSeed | None:
+        """The prefix states trajectory `index`'s first turn starts from (its group's; None: the group has no prefix,
+        or this context does not start with it, and the member runs its turns over its own history)."""
+        group = index // self.group_size
+        state = self.open.get(group)
+        if state is None:
+            return None
+        ids = state.prefix.plan.ids
+        if tuple(context_ids[: len(ids)]) != ids:
+            self.mismatched[index] = (f"group {group} member {index}: its first turn's context does not start with "
+                                      f"the group's {len(ids)}-token prefix")
+            logger.info("shared_prefix: %s", self.mismatched[index])
+            return None
+        prefix, reference = state.prefix, state.reference
+        last = prefix.logits[-1] if prefix.logits is not None else None
+        if reference is None:
+            return TurnSeed(ids, prefix.keys, prefix.values, last)
+        ref_last = reference.rows[-1] if reference.rows is not None else None
+        return TurnSeed(ids, prefix.keys, prefix.values, last, reference.keys, reference.values, ref_last)
+
+    def turn_share(self, index: int, boundary: dict[str, list[torch.Tensor | None]],
+                   scales: dict[str, float]) -> PrefixShare:
+        """A turn-released member's boundary adjoints (`BoundaryCut.close`'s `boundary`, per channel: keys per layer,
+        values per layer, last logits row) times the coefficient its channel's gradient gets at `finish`."""
+        group = index // self.group_size
+        prefix = self.open[group].prefix
+        adjoints = {}
+        for channel, pieces in boundary.items():
+            pieces = pieces if prefix.logits is not None else pieces[:-1]
+            flat = prefix.flatten(pieces, f"group {group} member {index} channel {channel!r}")
+            adjoints[channel] = flat.mul_(scales[channel]) if scales[channel] != 1.0 else flat
+        return PrefixShare(group, adjoints, None)
 
     def reference_logits(self, rollout: Rollout) -> torch.Tensor:
         """The KL reference's logits rows (|completion|, V) for a member of a group with a prefix."""

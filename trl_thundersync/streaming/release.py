@@ -22,6 +22,7 @@ that finds no slot is released at its reward, as under `"reward"`. Every path co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, get_args
 
@@ -37,6 +38,8 @@ class TurnSource(Protocol):
     """Per-turn GRPO backward (`turn_grpo.py`): `turn` per turn in order, then `finish` or `discard` once."""
 
     def turn(self, event: TurnEvent) -> int: ...  # tokens forwarded
+
+    def turns(self, events: Sequence[TurnEvent]) -> int: ...  # consecutive turns of one trajectory, one segment
 
     def finish(self, rollout: Rollout, bucket: int) -> SourceGradients | None: ...  # None: history mismatch
 

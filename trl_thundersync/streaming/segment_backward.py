@@ -53,6 +53,15 @@ def require_finite(grad: torch.Tensor, where: str) -> None:
         raise NonFiniteGradientError(f"{where} produced a non-finite gradient; refusing to accumulate it")
 
 
+def require_all_finite(grads: Sequence[torch.Tensor | None], where: str) -> None:
+    """`require_finite` for every gradient of a pass, in one reduction per tensor and one sync: a non-finite entry
+    makes its tensor's sum non-finite; a sum that overflowed from finite entries is then checked entry-wise."""
+    present = [g for g in grads if g is not None]
+    if present and not bool(torch.isfinite(torch.stack([g.sum() for g in present])).all()):
+        for grad in present:
+            require_finite(grad, where)
+
+
 class GradientSum:
     """Σ of parameter gradients in FP32, one buffer per trainable parameter (the unnormalized Σ_j g_j)."""
 
@@ -61,9 +70,9 @@ class GradientSum:
         self.buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
+        require_all_finite(grads, where)
         for buffer, grad in zip(self.buffers, grads, strict=True):
             if grad is not None:
-                require_finite(grad, where)
                 buffer.add_(grad.to(torch.float32))
 
 
@@ -76,10 +85,10 @@ class FlatGradient:
         self.vector = torch.zeros(sum(self.sizes), dtype=torch.float32, device=device)
 
     def add(self, grads: Sequence[torch.Tensor | None], where: str) -> None:
+        require_all_finite(grads, where)
         offset = 0
         for size, grad in zip(self.sizes, grads, strict=True):
             if grad is not None:
-                require_finite(grad, where)
                 self.vector[offset : offset + size].add_(grad.reshape(-1).to(torch.float32))
             offset += size
 
@@ -117,9 +126,26 @@ def proxy_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     return DynamicCache(ddp_cache_data=list(layers)) if layers else DynamicCache()
 
 
-def action_rows(n_new: int, n_action: int) -> int:
-    """Rows of a segment's trailing logits needed: those predicting its action tokens, plus its last row."""
-    return n_action + 1 if n_new > n_action else n_action
+def span_rows(n_new: int, spans: Sequence[tuple[int, int]]) -> int:
+    """Trailing logits rows of a segment of `n_new` tokens needed for actions at `spans` ([start, end) positions):
+    from the row before the first action on (that row predicts it), at least the last row."""
+    if not spans:
+        return 1
+    return n_new - spans[0][0] + 1 if spans[0][0] > 0 else n_new
+
+
+def action_logits(logits: torch.Tensor, offset: int, spans: Sequence[tuple[int, int]],
+                  previous: torch.Tensor | None) -> torch.Tensor:
+    """The rows predicting the tokens at `spans`, in order: `logits` holds the rows of positions offset, offset+1, …
+    (row p predicts token p + 1); `previous` (V,) is the row before the segment, predicting its first token."""
+    parts = []
+    for start, end in spans:
+        if start == 0:
+            parts.append(previous.unsqueeze(0))
+            parts.append(logits[: end - 1 - offset])
+        else:
+            parts.append(logits[start - 1 - offset : end - 1 - offset])
+    return torch.cat(parts)
 
 
 class FullContext:
@@ -143,7 +169,7 @@ class FullContext:
         return SegmentOutcome({c: float(v.detach()) for c, v in losses.items()}, len(action),
                               len(context) + len(action))
 
-    def close(self, index: int, sinks: Mapping[str, GradientSink]) -> int:
+    def close(self, index: int, sinks: Mapping[str, GradientSink], boundary: dict | None = None) -> int:
         return 0
 
     def discard(self, index: int) -> None:
@@ -177,6 +203,7 @@ class _Segment:
     logits_proxy: torch.Tensor | None  # previous segment's last logits, when this segment started with its action
     saved_bytes: int = 0  # tensors its retained graph holds (activations, key/value copies), parameters excluded
     adjoints: dict[str, _Adjoints] = field(default_factory=dict)
+    external: bool = False  # a seeded prefix (`BoundaryCut.seed`): its graph is its owner's, its adjoints go back
 
     def channel(self, name: str) -> _Adjoints:
         if name not in self.adjoints:
@@ -232,20 +259,42 @@ class BoundaryCut:
         self.open: dict[int, _History] = {}
         self._param_storages = {p.untyped_storage().data_ptr() for p in self.params}
 
+    def seed(self, index: int, ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+             last_logits: torch.Tensor | None) -> None:
+        """Start trajectory `index`'s history with a prefix computed elsewhere (a GRPO group's shared prompt,
+        `shared_prefix.GroupPrefix`): its per-layer keys/values (1, kv_heads, len(ids), head_dim) and the logits row
+        at its last position (V,) (None: no turn starts with its action right after it), graph-attached to their
+        owner's graph. Turns read them as proxies like any segment's; `close` does not back-propagate them but
+        returns, per channel, the adjoints the turns sent them (in `boundary`), for the owner to propagate once."""
+        if index in self.open:
+            raise TurnOrderError(f"trajectory {index}: a prefix seeds a history only before its first turn")
+        logits = last_logits if last_logits is not None else torch.zeros(0)
+        segment = _Segment(len(ids), list(keys), list(values), logits, [], None, external=True)
+        self.open[index] = _History(list(ids), [segment])
+
     def turn(self, event: TurnEvent, objective: ChannelObjective, sinks: Mapping[str, GradientSink],
              where: str) -> SegmentOutcome:
-        state = self.open.setdefault(event.index, _History())
-        context, action = list(event.context_ids), list(event.action_ids)
-        if context[: len(state.ids)] != state.ids:
+        return self.turns([event], objective, sinks, where)
+
+    def turns(self, events: Sequence[TurnEvent], objective: ChannelObjective, sinks: Mapping[str, GradientSink],
+              where: str) -> SegmentOutcome:
+        """Consecutive turns of one trajectory as one segment (one forward, one backward per channel): the tokens
+        from the end of the history to the last turn's action. The objective gets the logits rows predicting every
+        turn's action tokens, in order, and those tokens; per-token objectives (sums over tokens) give exactly the
+        sum of the turns' losses, so coalescing ready turns changes the rounding only."""
+        first, last = events[0], events[-1]
+        state = self.open.setdefault(first.index, _History())
+        if list(first.context_ids[: len(state.ids)]) != state.ids:
             raise TurnOrderError(
-                f"trajectory {event.index} turn {event.turn}: its context does not extend the tokens of the earlier "
+                f"trajectory {first.index} turn {first.turn}: its context does not extend the tokens of the earlier "
                 "turns; the boundary-cut backward needs an append-only token history (tokens in, tokens out)"
             )
-        new = context[len(state.ids) :] + action
+        new = list(last.context_ids[len(state.ids) :]) + list(last.action_ids)
+        spans = self._spans(events, state.ids + new, len(state.ids))
         if not new:
             return SegmentOutcome({}, 0, 0)
-        if len(new) == len(action) and not state.segments:
-            raise TurnOrderError(f"trajectory {event.index} turn {event.turn}: an action with an empty context")
+        if spans and spans[0][0] == 0 and not state.segments:
+            raise TurnOrderError(f"trajectory {first.index} turn {first.turn}: an action with an empty context")
         # one leaf per earlier segment and layer, sharing that segment's storage (no copy of the prefix)
         proxies = [t.detach().requires_grad_() for s in state.segments for pair in zip(s.keys, s.values, strict=True)
                    for t in pair]
@@ -254,36 +303,64 @@ class BoundaryCut:
             width = 2 * len(state.segments[0].keys) if proxies else 0
             cache = proxy_cache([(torch.cat(proxies[2 * layer :: width], dim=-2),
                                   torch.cat(proxies[2 * layer + 1 :: width], dim=-2)) for layer in range(width // 2)])
-            logits = model_logits(self.model, new, self.device, cache, keep=action_rows(len(new), len(action)))
+            keep = span_rows(len(new), spans)
+            logits = model_logits(self.model, new, self.device, cache, keep=keep)
             start = len(state.ids)
             keys = [layer.keys[:, :, start:] for layer in cache.layers]
             values = [layer.values[:, :, start:] for layer in cache.layers]
             logits_proxy = None
-            if action and len(new) == len(action):  # the action starts the segment: the last one predicts its first
+            if spans and spans[0][0] == 0:  # the action starts the segment: the last one predicts its first token
+                if state.segments[-1].last_logits.numel() == 0:
+                    raise TurnOrderError(f"trajectory {first.index} turn {first.turn}: an action right after a seeded "
+                                         "prefix that came without its last logits row")
                 logits_proxy = state.segments[-1].last_logits.detach().requires_grad_()
-                action_logits = torch.cat([logits_proxy.unsqueeze(0), logits[:-1]])
-            else:
-                action_logits = logits[:-1]
             losses = {}
-            if action:
-                losses = {c: loss for c, loss in objective(action_logits, torch.tensor(action, device=self.device))
-                          .items() if loss.requires_grad}
+            if spans:
+                rows = action_logits(logits, len(new) - keep, spans, logits_proxy)
+                tokens = torch.tensor([new[p] for a, b in spans for p in range(a, b)], device=self.device)
+                losses = {c: loss for c, loss in objective(rows, tokens).items() if loss.requires_grad}
         saved.pack(logits)  # held by the segment's last-logits row even where no operation saved it
         segment = _Segment(len(new), keys, values, logits[-1], proxies, logits_proxy, saved.total)
         for channel, loss in losses.items():
             self._backward([loss], None, segment, state, channel, sinks[channel], where, retain_graph=True)
         state.segments.append(segment)
         state.ids += new
-        return SegmentOutcome({c: float(v.detach()) for c, v in losses.items()}, len(action), len(new))
+        return SegmentOutcome({c: float(v.detach()) for c, v in losses.items()}, sum(b - a for a, b in spans),
+                              len(new))
 
-    def close(self, index: int, sinks: Mapping[str, GradientSink]) -> int:
-        """Replay the deferred adjoints of trajectory `index` into each channel's sink; returns the tokens replayed."""
+    @staticmethod
+    def _spans(events: Sequence[TurnEvent], tokens: list[int], history: int) -> list[tuple[int, int]]:
+        """[start, end) of each non-empty action in the segment (positions after the `history` tokens); every turn's
+        context + action must be a prefix of the segment's `tokens`."""
+        spans = []
+        for event in events:
+            end = len(event.context_ids) + len(event.action_ids)
+            if (event.index != events[0].index or len(event.context_ids) < history
+                    or list(event.context_ids) + list(event.action_ids) != tokens[:end]):
+                raise TurnOrderError(f"trajectory {events[0].index} turn {event.turn}: coalesced turns must extend one "
+                                     "another's tokens (one trajectory, in order)")
+            if event.action_ids:
+                spans.append((len(event.context_ids) - history, end - history))
+        return spans
+
+    def close(self, index: int, sinks: Mapping[str, GradientSink],
+              boundary: dict[str, list[torch.Tensor | None]] | None = None) -> int:
+        """Replay the deferred adjoints of trajectory `index` into each channel's sink; returns the tokens replayed.
+        A seeded prefix is not replayed: `boundary[channel]` gets the adjoints of its outputs instead (keys per
+        layer, values per layer, then the last logits row; None where no turn read one)."""
         state = self.open.pop(index, None)
         if state is None:
             return 0
         replayed = 0
         for position in range(len(state.segments) - 1, -1, -1):
             segment = state.segments[position]
+            if segment.external:
+                if boundary is None:
+                    raise ValueError(f"trajectory {index}: its history starts with a seeded prefix; pass `boundary` "
+                                     "to receive that prefix's adjoints")
+                for channel, adj in segment.adjoints.items():
+                    boundary[channel] = [*adj.keys, *adj.values, adj.logits]
+                continue
             channels = [c for c in segment.adjoints if segment.pending(c)[0]]
             for n, channel in enumerate(channels):
                 outputs, adjoints = segment.pending(channel)
@@ -305,7 +382,7 @@ class BoundaryCut:
         else:
             states = [self.open[index]] if index in self.open else []
         return sum(s.saved_bytes + sum(a.nbytes() for a in s.adjoints.values())
-                   for state in states for s in state.segments if s is not None)
+                   for state in states for s in state.segments if s is not None)  # (a seeded prefix: adjoints only)
 
     def _backward(self, outputs, adjoints, segment: _Segment, state: _History, channel: str, sink: GradientSink,
                   where: str, *, retain_graph: bool, owner: int | None = None) -> None:

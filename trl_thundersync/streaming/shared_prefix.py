@@ -308,6 +308,10 @@ class GroupPrefix:
         """Free the prefix graph without back-propagating it (an aborted batch, or a group with nothing to fold)."""
         self.keys, self.values, self.logits, self.closed = [], [], None, True
 
+    def flatten(self, grads: Sequence[torch.Tensor | None], where: str) -> torch.Tensor:
+        """Adjoints of `outputs` (None: zero) as one flat FP32 vector; raises on a non-finite entry."""
+        return self._flat(grads, where)
+
     def _flat(self, grads: Sequence[torch.Tensor | None], where: str) -> torch.Tensor:
         pieces = [torch.zeros(out.numel(), dtype=torch.float32, device=out.device) if g is None
                   else g.reshape(-1).to(torch.float32) for g, out in zip(grads, self.outputs, strict=True)]

@@ -42,6 +42,7 @@ from ..types import Rollout, TurnBackward, TurnEvent
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
+from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
 from .segment_backward import BoundaryCut, FlatGradient, FullContext
 from .source import loss_mask, policy_value
@@ -66,6 +67,7 @@ class _Open:
     entropy: FlatGradient | None = None  # e_i (entropy_coef ≠ 0)
     entropies: list[torch.Tensor] = field(default_factory=list)  # detached Σ_t H_t per action (entropy bonus on)
     weights: list[torch.Tensor] = field(default_factory=list)  # detached token-mode IS weights c_t per action
+    seeded: bool = False  # its history starts from its group's shared prefix (`prefix_groups.turn_seed`)
 
 
 class TurnScoreBackward:
@@ -77,7 +79,7 @@ class TurnScoreBackward:
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
                  turn_backward: TurnBackward = "boundary_cut", entropy_coef: float | None = None,
-                 off_policy_sampling: bool = False) -> None:
+                 off_policy_sampling: bool = False, prefixes: PrefixGroups | None = None) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
         if turn_backward not in TURN_BACKWARDS:
@@ -102,6 +104,8 @@ class TurnScoreBackward:
                                        context=ref_context) if beta != 0.0 else None
         self.open: dict[int, _Open] = {}
         self.fallbacks: dict[int, str] = {}  # trajectory index -> why `finish` returned None (or will)
+        # the batch's shared prefixes: a member's first turn starts from its group's (boundary cut only)
+        self.prefixes = prefixes if turn_backward == "boundary_cut" else None
 
     @property
     def token_mode(self) -> bool:
@@ -116,62 +120,93 @@ class TurnScoreBackward:
     # -- per turn ---------------------------------------------------------------------------------------------------
     def turn(self, event: TurnEvent) -> int:
         """Forward + backward of the tokens this turn appended; returns the tokens forwarded (0 when skipped)."""
-        if self.policy_version is not None and event.policy_version != self.policy_version:
-            raise StalePolicyError(f"trajectory {event.index} turn {event.turn} was sampled at policy version "
-                                   f"{event.policy_version}; this batch learns at version {self.policy_version}")
-        if event.index in self.fallbacks:
+        return self.turns([event])
+
+    def turns(self, events: Sequence[TurnEvent]) -> int:
+        """Consecutive turns of one trajectory, ready together, learned as one segment (`BoundaryCut.turns`: one
+        forward and one backward per channel instead of one per turn; the naive backend runs them one by one)."""
+        if len(events) > 1 and not isinstance(self.core, BoundaryCut):
+            return sum(self.turns([event]) for event in events)
+        first, last = events[0], events[-1]
+        for event in events:
+            if self.policy_version is not None and event.policy_version != self.policy_version:
+                raise StalePolicyError(f"trajectory {event.index} turn {event.turn} was sampled at policy version "
+                                       f"{event.policy_version}; this batch learns at version {self.policy_version}")
+        if first.index in self.fallbacks:
             return 0
-        state = self.open.get(event.index)
+        state = self.open.get(first.index)
         if state is None:
             free = FlatGradient(self.params, self.device) if self.beta != 0.0 else None
-            state = self.open[event.index] = _Open(event.policy_version, FlatGradient(self.params, self.device), free)
+            state = self.open[first.index] = _Open(first.policy_version, FlatGradient(self.params, self.device), free)
             if self.entropy_coef:
                 state.entropy = FlatGradient(self.params, self.device)
-        reason = self._refuse(state, event)
+            self._seed(state, first)
+        reason = next((r for r in (self._refuse(state, e, events) for e in events) if r is not None), None)
         if reason is not None:
-            self._fall_back(event.index, f"turn {event.turn}: {reason}")
+            self._fall_back(first.index, f"turn {first.turn}: {reason}")
             return 0
-        context, action = list(event.context_ids), list(event.action_ids)
-        new = context[len(state.ids) :] + action
+        new = list(last.context_ids[len(state.ids) :]) + list(last.action_ids)
         if not new:
             return 0
+        spans = [(len(e.context_ids) - len(state.ids), len(e.context_ids) - len(state.ids) + len(e.action_ids))
+                 for e in events if e.action_ids]
+        where = f"trajectory {first.index} turn {first.turn}" + (f"..{last.turn}" if len(events) > 1 else "")
         try:
             with self.autocast():
-                ref = self.reference.action_logps(event.index, new, len(action)) if self.reference else None
+                ref = self.reference.span_logps(first.index, new, spans) if self.reference else None
                 sinks = {"score": state.score, "free": state.free, "entropy": state.entropy}
-                outcome = self.core.turn(event, self._objective(state, event, ref), sinks,
-                                         f"trajectory {event.index} turn {event.turn}")
+                objective = self._objective(state, events, ref, where)
+                outcome = (self.core.turns(events, objective, sinks, where) if len(events) > 1
+                           else self.core.turn(first, objective, sinks, where))
         except Exception:
-            self.discard(event.index)
+            self.discard(first.index)
             raise
-        if action:
-            state.spans.append((len(state.ids) + len(new) - len(action), len(state.ids) + len(new)))
-            state.sampled.append(event.action_logprobs)
+        for event in events:
+            if event.action_ids:
+                state.spans.append((len(event.context_ids), len(event.context_ids) + len(event.action_ids)))
+                state.sampled.append(event.action_logprobs)
         state.ids += new
         return outcome.forwarded_tokens
 
-    def _refuse(self, state: _Open, event: TurnEvent) -> str | None:
-        """Why this turn cannot be learned per turn exactly (None: it can)."""
+    def _seed(self, state: _Open, event: TurnEvent) -> None:
+        """A member's first turn: start its history (policy and reference) from its group's shared prefix, if any."""
+        seed = self.prefixes.turn_seed(event.index, event.context_ids) if self.prefixes is not None else None
+        if seed is None:
+            return
+        self.core.seed(event.index, seed.ids, seed.keys, seed.values, seed.last_logits)
+        if self.reference is not None:
+            self.reference.seed(event.index, seed.reference_keys, seed.reference_values, seed.reference_last)
+        state.ids, state.seeded = list(seed.ids), True
+
+    def _refuse(self, state: _Open, event: TurnEvent, events: Sequence[TurnEvent] = ()) -> str | None:
+        """Why this turn (one of `events`, learned together) cannot be learned per turn exactly (None: it can)."""
         if event.policy_version != state.version:
             return f"sampled at version {event.policy_version}, earlier turns at {state.version}"
         if list(event.context_ids[: len(state.ids)]) != state.ids:
             return "its context does not extend the earlier turns' tokens (rewritten or re-tokenized history)"
+        last = events[-1] if events else event
+        tokens = list(last.context_ids) + list(last.action_ids)
+        if list(event.context_ids) + list(event.action_ids) != tokens[: len(event.context_ids) + len(event.action_ids)]:
+            return "a later turn's context does not extend this turn's tokens (rewritten or re-tokenized history)"
         if self.token_mode and event.action_ids and (
                 event.action_logprobs is None or len(event.action_logprobs) != len(event.action_ids)):
             return "token-mode importance sampling needs the sampler's log-prob of every action token at turn time"
         return None
 
-    def _objective(self, state: _Open, event: TurnEvent, ref: torch.Tensor | None):
+    def _objective(self, state: _Open, events: Sequence[TurnEvent], ref: torch.Tensor | None, where: str):
+        lengths = [len(e.action_ids) for e in events if e.action_ids]  # the rows per action, in order
+
         def objective(logits: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
             logps = torch.log_softmax(logits.float() / self.temperature, dim=-1)
             logps = logps.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             if not bool(torch.isfinite(logps.detach()).all()):
-                raise NonFiniteGradientError(f"trajectory {event.index} turn {event.turn} has non-finite "
-                                             f"log-probabilities at policy version {event.policy_version}")
-            state.logps.append(logps.detach())
+                raise NonFiniteGradientError(f"{where} has non-finite log-probabilities at policy version "
+                                             f"{events[0].policy_version}")
+            state.logps.extend(logps.detach().split(lengths))
             policy = logps
             if self.token_mode:
-                sampled = torch.tensor([event.action_logprobs], dtype=torch.float32, device=logps.device)
+                sampled = torch.tensor([[v for e in events for v in e.action_logprobs or ()]], dtype=torch.float32,
+                                       device=logps.device)
                 weights = self.correction.weights(logps[None], sampled, torch.ones_like(sampled))[0]
                 state.weights.append(weights.detach())
                 policy = logps * weights
@@ -216,10 +251,17 @@ class TurnScoreBackward:
             sequence_weight = float(self._sequence_weight(state, rollout, mask))
         kl = off_policy_kl(self._laid_out(state, rollout), sampler_logps(rollout),
                            mask.unsqueeze(0)) if self.off_policy_sampling else 0.0
-        self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy})
+        boundary: dict[str, list] | None = {} if state is not None and state.seeded else None
+        self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy}, boundary)
         self.discard(index)
+        share = None
+        if boundary is not None:  # the prefix's adjoints, with the coefficients `_bind` gives each channel
+            weight = self.normalization.sequence_weight(tokens)
+            scales = {"score": weight * self.normalization.policy_coefficient * sequence_weight, "free": weight,
+                      "entropy": 1.0}
+            share = self.prefixes.turn_share(index, boundary, scales)
         return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl,
-                       sampling=self._sampling_stats(state, rollout, mask))
+                       sampling=self._sampling_stats(state, rollout, mask), prefix=share)
 
     def _sampling_stats(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> SamplingStats | None:
         """`source.TrajectoryBackward`'s sampler-vs-learner statistics, from the turns' recorded log-probs."""

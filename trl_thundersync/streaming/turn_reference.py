@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .segment_backward import action_rows, model_logits
+from .segment_backward import action_logits, model_logits, span_rows
 
 
 @dataclass
@@ -35,20 +35,35 @@ class TurnReference:
         self.context = context if context is not None else contextlib.nullcontext  # e.g. PEFT's adapter off
         self.open: dict[int, _ReferenceState] = {}
 
-    @torch.no_grad()
+    def seed(self, index: int, keys: list[torch.Tensor], values: list[torch.Tensor],
+             last_logits: torch.Tensor | None) -> None:
+        """Start trajectory `index` from a prefix the reference forwarded once for its group
+        (`shared_prefix.ReferencePrefix`): its key/values and last logits row. The cache appends by concatenation,
+        so the shared tensors are read, never written."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=list(zip(keys, values, strict=True)))
+        self.open[index] = _ReferenceState(cache, last_logits)
+
     def action_logps(self, index: int, new: Sequence[int], n_action: int) -> torch.Tensor:
         """Reference log-probs (n_action,) of the last `n_action` tokens of `new`, the tokens appended by a turn."""
+        return self.span_logps(index, new, [(len(new) - n_action, len(new))] if n_action else [])
+
+    @torch.no_grad()
+    def span_logps(self, index: int, new: Sequence[int], spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Reference log-probs of the tokens of `new` at `spans` ([start, end) positions, in order): the tokens
+        appended by one turn, or by several consecutive turns learned as one segment."""
         from transformers import DynamicCache
 
         state = self.open.setdefault(index, _ReferenceState(DynamicCache()))
+        keep = span_rows(len(new), spans)
         with self.context():
-            logits = model_logits(self.model, new, self.device, state.cache, keep=action_rows(len(new), n_action))
-        if n_action and len(new) == n_action:  # the action starts the segment: the previous last row predicts it
-            rows = torch.cat([state.last_logits.unsqueeze(0), logits[:-1]])
-        else:
-            rows = logits[:-1]
-        state.last_logits = logits[-1].clone()
-        actions = torch.tensor(list(new[len(new) - n_action :]), device=rows.device, dtype=torch.long)
+            logits = model_logits(self.model, new, self.device, state.cache, keep=keep)
+        previous, state.last_logits = state.last_logits, logits[-1].clone()
+        if not spans:
+            return torch.zeros(0, device=logits.device)
+        rows = action_logits(logits, len(new) - keep, spans, previous)
+        actions = torch.tensor([new[p] for a, b in spans for p in range(a, b)], device=rows.device, dtype=torch.long)
         logps = torch.log_softmax(rows.float() / self.temperature, dim=-1)
         return logps.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 

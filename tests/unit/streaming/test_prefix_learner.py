@@ -17,17 +17,19 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from trl_thundersync.streaming import prefix_groups as prefix_module
+from trl_thundersync.streaming.coalesce import CoalescedTurns, coalesce_turns
 from trl_thundersync.streaming.flops import model_flop_counter
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
+from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.trainers.grpo.backward import prefix_groups
 from trl_thundersync.trainers.placement.replicated import ReplicatedPlacement
-from trl_thundersync.types import Rollout, ScoredRollout
+from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
 
 TOLERANCE = 1e-5  # FP32: the prefix path differs from the full pass by rounding only
 EOS, G, PROMPT = 7, 4, 10
@@ -175,13 +177,14 @@ def test_prompts_shorter_than_the_threshold_run_full_passes(release, caplog):
 def test_run_level_refusal_is_logged_once(monkeypatch, caplog):
     monkeypatch.setattr(prefix_module, "_LOGGED", set())
     args = SimpleNamespace(shared_prefix=True, num_iterations=1, off_policy_mask_threshold=None, temperature=1.0)
+    args.num_iterations = 2
     settings = SimpleNamespace(args=args, release="turn", objective_weights=None)
     models = SimpleNamespace(module=_model(1.0, 3), params=_params())
     with caplog.at_level(logging.WARNING, logger=prefix_module.__name__):
         for _ in range(3):
             assert prefix_groups(settings, models, 2, placement=None) is None
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and "release='turn'" in messages[0]
+    assert len(messages) == 1 and "sharded" in messages[0]  # (placement=None: not the replicated placement)
     args.shared_prefix = False  # off: nothing to refuse, nothing logged
     assert prefix_groups(settings, models, 2, placement=None) is None
     assert len(caplog.records) == 1
@@ -211,3 +214,111 @@ def test_flop_ledger_counts_fewer_token_passes():
     prompt_passes = sum(len(s.rollout.prompt_ids) for s in batch)
     assert math.isfinite(shared_flops) and 0 < shared_flops < full_flops
     assert shared_flops < full_flops * (1 - 0.5 * (prompt_passes - 2 * PROMPT) / sum(context.values()))
+
+
+# -- turn release: each member's first turn starts from its group's prefix -------------------------------------------
+def _turn_batch(groups: int = 2, rewrite: int | None = None):
+    """`_batch`-like groups whose completions are two turns: action 0, two observation tokens, action 1 (EOS last);
+    member `rewrite`'s first turn sees another first prompt token than its group's prefix."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = _model(1.0, 3).config.vocab_size
+    batch, events = [], []
+    for g in range(groups):
+        prompt = tuple(torch.randint(8, vocab, (PROMPT,), generator=gen).tolist())
+        for m in range(G):
+            index = g * G + m
+            first = (prompt[0] + 1 - 8) % (vocab - 8) + 8 if index == rewrite else prompt[0]
+            context = (first, *prompt[1:])
+            action0 = tuple(torch.randint(8, vocab, (2 + m,), generator=gen).tolist())
+            framing = tuple(torch.randint(8, vocab, (2,), generator=gen).tolist())
+            action1 = (*torch.randint(8, vocab, (3,), generator=gen).tolist(), EOS)
+            events += [TurnEvent(index, 0, 0, context, action0, 0.0),
+                       TurnEvent(index, 1, 0, context + action0 + framing, action1, 0.0)]
+            completion = action0 + framing + action1
+            mask = (1,) * len(action0) + (0, 0) + (1,) * len(action1)
+            rollout = Rollout(index=index, group=g, policy_version=0, prompt_ids=context, completion_ids=completion,
+                              env_mask=mask)
+            reward = float("nan") if index == 1 else float(torch.rand((), generator=gen))
+            batch.append(ScoredRollout(rollout, (reward,), reward, 0.0))
+    return batch, events
+
+
+def _turn_learner(batch, events, *, shared: bool, beta: float = 0.0, entropy: float | None = None,
+                  temperature: float = 1.0, coalesce: bool = False):
+    model, params = _model(temperature, 3), _params(temperature)
+    norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
+    prefixes = None
+    if shared:
+        prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=len(batch) // G,
+                                temperature=temperature, reference=_model(temperature, 4) if beta else None,
+                                flops=pass_flop_counter(model, params))
+    backward = TrajectoryBackward(
+        params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(EOS, 0),
+        mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
+        logps_entropy_fn=_forward(True, temperature) if entropy is not None else None, entropy_coef=entropy,
+        prefixes=prefixes, temperature=temperature)
+    turns = TurnScoreBackward(model=model, params=params, normalization=norm, eos_and_pad=(EOS, 0),
+                              mask_truncated=False, temperature=temperature, beta=beta,
+                              ref_model=_model(temperature, 4) if beta else None, policy_version=0,
+                              entropy_coef=entropy, prefixes=prefixes)
+    learner = GRPOBatchLearner(
+        batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
+        scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release="turn",
+        content_backward=backward.content, turn_source=turns, prefixes=prefixes,
+        entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
+    for item in coalesce_turns(events) if coalesce else events:  # (events: each trajectory's turns in a row)
+        if isinstance(item, CoalescedTurns):
+            learner.submit_turns(item.events)
+        else:
+            learner.submit_turn(item)
+    for source in batch:
+        learner.submit_content(source.rollout)
+    for source in reversed(batch):
+        learner.submit(source)
+    return learner, learner.finish()
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["per_turn", "coalesced"])
+@pytest.mark.parametrize("options", [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)], ids=["plain", "kl_ent"])
+def test_turn_release_over_the_group_prefix_matches_full_passes(options, coalesce):
+    batch, events = _turn_batch()
+    _, full = _learner(batch, shared=False, release="reward", **options)  # whole-trajectory passes, no prefix
+    learner, turned = _turn_learner(batch, events, shared=True, coalesce=coalesce, **options)
+    assert turned.turn_fallbacks == 0 and not learner.prefixes.mismatched
+    expected, got = _terms(full), _terms(turned)
+    assert set(got) == set(expected)
+    for key, vector in expected.items():
+        assert _rel(got[key], vector) <= TOLERANCE, key
+    kinds = [w.kind for w in turned.work]
+    assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 2
+    assert kinds.count("turn") == (1 if coalesce else 2) * len(batch) and kinds.count("close") == len(batch)
+    assert sum(w.turns for w in turned.work if w.kind == "turn") == 2 * len(batch)
+    # every member's turns started from the prefix: turn 0 forwarded its action only, never the prompt again
+    assert all(not state.open for state in (learner.turn_source, learner.turn_source.core))
+    assert turned.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)
+    assert turned.entropy_sums == pytest.approx(full.entropy_sums, rel=1e-5)
+
+
+def test_turn_release_member_with_another_prompt_runs_its_own_history():
+    batch, events = _turn_batch(rewrite=6)
+    _, full = _learner(batch, shared=False, release="reward")
+    learner, turned = _turn_learner(batch, events, shared=True)
+    assert list(learner.prefixes.mismatched) == [6]
+    for key, vector in _terms(full).items():
+        assert _rel(_terms(turned)[key], vector) <= TOLERANCE, key
+
+
+def test_turn_release_prefix_forwards_the_prompt_once_per_group(monkeypatch):
+    batch, events = _turn_batch()
+    forwarded: list[int] = []
+    original = TurnScoreBackward.turn
+    monkeypatch.setattr(TurnScoreBackward, "turn", lambda self, event: forwarded.append(original(self, event)))
+    tokens = {}
+    for shared in (False, True):
+        forwarded.clear()
+        _, totals = _turn_learner(batch, events, shared=shared)
+        prefix = sum(w.tokens for w in totals.work if w.kind == "prefix_forward")
+        tokens[shared] = (sum(forwarded), prefix)
+    # without the prefix every member's first turn forwards the prompt; with it, each group forwards it once
+    assert tokens[False] == (tokens[True][0] + len(batch) * PROMPT, 0)
+    assert tokens[True][1] == 2 * PROMPT

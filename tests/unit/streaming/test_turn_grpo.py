@@ -21,10 +21,10 @@ from tests.fixtures.turn_grpo import (
     _trl_logps,
     _with_sampler,
 )
-from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
+from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError, TurnOrderError
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
-from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext
+from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
@@ -264,3 +264,76 @@ def test_a_trajectory_without_turn_events_falls_back_unless_it_scores_nothing():
     assert turns.finish(masked) == TrajectoryBackward(
         params=turns.params, logps_fn=None, normalization=turns.normalization, eos_and_pad=(EOS,),
         mask_truncated=True)(ScoredRollout(masked, (1.0,), 1.0, 0.0), 0)
+
+
+# -- coalesced turns: consecutive ready turns of one trajectory learned as one segment (`coalesce.py`) -------------
+def _coalesced_compare(whole, turns, events, rollout, runs) -> float:
+    """`_compare` with the turns submitted in `runs` (lengths of consecutive runs, e.g. (1, 3): turn 0, then 1..3)."""
+    position = 0
+    for size in runs:
+        part = events[position : position + size]
+        if part:
+            turns.turns(part) if len(part) > 1 else turns.turn(part[0])
+        position += size
+    assert position >= len(events)
+    return _compare(whole, turns, [], rollout)
+
+
+@pytest.mark.parametrize("runs", [(1, 3), (2, 2), (4,), (3, 1)], ids=lambda r: "+".join(map(str, r)))
+@pytest.mark.parametrize("case", CASES[2:], ids=lambda c: "-".join(map(str, c)))
+def test_coalesced_turns_equal_trajectory_backward(case, runs):
+    loss_type, beta, temperature, mode, bias, *core = case
+    correction = SamplingCorrection(mode, 0.8, 1.25) if mode else None
+    policy, whole, turns = _setup(loss_type, beta, temperature, correction, bias_correction_kl=bias)
+    worst = 0.0
+    for n, events in enumerate(_trajectories(policy.config.vocab_size)):
+        events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else (), eos_last=n == 2)
+        if mode:
+            events, rollout = _with_sampler(events, rollout, policy, scale=0.3 if mode.startswith("token") else
+                                            0.05, seed=n)
+        worst = max(worst, _coalesced_compare(whole, turns, events, rollout, runs))
+    assert worst <= TOLERANCE
+
+
+def test_coalesced_turns_forward_each_token_once_and_replay_less():
+    """One segment for turns 1..n−1: the same tokens forwarded, fewer segments for the close to replay."""
+    model = _model(1, 1.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    events = synthetic_trajectory(0, model.config.vocab_size, prompt=6, actions=[3] * 4, framings=[4] * 3, seed=7)
+    norm = LossNormalization("dapo", 1, 1, 64)
+    replayed, forwarded = {}, {}
+    for coalesce in (False, True):
+        turns = TurnScoreBackward(model=model, params=params, normalization=norm, eos_and_pad=(EOS,),
+                                  mask_truncated=False)
+        forwarded[coalesce] = (turns.turn(events[0]) + turns.turns(events[1:]) if coalesce
+                               else sum(turns.turn(e) for e in events))
+        assert len(turns.core.open[0].segments) == (2 if coalesce else 4)
+        replayed[coalesce] = turns.core.close(0, {"score": turns.open[0].score})
+    assert forwarded[True] == forwarded[False]
+    assert replayed[True] < replayed[False]
+
+
+def test_coalesced_turns_refuse_a_history_that_does_not_extend():
+    policy, _, turns = _setup("grpo", 0.0, 1.0, None)
+    events = _trajectories(policy.config.vocab_size)[0]
+    at = len(events[1].context_ids)  # turn 2 says turn 1's first action token was another one
+    context = events[2].context_ids
+    bad = TurnEvent(0, 2, 0, context[:at] + ((context[at] + 1) % 100,) + context[at + 1 :], events[2].action_ids, 0.0)
+    assert turns.turns([events[0], events[1], bad]) == 0
+    assert "does not extend" in turns.fallbacks[0] and not turns.open
+    params = list(policy.parameters())
+    with pytest.raises(TurnOrderError, match="coalesced turns must extend"):
+        BoundaryCut(policy, params).turns([events[0], events[1], bad], lambda logits, a: {"score": logits.sum()},
+                                          {"score": FlatGradient(params)}, "")
+
+
+def test_gradient_sinks_refuse_non_finite_entries_only():
+    """One reduction per tensor finds a NaN or inf entry; finite entries whose sum overflows FP32 are accepted."""
+    params = [torch.zeros(3), torch.zeros(2, 2)]
+    big = torch.full((2, 2), 3e38)  # finite, but its FP32 sum is inf
+    for sink in (FlatGradient(params), GradientSum(params)):
+        sink.add([torch.ones(3), big], "ok")
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(NonFiniteGradientError, match="trajectory 9 turn 1"):
+                sink.add([torch.tensor([1.0, bad, 0.0]), None], "trajectory 9 turn 1")
+    assert float(FlatGradient(params).vector.sum()) == 0.0

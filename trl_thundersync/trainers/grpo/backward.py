@@ -74,7 +74,6 @@ def prefix_refusal(settings: GRPOSettings, module: torch.nn.Module, sharded: boo
     """Why this run's batches cannot use shared prefixes exactly (None: they can)."""
     args = settings.args
     refusals = [
-        (settings.release == "turn", "release='turn' (its per-turn boundary cut already shares each history)"),
         (sharded, "a sharded or engine-managed placement (DeepSpeed, FSDP2)"),
         (args.num_iterations > 1, "num_iterations > 1 (passes 2..μ re-run full forwards)"),
         (args.off_policy_mask_threshold is not None, "the off-policy mask holds score gradients per trajectory"),
@@ -127,8 +126,9 @@ def reference_logps_fn(models: BatchModels):
 
 
 def turn_backward(settings: GRPOSettings, models: BatchModels, normalization: LossNormalization,
-                  entropy_coef: float | None = None) -> TurnScoreBackward:
-    """The per-turn boundary-cut backward of `release="turn"`."""
+                  entropy_coef: float | None = None, prefixes: PrefixGroups | None = None) -> TurnScoreBackward:
+    """The per-turn boundary-cut backward of `release="turn"`; with `prefixes`, each member's turns start from its
+    group's shared prefix."""
     module, ref_model, ref_context = models.module, None, None
     if settings.beta != 0.0:
         if models.turn_reference is not None:
@@ -145,6 +145,7 @@ def turn_backward(settings: GRPOSettings, models: BatchModels, normalization: Lo
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=settings.args.use_bias_correction_kl,
         correction=settings.correction, device=settings.device, policy_version=models.policy_version,
         autocast=models.autocast, entropy_coef=entropy_coef, off_policy_sampling=settings.off_policy_sampling,
+        prefixes=prefixes,
     )
 
 

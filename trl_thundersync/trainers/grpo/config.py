@@ -41,6 +41,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on GRPO groups holding gradient statistics at once.
         max_buffered_trajectories (`int`, *optional*):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
+        coalesce_turns (`bool`, *optional*, defaults to `True`):
+            Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
         shared_prefix (`bool`, *optional*, defaults to `True`):
             Whether each group's prompt is forwarded and back-propagated once instead of once per member.
         shared_prefix_min_prompt_tokens (`int`, *optional*, defaults to `256`):
@@ -131,8 +133,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         metadata={
             "help": "Forward and back-propagate the prompt of each group with at least shared_prefix_min_prompt_tokens "
             "tokens once instead of once per member (paper Appendix I); the same update up to FP32 rounding. Full "
-            "passes, logged with the reason, where it is not exact (turn release, sharded engines, num_iterations > "
-            "1, the off-policy mask, normalize_then_sum, gradient checkpointing, non-full attention)."
+            "passes, logged with the reason, where it is not exact (sharded engines, num_iterations > 1, the "
+            "off-policy mask, normalize_then_sum, gradient checkpointing, non-full attention)."
         },
     )
     shared_prefix_min_prompt_tokens: int = field(
@@ -149,6 +151,14 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "help": "Admission cap for release='content'/'turn': at most this many trajectories hold a score-gradient "
             "buffer (or per-turn state) at once, ≤ 4·m·P extra bytes; the others are released at their reward. None "
             "= every trajectory of the batch may hold one."
+        },
+    )
+    coalesce_turns: bool = field(
+        default=True,
+        metadata={
+            "help": "release='turn': when the learner finds several turns of one trajectory ready (it was busy while "
+            "their tools ran), learn them as one segment, one forward and backward instead of one per turn; the same "
+            "update up to FP32 rounding. A free learner still takes each turn as it ends."
         },
     )
     allow_unscorable_groups: bool = field(

@@ -222,7 +222,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source, turns=self._turns,
-                                               grade=rewards.start if rewards.grades_ahead else None)
+                                               grade=rewards.start if rewards.grades_ahead else None,
+                                               coalesce=self.args.coalesce_turns)
         finally:
             rewards.close()
             progress.close()
@@ -260,7 +261,9 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         recorded = None
         if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
             recorded = RecordedLogProbs().wrap(backward)
-        turns = turn_backward(settings, models, normalization, entropy_coef) if settings.release == "turn" else None
+        turns = None
+        if settings.release == "turn":
+            turns = turn_backward(settings, models, normalization, entropy_coef, prefixes)
         aux = router_aux_loss(settings, models, permutation, self.current_gradient_accumulation_steps)
         learner = GRPOBatchLearner(
             batch_size=batch_size, num_generations=self.num_generations,
