@@ -6,7 +6,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.parity import CaptureGrads, cpu_config, load_model, relative_error
+from benchmarks.parity import SHARED_PREFIX, CaptureGrads, cpu_config, load_model, relative_error
 from tests.fixtures.agentic_trainer import dataset, make_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 # (a per-trajectory scalar applied when the last turn ends)
 OPTIONS = {"plain": {}, "beta_grpo": dict(beta=0.1, loss_type="grpo")}
 # ThunderSync only: each member's first turn starts from its group's shared prompt (`shared_prefix`), or not
-PREFIX = {"": dict(shared_prefix=False), "_prefix": dict(shared_prefix=True)}
+PREFIX = {"": dict(shared_prefix=False), "_prefix": dict(SHARED_PREFIX)}
 
 
 @pytest.mark.parametrize("release, options", [("reward", "plain"), ("content", "plain"), ("turn", "plain"),

@@ -14,7 +14,7 @@ import json
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.parity import ENTROPY_PARITY_CASES, cpu_config, relative_error, run_trainer
+from benchmarks.parity import ENTROPY_PARITY_CASES, SHARED_PREFIX, cpu_config, relative_error, run_trainer
 from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import ConfigurationError
@@ -27,8 +27,8 @@ RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(releas
             # one buffer slot: most trajectories are released at their reward, their E_i with them (once each)
             "content_one_slot": dict(release="content", max_buffered_trajectories=1),
             # the shared-prefix backward: the entropy adjoints summed per TRL micro-batch, one prefix backward each
-            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
-            "content_one_slot_shared_prefix": dict(release="content", max_buffered_trajectories=1, shared_prefix=True)}
+            "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
+            "content_one_slot_shared_prefix": dict(release="content", max_buffered_trajectories=1, **SHARED_PREFIX)}
 
 
 def run(trainer_cls, config_cls, tmp_path, tokenizer, model_path, **overrides):

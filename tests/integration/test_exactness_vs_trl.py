@@ -11,7 +11,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.parity import PARITY_CASES, load_model, reward_len, reward_parity
+from benchmarks.parity import PARITY_CASES, SHARED_PREFIX, load_model, reward_len, reward_parity
 from tests.fixtures.exactness import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -26,8 +26,8 @@ CASES = PARITY_CASES
 # H_i computed before any reward, bound when TRL's own batch call returns).
 # Each also with the shared-prefix backward (the group's prompt forwarded and back-propagated once).
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
-            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
-            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
+            "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX)}
 # option sets the shared prefix refuses (full passes, the reason logged): it must not run there
 PREFIX_REFUSED = {"gradient_checkpointing", "normalize_then_sum"}
 

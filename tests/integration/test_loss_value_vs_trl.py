@@ -18,6 +18,7 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import (
+    SHARED_PREFIX,
     CaptureGrads,
     cpu_config,
     load_model,
@@ -36,8 +37,8 @@ TOL = 1e-5
 
 # each also with the shared-prefix backward (full passes, logged, where it refuses the options)
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
-            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
-            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
+            "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX)}
 GA2 = dict(gradient_accumulation_steps=2, per_device_train_batch_size=2)
 
 
@@ -88,37 +89,71 @@ IS_CASES = {
 }
 
 
+def corrected_run(tmp_path, name, tokenizer, model_path, overrides, thundersync=None, member_order=None, **trl_extra):
+    """Stock TRL with its vLLM correction on the scripted sampler log-probs (`thundersync`: None), or ThunderSync with
+    those release options; returns (trainer, batch direction)."""
+    trainer_cls, config_cls = ((GRPOTrainer, GRPOConfig) if thundersync is None
+                               else (ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig))
+    options = dict(use_vllm=True, vllm_mode="server", **trl_extra) if thundersync is None else thundersync
+    capture = CaptureGrads()
+    trainer = trainer_cls(model=load_model(model_path), reward_funcs=[reward_len],
+                          args=cpu_config(config_cls, tmp_path / name, **options, **overrides),
+                          train_dataset=prompt_dataset(), processing_class=tokenizer,
+                          rollout_func=rollout_with_sampler_logprobs(tokenizer, member_order), callbacks=[capture])
+    if thundersync is not None:  # as in test_vllm_importance_sampling: the same scripted trajectories, corrected
+        trainer.args.use_vllm = True
+    trainer.train()
+    return trainer, capture.directions[0]
+
+
 @pytest.mark.parametrize("release", sorted(RELEASES))
 @pytest.mark.parametrize("case", sorted(IS_CASES))
-def test_loss_with_the_vllm_correction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path, monkeypatch,
-                                                   request):
+def test_loss_with_the_vllm_correction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    # cispo_sequence_mask_entropy's policy_loss Σ_i A_i·c_i·Σ_t log π_it cancels ~100× across each group, so it shows
+    # the log-probs' last bits: the prefix path scores its rows with TRL's fused-head arithmetic
+    # (`streaming/head_logps.py`; with log_softmax it was 1.9e-5 off TRL's)
     import trl.trainer.grpo_trainer as trl_grpo
-
-    if case == "cispo_sequence_mask_entropy" and release.endswith("shared_prefix"):
-        # known: the direction matches, but the logged policy_loss is 1.9e-5 off (0.0381094 vs 0.0381087): cispo's
-        # value Σ c_i·log π (c_i = exp Σ_t of log-ratios) of the prefix path's differently rounded log-probs, then
-        # cancelled ~100× by the advantages; shared_prefix stays off by default while this fails
-        request.applymarker(pytest.mark.xfail(strict=True, reason="shared prefix: policy_loss rounding, see comment"))
 
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
     overrides = dict(IS_CASES[case], max_steps=1, max_grad_norm=0.0)
-    runs = {}
-    for name, trainer_cls, config_cls in (("trl", GRPOTrainer, GRPOConfig),
-                                          ("thundersync", ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig)):
-        vllm = dict(use_vllm=True, vllm_mode="server") if name == "trl" else RELEASES[release]
-        capture = CaptureGrads()
-        trainer = trainer_cls(model=load_model(tiny_model_path), reward_funcs=[reward_len],
-                              args=cpu_config(config_cls, tmp_path / name, **vllm, **overrides),
-                              train_dataset=prompt_dataset(), processing_class=tokenizer,
-                              rollout_func=rollout_with_sampler_logprobs(tokenizer), callbacks=[capture])
-        if name == "thundersync":  # as in test_vllm_importance_sampling: the same scripted trajectories, corrected
-            trainer.args.use_vllm = True
-        trainer.train()
-        runs[name] = (trainer, capture.directions[0])
-    (got, got_direction), (ref, ref_direction) = runs["thundersync"], runs["trl"]
+    ref, ref_direction = corrected_run(tmp_path, "trl", tokenizer, tiny_model_path, overrides)
+    got, got_direction = corrected_run(tmp_path, "thundersync", tokenizer, tiny_model_path, overrides,
+                                       thundersync=RELEASES[release])
     assert relative_error(got_direction, ref_direction) <= TOL
     keys = ("loss", "policy_loss") if "entropy_coef" in overrides else ("loss",)
     assert_logged_like_trl(got, ref, keys)
+    assert ("prefix_forward" in {w.kind for w in got.last_batch[0].work}) == release.endswith("shared_prefix")
+
+
+def test_cispo_policy_loss_against_trls_own_rounding(tmp_path, tokenizer, tiny_model_path, monkeypatch):
+    """cispo_sequence_mask_entropy's logged policy_loss, shared prefix on, against stock TRL's own spread on the same
+    rollouts: its members permuted (the summation order only) and its batch padded to a multiple of 16/32/64 tokens
+    (the forward's shapes, hence the logits' rounding, which any per-source pass changes too). Prints the figures
+    that docs/rewards.md quotes (`-rP`)."""
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    monkeypatch.setattr(trl_grpo, "VLLMGeneration", _NoVLLM)
+    overrides = dict(IS_CASES["cispo_sequence_mask_entropy"], max_steps=1, max_grad_norm=0.0)
+
+    def policy_loss(trainer) -> float:
+        return trainer.state.log_history[0]["policy_loss"]
+
+    ref = policy_loss(corrected_run(tmp_path, "trl", tokenizer, tiny_model_path, overrides)[0])
+    errors = {"trl permuted": corrected_run(tmp_path, "reverse", tokenizer, tiny_model_path, overrides,
+                                            member_order="reverse")[0]}
+    for multiple in (16, 32, 64):
+        errors[f"trl pad {multiple}"] = corrected_run(tmp_path, f"pad{multiple}", tokenizer, tiny_model_path,
+                                                      overrides, pad_to_multiple_of=multiple)[0]
+    for release in ("reward_shared_prefix", "content_batch_scope_shared_prefix"):
+        errors[release] = corrected_run(tmp_path, release, tokenizer, tiny_model_path, overrides,
+                                        thundersync=RELEASES[release])[0]
+        assert "prefix_forward" in {w.kind for w in errors[release].last_batch[0].work}
+    errors = {name: abs(policy_loss(trainer) - ref) / abs(ref) for name, trainer in errors.items()}
+    print("policy_loss relative to stock TRL's:", {name: f"{e:.2e}" for name, e in errors.items()})
+    padded = max(e for name, e in errors.items() if name.startswith("trl pad"))
+    assert 0 < errors["trl permuted"] <= TOL, errors
+    for release in ("reward_shared_prefix", "content_batch_scope_shared_prefix"):
+        assert errors[release] <= min(TOL, padded), errors
 
 
 # TRL's off-policy sequence mask: a dropped row (A < 0, sampler KL above the threshold) has no policy loss value.

@@ -13,7 +13,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.parity import MOE_PARITY_CASES, load_model, relative_error, run_trainer
+from benchmarks.parity import MOE_PARITY_CASES, SHARED_PREFIX, load_model, relative_error, run_trainer
 from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -23,8 +23,8 @@ TOL = 1e-5
 CASES = MOE_PARITY_CASES
 # each also with the shared-prefix backward (full passes, logged, where it refuses the options)
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
-            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
-            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
+            "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX)}
 
 
 @pytest.fixture(scope="module")

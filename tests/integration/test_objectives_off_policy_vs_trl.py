@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import (
     SAMPLER_OFFSETS,
+    SHARED_PREFIX,
     CaptureGrads,
     cpu_config,
     load_model,
@@ -35,8 +36,8 @@ REWARDS = (reward_len, reward_parity, reward_constant)
 WEIGHTS = [0.5, 2.0, 1.0]
 # each also with the shared-prefix backward (full passes, logged, where it refuses the options)
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
-            "reward_shared_prefix": dict(release="reward", shared_prefix=True),
-            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", shared_prefix=True)}
+            "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX)}
 OBJECTIVE = dict(multi_objective_aggregation="normalize_then_sum", reward_weights=WEIGHTS,
                  per_device_train_batch_size=8, num_generations=4)
 THRESHOLD = 0.5

@@ -7,7 +7,15 @@ import random
 import pytest
 import torch
 
-from benchmarks.parity import StopAt, cpu_config, load_model, prompt_dataset, reward_len, scripted_rollout_func
+from benchmarks.parity import (
+    SHARED_PREFIX,
+    StopAt,
+    cpu_config,
+    load_model,
+    prompt_dataset,
+    reward_len,
+    scripted_rollout_func,
+)
 from tests.fixtures.exactness import rel, run
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -40,7 +48,7 @@ class ShuffledEngine:
 
 @pytest.mark.parametrize("case", [dict(), dict(loss_type="grpo", beta=0.1), dict(gradient_accumulation_steps=2,
                                   per_device_train_batch_size=2, loss_type="bnpo"),
-                                  dict(shared_prefix=True), dict(loss_type="grpo", beta=0.1, shared_prefix=True)])
+                                  dict(SHARED_PREFIX), dict(loss_type="grpo", beta=0.1, **SHARED_PREFIX)])
 def test_update_is_independent_of_completion_order(case, tmp_path, tokenizer, tiny_model_path):
     overrides = dict(case, max_steps=2, max_grad_norm=0.0, optim="sgd")
     base_dirs, base, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "base", tokenizer,
@@ -102,9 +110,9 @@ def test_shared_prefix_under_the_admission_cap_keeps_the_update(release, tmp_pat
     common = dict(max_steps=1, optim="sgd", per_device_train_batch_size=8, release=release,
                   wrap_engine=lambda e: ShuffledEngine(e, 7))
     _, free, _ = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "free", tokenizer, tiny_model_path,
-                     **common)
+                     shared_prefix=False, **common)
     _, capped, t_cap = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "cap", tokenizer,
-                           tiny_model_path, max_open_groups=1, shared_prefix=True, **common)
+                           tiny_model_path, max_open_groups=1, **SHARED_PREFIX, **common)
     assert rel(capped, free) <= TOL
     work = t_cap.last_batch[0].work
     opened = [w for w in work if w.kind == "prefix_forward"]
@@ -126,7 +134,8 @@ def test_lora_trains_adapter_only_and_matches_trl(shared_prefix, tmp_path, token
     ref_dirs, ref, _ = run(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, peft_config=lora,
                            **overrides)
     got_dirs, got, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer,
-                                 tiny_model_path, peft_config=lora, shared_prefix=shared_prefix, **overrides)
+                                 tiny_model_path, peft_config=lora, **overrides,
+                                 **(SHARED_PREFIX if shared_prefix else dict(shared_prefix=False)))
     kinds = {w.kind for w in trainer.last_batch[0].work}
     assert ("prefix_forward" in kinds) == shared_prefix
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]

@@ -81,8 +81,9 @@ class PrefixGroups:
     def __init__(self, *, model: Any, params: Sequence[torch.Tensor], group_size: int, max_open: int,
                  temperature: float = 1.0, device: torch.device | str = "cpu", reference: Any = None,
                  reference_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 flops: Callable[[PassWork], float] | None = None) -> None:
+                 flops: Callable[[PassWork], float] | None = None, min_prompt_tokens: int = 1) -> None:
         self.model, self.params, self.device = model, list(params), torch.device(device)
+        self.min_prompt_tokens = min_prompt_tokens  # a shorter prompt does not repay its group's extra pass
         self.group_size, self.max_open, self.temperature = group_size, max_open, temperature
         self.reference, self.reference_context, self.flops = reference, reference_context, flops
         self.window = context_window(model)
@@ -102,6 +103,9 @@ class PrefixGroups:
         FLOPs (policy and reference; None: no counter, or the group was decided before, or falls back)."""
         if group in self.open or group in self.declined:
             return None
+        if len(prompt_ids) < self.min_prompt_tokens:
+            return self._decline(group, f"its prompt of {len(prompt_ids)} tokens is shorter than "
+                                        f"shared_prefix_min_prompt_tokens={self.min_prompt_tokens}")
         if len(self.open) >= self.max_open:
             return self._decline(group, f"{len(self.open)} open prefixes already (max_open_groups)")
         plan = prompt_plan(group, prompt_ids, self.window)

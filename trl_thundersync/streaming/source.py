@@ -33,6 +33,7 @@ import torch
 
 from ..errors import NonFiniteGradientError, RolloutError
 from ..types import Rollout, ScoredRollout
+from .head_logps import head_logps
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
@@ -138,7 +139,7 @@ class TrajectoryBackward:
         self.entropy_coef = entropy_coef  # the batch's applied coefficient; None: no entropy bonus
         self.off_policy_sampling = off_policy_sampling  # off-policy mask: use the rollout's sampler log-probs
         self.prefixes = prefixes  # the batch's shared prefixes (None: every pass is a full one)
-        self.temperature = temperature  # TRL's sampling temperature, dividing the logits of a prefix path's rows
+        self.temperature = temperature  # TRL's sampling temperature, scaling the logits of a prefix path's rows
 
     def __call__(self, source: ScoredRollout, bucket: int) -> SourceGradients:
         """Reward release: the backward of a scored trajectory (H_i skipped when it is unscorable)."""
@@ -201,8 +202,9 @@ class TrajectoryBackward:
         found: dict[str, float | torch.Tensor] = {}
 
         def objective(logits: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
-            scaled = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-            logps = scaled.gather(-1, actions.unsqueeze(-1)).squeeze(-1).unsqueeze(0)  # [1, T]
+            # TRL's fused-head arithmetic, not log_softmax: the logged values must round as the full pass's do
+            logps, entropies = head_logps(logits, actions, self.temperature, entropy=need_entropy)
+            logps = logps.unsqueeze(0)  # [1, T]
             if not torch.isfinite(logps[mask.bool()]).all():
                 raise NonFiniteGradientError(
                     f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
@@ -213,12 +215,10 @@ class TrajectoryBackward:
                 found["off_policy"], found["value"] = self._score_term(rollout, logps, mask, weight, outputs)
             if need_free:
                 with torch.no_grad():
-                    ref_rows = self.prefixes.reference_logits(rollout).float() / self.temperature
-                    ref = torch.log_softmax(ref_rows, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)[None]
+                    ref = head_logps(self.prefixes.reference_logits(rollout), actions, self.temperature)[0][None]
                 found["free_value"], found["kl_sum"] = self._free_term(ref, logps, mask, weight, outputs)
             if need_entropy:
-                entropies = -(scaled.exp() * scaled).sum(-1).unsqueeze(0)
-                found["entropy_sum"] = self._entropy_term(entropies, mask, outputs)
+                found["entropy_sum"] = self._entropy_term(entropies.unsqueeze(0), mask, outputs)
             return dict(outputs)
 
         sinks = {c: FlatGradient(self.params, self.device) for c in ("score", "free", "entropy")}

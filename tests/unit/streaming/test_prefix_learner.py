@@ -28,6 +28,7 @@ from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.trainers.grpo.backward import prefix_groups
+from trl_thundersync.trainers.placement.replicated import ReplicatedPlacement
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
 
 TOLERANCE = 1e-5  # FP32: the prefix path differs from the full pass by rounding only
@@ -56,13 +57,14 @@ def _forward(compute_entropy: bool, temperature: float, seed: int = 3):
     return lambda ids, mask, keep: fn(owner, model, ids, mask, keep)[0]
 
 
-def _batch(groups: int = 2, rewrite: int | None = None) -> list[ScoredRollout]:
-    """`groups` groups of G members over one prompt each; member `rewrite` gets its own first prompt token."""
+def _batch(groups: int = 2, rewrite: int | None = None, prompts: tuple[int, ...] = ()) -> list[ScoredRollout]:
+    """`groups` groups of G members over one prompt each (of `prompts[g]` tokens, PROMPT by default); member
+    `rewrite` gets its own first prompt token."""
     gen = torch.Generator().manual_seed(0)
     vocab = _model(1.0, 3).config.vocab_size
     out = []
     for g in range(groups):
-        prompt = torch.randint(8, vocab, (PROMPT,), generator=gen).tolist()
+        prompt = torch.randint(8, vocab, (prompts[g] if prompts else PROMPT,), generator=gen).tolist()
         for m in range(G):
             index = g * G + m
             ids = list(prompt)
@@ -77,14 +79,14 @@ def _batch(groups: int = 2, rewrite: int | None = None) -> list[ScoredRollout]:
 
 
 def _learner(batch, *, shared: bool, release: str, beta: float = 0.0, entropy: float | None = None,
-             temperature: float = 1.0, max_open: int | None = None):
+             temperature: float = 1.0, max_open: int | None = None, min_prompt_tokens: int = 1):
     model, params = _model(temperature, 3), _params(temperature)
     norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
     prefixes = None
     if shared:
         prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=max_open or len(batch) // G,
                                 temperature=temperature, reference=_model(temperature, 4) if beta else None,
-                                flops=pass_flop_counter(model, params))
+                                flops=pass_flop_counter(model, params), min_prompt_tokens=min_prompt_tokens)
     backward = TrajectoryBackward(
         params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(EOS, 0),
         mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
@@ -153,6 +155,25 @@ def test_cap_declines_groups_beyond_max_open(caplog):
         assert _rel(_terms(shared)[key], vector) <= TOLERANCE, key
 
 
+@pytest.mark.parametrize("release", ["reward", "content"])
+def test_prompts_shorter_than_the_threshold_run_full_passes(release, caplog):
+    batch = _batch(prompts=(PROMPT - 3, PROMPT))  # group 0's prompt is below the threshold, group 1's at it
+    _, full = _learner(batch, shared=False, release=release)
+    with caplog.at_level(logging.INFO, logger=prefix_module.__name__):
+        learner, shared = _learner(batch, shared=True, release=release, min_prompt_tokens=PROMPT)
+    assert learner.prefixes.declined == {0: f"its prompt of {PROMPT - 3} tokens is shorter than "
+                                            f"shared_prefix_min_prompt_tokens={PROMPT}"}
+    assert sum("group 0 runs full passes: its prompt of 7 tokens" in r.getMessage() for r in caplog.records) == 1
+    kinds = [w.kind for w in shared.work]
+    assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 1  # group 1's prompt only
+    # the members' passes carry their own FLOPs only over a prefix (a full pass is priced by the trace)
+    passes = {"reward": "trajectory", "content": "content"}[release]
+    priced = {w.index: w.flops is not None for w in shared.work if w.kind == passes}
+    assert not any(priced[i] for i in range(G)) and all(priced[i] for i in range(G, 2 * G))
+    for key, vector in _terms(full).items():
+        assert _rel(_terms(shared)[key], vector) <= TOLERANCE, key
+
+
 def test_run_level_refusal_is_logged_once(monkeypatch, caplog):
     monkeypatch.setattr(prefix_module, "_LOGGED", set())
     args = SimpleNamespace(shared_prefix=True, num_iterations=1, off_policy_mask_threshold=None, temperature=1.0)
@@ -167,6 +188,16 @@ def test_run_level_refusal_is_logged_once(monkeypatch, caplog):
     args.shared_prefix = False  # off: nothing to refuse, nothing logged
     assert prefix_groups(settings, models, 2, placement=None) is None
     assert len(caplog.records) == 1
+
+
+def test_the_threshold_reaches_the_batch_prefixes():
+    args = SimpleNamespace(shared_prefix=True, num_iterations=1, off_policy_mask_threshold=None, temperature=1.0,
+                           shared_prefix_min_prompt_tokens=300)
+    settings = SimpleNamespace(args=args, release="content", objective_weights=None, beta=0.0, num_generations=G,
+                               device=torch.device("cpu"))
+    models = SimpleNamespace(module=_model(1.0, 3), params=_params(), reference=None)
+    placement = ReplicatedPlacement(SimpleNamespace(num_processes=1))
+    assert prefix_groups(settings, models, 2, placement=placement).min_prompt_tokens == 300
 
 
 def test_flop_ledger_counts_fewer_token_passes():

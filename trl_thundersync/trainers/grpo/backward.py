@@ -105,7 +105,8 @@ def prefix_groups(settings: GRPOSettings, models: BatchModels, max_open: int, pl
                 return use_adapter(module, adapter_name=name)
     return PrefixGroups(model=module, params=models.params, group_size=settings.num_generations, max_open=max_open,
                         temperature=settings.args.temperature, device=settings.device, reference=reference,
-                        reference_context=context, flops=pass_flop_counter(module, models.params))
+                        reference_context=context, flops=pass_flop_counter(module, models.params),
+                        min_prompt_tokens=settings.args.shared_prefix_min_prompt_tokens)
 
 
 def reference_logps_fn(models: BatchModels):

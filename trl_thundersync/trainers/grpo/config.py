@@ -43,8 +43,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
-        shared_prefix (`bool`, *optional*, defaults to `False`):
+        shared_prefix (`bool`, *optional*, defaults to `True`):
             Whether each group's prompt is forwarded and back-propagated once instead of once per member.
+        shared_prefix_min_prompt_tokens (`int`, *optional*, defaults to `256`):
+            Shortest prompt (tokens) whose group shares it; a group with a shorter prompt runs full passes.
 
         > Parameters that control rewards (docs/rewards.md)
 
@@ -127,12 +129,20 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         },
     )
     shared_prefix: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "Forward and back-propagate each group's prompt once instead of once per member (paper Appendix "
-            "I), for release='reward'/'content'; the same update up to FP32 rounding. Falls back to full passes, "
-            "logged with the reason, where it is not exact (turn release, sharded engines, num_iterations > 1, the "
+            "help": "Forward and back-propagate the prompt of each group with at least shared_prefix_min_prompt_tokens "
+            "tokens once instead of once per member (paper Appendix I); the same update up to FP32 rounding. Full "
+            "passes, logged with the reason, where it is not exact (sharded engines, num_iterations > 1, the "
             "off-policy mask, normalize_then_sum, gradient checkpointing, non-full attention)."
+        },
+    )
+    shared_prefix_min_prompt_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "With shared_prefix, a group whose prompt is shorter than this many tokens runs full passes "
+            "(logged per group): sharing adds a pass per group, which a short prompt does not repay. 256 rounds up "
+            "the learner's break-even on the main job's model with 8 members (~192 tokens; docs/rewards.md). ≥ 1."
         },
     )
     max_buffered_trajectories: int | None = field(
@@ -188,6 +198,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         if self.max_buffered_trajectories is not None and self.max_buffered_trajectories < 1:
             raise ConfigurationError(
                 f"max_buffered_trajectories={self.max_buffered_trajectories} must be ≥ 1 (or None for no cap)")
+        if self.shared_prefix_min_prompt_tokens < 1:
+            raise ConfigurationError(
+                f"shared_prefix_min_prompt_tokens={self.shared_prefix_min_prompt_tokens} must be ≥ 1 (1: every group "
+                "shares its prompt; to turn the shared prefix off set shared_prefix=False)")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
         self.check_agent_fields()
