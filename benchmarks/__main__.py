@@ -276,8 +276,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--reward-scope", choices=("auto", "trajectory", "group", "batch"),
                        help="ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules (stock TRL: always batch)")
     knobs.add_argument("--shared-prefix", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
-                       help="ThunderSyncGRPOConfig.shared_prefix of the sync and ThunderSync schedules (default: "
-                            "the config's)")
+                       help="sync and ThunderSync schedules: 'on' shares every group's prompt whatever its length "
+                            "(shared_prefix_min_prompt_tokens=1), 'off' none (default: the config's rule)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

@@ -99,8 +99,10 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
     extra = dict(schedule=schedule, release=release, reward_scope=w.reward_scope, agent_protocol="paper",
                  agent_max_turns=w.turns + 1, learner_num_threads=1, rollout_num_threads=1,
                  rollout_max_in_flight=w.concurrency)
-    if w.shared_prefix is not None:
+    if w.shared_prefix is not None:  # on: every group, whatever its prompt length (the threshold's floor)
         extra["shared_prefix"] = w.shared_prefix
+        if w.shared_prefix:
+            extra["shared_prefix_min_prompt_tokens"] = 1
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,

@@ -63,7 +63,8 @@ class Workload:
     grading_latency: float = 0.0  # mean seconds of verification after a trajectory's last turn (get_reward)
     grading_cv: float = 0.25  # coefficient of variation of the grading time between trajectories
     reward_scope: str = "auto"  # ThunderSyncGRPOConfig.reward_scope of the ThunderSync schedules
-    shared_prefix: bool | None = None  # ThunderSyncGRPOConfig.shared_prefix of sync/ThunderSync (None: its default)
+    shared_prefix: bool | None = None  # sync/ThunderSync: True: a shared prefix for every group (min prompt tokens 1),
+    # False: none, None: the config's default (groups with prompts of shared_prefix_min_prompt_tokens or more)
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
