@@ -175,7 +175,8 @@ class GRPOBatchLearner:
             self.turn_source.turn(first)
         self.work.append(WorkItem("turn", first.index, first.index // self.num_generations, first.policy_version,
                                   events[-1].time, start, time.perf_counter(),
-                                  sum(len(e.action_ids) for e in events), turn=first.turn, turns=len(events)))
+                                  sum(len(e.action_ids) for e in events), turn=first.turn, turns=len(events),
+                                  flops=getattr(self.turn_source, "last_flops", None)))
         self._track_memory()
 
     def submit_content(self, rollout: Rollout) -> None:
@@ -196,6 +197,7 @@ class GRPOBatchLearner:
         if rollout.index in self.turning:
             self.turning.discard(rollout.index)
             grads, kind = self.turn_source.finish(rollout, bucket), "close"
+            flops = getattr(self.turn_source, "last_flops", None)
             if grads is None:
                 self.turn_fallbacks += 1
                 grads, kind = self.content_backward(rollout, bucket), "content"
@@ -213,9 +215,10 @@ class GRPOBatchLearner:
         self.tallies.record(rollout.index, grads)
         # K_i and E_i are folded already: keep only H_i, so the buffer holds one vector (release.vector_bytes)
         self.buffered[rollout.index] = Buffered(replace(grads, free_grad=None, entropy_grad=None, prefix=None), ready)
+        if kind != "close":
+            flops = grads.prefix.flops if grads.prefix is not None else None
         self.work.append(WorkItem(kind, rollout.index, rollout.group, rollout.policy_version, ready, start,
-                                  time.perf_counter(), grads.scored_tokens, content_ready=ready,
-                                  flops=grads.prefix.flops if grads.prefix is not None else None))
+                                  time.perf_counter(), grads.scored_tokens, content_ready=ready, flops=flops))
         self._track_memory()
 
     def submit(self, source: ScoredRollout) -> None:

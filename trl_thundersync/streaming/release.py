@@ -35,7 +35,8 @@ RELEASE_POINTS: tuple[ReleasePoint, ...] = get_args(ReleasePoint)
 
 
 class TurnSource(Protocol):
-    """Per-turn GRPO backward (`turn_grpo.py`): `turn` per turn in order, then `finish` or `discard` once."""
+    """Per-turn GRPO backward (`turn_grpo.py`): `turn` per turn in order, then `finish` or `discard` once. An
+    optional `last_flops` attribute prices the last call's passes for the trace (absent or None: by tokens)."""
 
     def turn(self, event: TurnEvent) -> int: ...  # tokens forwarded
 

@@ -264,6 +264,8 @@ class BoundaryCut:
         self.model, self.params, self.device = model, list(params), torch.device(device)
         self.open: dict[int, _History] = {}
         self._param_storages = {p.untyped_storage().data_ptr() for p in self.params}
+        # the last `close`'s backward products: (segment tokens, tokens before it, channels replayed) per segment
+        self.replay_work: list[tuple[int, int, int]] = []
 
     def seed(self, index: int, ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
              last_logits: torch.Tensor | None) -> None:
@@ -355,9 +357,13 @@ class BoundaryCut:
         A seeded prefix is not replayed: `boundary[channel]` gets the adjoints of its outputs instead (keys per
         layer, values per layer, then the last logits row; None where no turn read one)."""
         state = self.open.pop(index, None)
+        self.replay_work = []
         if state is None:
             return 0
         replayed = 0
+        starts = [0]
+        for s in state.segments[:-1]:
+            starts.append(starts[-1] + s.length)
         for position in range(len(state.segments) - 1, -1, -1):
             segment = state.segments[position]
             if segment.external:
@@ -374,6 +380,8 @@ class BoundaryCut:
                                f"trajectory {index} context replay", retain_graph=n + 1 < len(channels),
                                owner=position)
             replayed += segment.length if channels else 0
+            if channels:
+                self.replay_work.append((segment.length, starts[position], len(channels)))
             state.segments[position] = None  # type: ignore[assignment]  # frees its graph before the next one
         return replayed
 

@@ -45,6 +45,7 @@ from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
 from .segment_backward import BoundaryCut, FlatGradient, FullContext, all_finite
+from .shared_prefix import PassWork
 from .source import loss_mask, policy_value
 from .turn_reference import TurnReference
 
@@ -79,7 +80,8 @@ class TurnScoreBackward:
                  correction: SamplingCorrection | None = None, device: torch.device | str = "cpu",
                  policy_version: int | None = None, autocast: ContextFactory | None = None,
                  turn_backward: TurnBackward = "boundary_cut", entropy_coef: float | None = None,
-                 off_policy_sampling: bool = False, prefixes: PrefixGroups | None = None) -> None:
+                 off_policy_sampling: bool = False, prefixes: PrefixGroups | None = None,
+                 flops: Callable[[PassWork], float] | None = None) -> None:
         if beta != 0.0 and ref_model is None:
             raise ValueError("beta != 0 needs a reference model (ref_model; with PEFT the policy and ref_context)")
         if turn_backward not in TURN_BACKWARDS:
@@ -106,6 +108,8 @@ class TurnScoreBackward:
         self.fallbacks: dict[int, str] = {}  # trajectory index -> why `finish` returned None (or will)
         # the batch's shared prefixes: a member's first turn starts from its group's (boundary cut only)
         self.prefixes = prefixes if turn_backward == "boundary_cut" else None
+        self.flops = flops  # prices a pass (`shared_prefix.pass_flops`); None: the trace prices items by tokens
+        self.last_flops: float | None = None  # learner FLOPs of the last `turns` or `finish` call (None: unpriced)
 
     @property
     def token_mode(self) -> bool:
@@ -132,6 +136,7 @@ class TurnScoreBackward:
             if self.policy_version is not None and event.policy_version != self.policy_version:
                 raise StalePolicyError(f"trajectory {event.index} turn {event.turn} was sampled at policy version "
                                        f"{event.policy_version}; this batch learns at version {self.policy_version}")
+        self.last_flops = 0.0 if self.flops is not None else None
         if first.index in self.fallbacks:
             return 0
         state = self.open.get(first.index)
@@ -165,6 +170,9 @@ class TurnScoreBackward:
             if event.action_ids:
                 state.spans.append((len(event.context_ids), len(event.context_ids) + len(event.action_ids)))
                 state.sampled.append(event.action_logprobs)
+        if self.flops is not None and outcome.forwarded_tokens:  # (the naive backend re-runs its whole context)
+            cached = len(state.ids) if isinstance(self.core, BoundaryCut) else 0
+            self.last_flops = self.flops(PassWork(outcome.forwarded_tokens, cached, len(outcome.values)))
         state.ids += new
         return outcome.forwarded_tokens
 
@@ -233,6 +241,7 @@ class TurnScoreBackward:
         """`TrajectoryBackward(ScoredRollout(rollout, …), bucket)` of a scorable rollout, from the turns' work; None
         when the turns do not reproduce the rollout (the caller then runs TrajectoryBackward). Frees the state."""
         index = rollout.index
+        self.last_flops = None
         mask = loss_mask(rollout, self.eos_and_pad, self.mask_truncated)
         tokens = int(mask.sum().item())
         if tokens == 0:  # nothing scored (e.g. a masked truncation): the turns' work is not needed
@@ -253,6 +262,7 @@ class TurnScoreBackward:
                            mask.unsqueeze(0)) if self.off_policy_sampling else 0.0
         boundary: dict[str, list] | None = {} if state is not None and state.seeded else None
         self.core.close(index, {"score": state.score, "free": state.free, "entropy": state.entropy}, boundary)
+        self.last_flops = self._replay_flops()
         self.discard(index)
         share = None
         if boundary is not None:  # the prefix's adjoints, with the coefficients `_bind` gives each channel
@@ -262,6 +272,13 @@ class TurnScoreBackward:
             share = self.prefixes.turn_share(index, boundary, scales)
         return replace(self._bind(state, rollout, tokens, sequence_weight), off_policy_kl=kl,
                        sampling=self._sampling_stats(state, rollout, mask), prefix=share)
+
+    def _replay_flops(self) -> float | None:
+        """The close's backward products (forward-free: the segments' graphs were kept), priced like `pass_flops`."""
+        if self.flops is None or not isinstance(self.core, BoundaryCut):
+            return None
+        return sum(self.flops(PassWork(tokens, cached, n)) - self.flops(PassWork(tokens, cached, 0))
+                   for tokens, cached, n in self.core.replay_work)
 
     def _sampling_stats(self, state: _Open | None, rollout: Rollout, mask: torch.Tensor) -> SamplingStats | None:
         """`source.TrajectoryBackward`'s sampler-vs-learner statistics, from the turns' recorded log-probs."""

@@ -25,6 +25,7 @@ from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, S
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum, all_finite
+from trl_thundersync.streaming.shared_prefix import PassWork, pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
 from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
@@ -347,3 +348,32 @@ def test_all_finite_sees_every_non_finite_entry_and_accepts_an_overflowing_sum()
         assert not all_finite(vector)
     assert all_finite(torch.full((4,), 3e38))  # finite entries, an FP32 sum of inf
     assert not all_finite(torch.tensor([float("inf"), -float("inf"), 1.0]))  # (their sum is NaN)
+
+
+def test_turn_passes_are_priced_as_they_ran():
+    """Each turn's forward over its history and its backward per channel, then the close's backward-only replay of
+    every segment but the last, in the ledger's accounting (`pass_flops`); coalesced turns run fewer passes."""
+    model = _model(1, 1.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    counter = pass_flop_counter(model, params)
+    events = synthetic_trajectory(0, model.config.vocab_size, prompt=6, actions=[3, 4, 5], framings=[2, 2], seed=3)
+    _, rollout = _rollout(events)
+    norm = LossNormalization("dapo", 1, 1, 64)
+    priced = {}
+    for coalesce in (False, True):
+        turns = TurnScoreBackward(model=model, params=params, normalization=norm, eos_and_pad=(EOS,),
+                                  mask_truncated=False, flops=counter)
+        calls = [events] if coalesce else [[e] for e in events]
+        per_call = []
+        for call in calls:
+            turns.turns(call)
+            per_call.append(turns.last_flops)
+        assert turns.finish(rollout) is not None
+        priced[coalesce] = (per_call, turns.last_flops)
+    lengths = [6 + 3, 2 + 4, 2 + 5]  # the segments: prompt + action 0, framing + action 1, framing + action 2
+    starts = [0, 9, 15]
+    expected = [counter(PassWork(n, c, 1)) for n, c in zip(lengths, starts, strict=True)]
+    replay = sum(counter(PassWork(n, c, 1)) - counter(PassWork(n, c, 0))
+                 for n, c in zip(lengths[:2], starts[:2], strict=True))
+    assert priced[False][0] == pytest.approx(expected) and priced[False][1] == pytest.approx(replay)
+    assert priced[True][0] == pytest.approx([counter(PassWork(sum(lengths), 0, 1))]) and priced[True][1] == 0

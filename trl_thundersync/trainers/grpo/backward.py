@@ -145,7 +145,7 @@ def turn_backward(settings: GRPOSettings, models: BatchModels, normalization: Lo
         ref_model=ref_model, ref_context=ref_context, bias_correction_kl=settings.args.use_bias_correction_kl,
         correction=settings.correction, device=settings.device, policy_version=models.policy_version,
         autocast=models.autocast, entropy_coef=entropy_coef, off_policy_sampling=settings.off_policy_sampling,
-        prefixes=prefixes,
+        prefixes=prefixes, flops=pass_flop_counter(module, models.params),
     )
 
 
