@@ -341,7 +341,6 @@ class GRPOBatchLearner:
         else:
             scale = self.scaling.group_scale(group.std)  # "batch": 1/(σ_B + eps) at the barrier (`advantages.py`)
             self.accumulator.add_policy(group.fold(scale))
-            self._close_prefix(group.group, scale)
         first = group.group * self.num_generations  # off-policy masked members: fold, drop or defer (TRL's mask)
         self.off_policy.close(range(first, first + self.num_generations), self.tallies.rewards, group.mean, scale,
                               self.accumulator)
@@ -350,6 +349,8 @@ class GRPOBatchLearner:
         self.closed[group.group] = group
         self.work.append(WorkItem("group_fold", -1, group.group, self.policy_version, ready, start,
                                   time.perf_counter(), 0))
+        if not isinstance(group, ObjectiveGroupStatistics):  # its own item, after the fold's (no overlap)
+            self._close_prefix(group.group, scale)
 
     def _micro_batch(self, index: int) -> int:
         return self.entropy_micro_batch_of(index) if self.entropy_micro_batch_of is not None else 0

@@ -322,3 +322,14 @@ def test_turn_release_prefix_forwards_the_prompt_once_per_group(monkeypatch):
     # without the prefix every member's first turn forwards the prompt; with it, each group forwards it once
     assert tokens[False] == (tokens[True][0] + len(batch) * PROMPT, 0)
     assert tokens[True][1] == 2 * PROMPT
+
+
+@pytest.mark.parametrize("release", ["reward", "content"])
+def test_learner_items_do_not_overlap(release):
+    """One learner thread: its items' intervals are disjoint, so busy time (their sum) counts each pass once (a
+    group's fold and its prefix backward are two items, not one inside the other)."""
+    _, totals = _learner(_batch(), shared=True, release=release)
+    items = sorted(totals.work, key=lambda w: w.start)
+    assert {"group_fold", "prefix_backward"} <= {w.kind for w in items}
+    for before, after in zip(items, items[1:], strict=False):
+        assert after.start >= before.end, (before.kind, after.kind)
