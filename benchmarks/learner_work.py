@@ -33,10 +33,11 @@ import torch
 
 from trl_thundersync.streaming.accumulators import GroupStatistics
 from trl_thundersync.streaming.flops import ModelShape, model_flop_counter
+from trl_thundersync.streaming.gradient_sinks import FlatGradient
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
-from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
+from trl_thundersync.streaming.segment_backward import model_logits
 from trl_thundersync.streaming.shared_prefix import (
     GroupPrefix,
     PrefixAdjoints,

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..streaming.segment_backward import BoundaryCut, FullContext, GradientSum
+from ..streaming.gradient_sinks import GradientSum
+from ..streaming.segment_backward import BoundaryCut, FullContext
 from ..types import TurnEvent
 from .records import TeacherScores
 

@@ -11,20 +11,12 @@ and cannot open waits in `pending` (a content-released one keeps its H_i buffer)
 open groups are always admitted, and every member's reward eventually arrives, so admission can never deadlock. At
 most `max_buffered` trajectories hold an H_i buffer or per-turn state; the others are released at their reward.
 
-With `objective_weights` (normalize_then_sum, `objectives.py`) groups keep per-function statistics and fold Σ R_i H_i
-and Σ H_i; the batch mean and std are the barrier's. With `off_policy_threshold` (TRL's off-policy sequence mask) a
-trajectory whose `off_policy_kl` is above it keeps H_i out of its group's G1/G2 (its reward still counts in μ, σ) in
-the `OffPolicyMask` (`off_policy_mask.py`), counted against `max_buffered`; when the group closes it folds with its
-advantage (A_i ≥ 0) or is dropped (A_i < 0) — under normalize_then_sum the sign needs the batch mean, so it goes to
-the barrier in `BatchTotals.deferred`.
-
-With a `router_aux` (MoE models, `moe_aux.py`), every trajectory's final tokens — its content, or its scored rollout
-when content is not released — are handed to it; it runs each TRL micro-batch's load-balancing backward once all
-members are in, whatever the group admission.
-
-With TRL's entropy bonus (`entropy_micro_batch_of` set), each trajectory's advantage-free E_i (`source.py`) is added
-once, when its K_i is, into the buffer of its TRL micro-batch: the bonus is normalized by that micro-batch's token
-count, known only at the barrier (one parameter-sized buffer per micro-batch).
+Options, each in its own module: `objective_weights` (normalize_then_sum, `objectives.py`: per-function group
+statistics, batch mean and std at the barrier); `off_policy_threshold` (TRL's off-policy sequence mask,
+`off_policy_mask.py`: a masked trajectory's H_i stays out of G1/G2 and folds or drops at its group's close, or at the
+barrier under normalize_then_sum); `router_aux` (MoE, `moe_aux.py`: every trajectory's final tokens, one
+load-balancing backward per TRL micro-batch); `entropy_micro_batch_of` (TRL's entropy bonus: E_i summed per TRL
+micro-batch, normalized at the barrier); `prefixes` (`prefix_groups.py`: each group's prompt learned once).
 """
 
 from __future__ import annotations
@@ -44,23 +36,9 @@ from .moe_aux import RouterAuxLoss
 from .objectives import ObjectiveGroupStatistics
 from .off_policy_mask import OffPolicyMask
 from .prefix_groups import PrefixGroups
-from .release import RELEASE_POINTS, Buffered, TurnSource, vector_bytes
+from .release import Buffered, TurnSource, check_learner_arguments, vector_bytes
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
-
-
-def _check_arguments(batch_size: int, num_generations: int, release: str,
-                     content_backward: Callable[[Rollout, int], SourceGradients] | None,
-                     turn_source: TurnSource | None) -> None:
-    """The constructor's refusals: whole groups only, and a release point's backward must be there."""
-    if batch_size % num_generations:
-        raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
-    if release not in RELEASE_POINTS:
-        raise ValueError(f"release={release!r} is not one of {RELEASE_POINTS}")
-    if release != "reward" and content_backward is None:
-        raise ValueError(f"release={release!r} needs a content_backward")
-    if release == "turn" and turn_source is None:
-        raise ValueError("release='turn' needs a turn_source")
 
 
 class GRPOBatchLearner:
@@ -90,7 +68,7 @@ class GRPOBatchLearner:
         objective_weights: tuple[float, ...] | None = None,
         prefixes: PrefixGroups | None = None,
     ) -> None:
-        _check_arguments(batch_size, num_generations, release, content_backward, turn_source)
+        check_learner_arguments(batch_size, num_generations, release, content_backward, turn_source)
         if prefixes is not None and (off_policy_threshold is not None or objective_weights is not None):
             raise ValueError("shared prefixes cover every release point, without the off-policy mask and "
                              "normalize_then_sum")
@@ -356,28 +334,17 @@ class GRPOBatchLearner:
         return self.entropy_micro_batch_of(index) if self.entropy_micro_batch_of is not None else 0
 
     def _open_prefix(self, group: int, prompt_ids: Sequence[int], ready: float) -> None:
-        """Before a member's backward (or first turn): its group's shared prefix, forwarded once (a
-        "prefix_forward" item)."""
-        if self.prefixes is None:
-            return
-        start = time.perf_counter()
-        opened = self.prefixes.open_prompt(group, prompt_ids)
-        if opened is not None:
-            tokens, flops = opened
-            self.work.append(WorkItem("prefix_forward", -1, group, self.policy_version, ready, start,
-                                      time.perf_counter(), tokens, flops=flops))
+        """Before a member's backward (or first turn): its group's shared prefix, forwarded once."""
+        item = self.prefixes.open_item(group, prompt_ids, ready, self.policy_version) if self.prefixes else None
+        if item is not None:
+            self.work.append(item)
             self._track_memory()
 
     def _close_prefix(self, group: int, scale: float) -> None:
-        """The group's coefficients are fixed: one backward through its prefix (a "prefix_backward" item)."""
-        if self.prefixes is None:
-            return
-        start = time.perf_counter()
-        closed = self.prefixes.close(group, scale, self.accumulator, self.entropy_terms)
-        if closed is not None:
-            tokens, flops = closed
-            self.work.append(WorkItem("prefix_backward", -1, group, self.policy_version, start, start,
-                                      time.perf_counter(), tokens, flops=flops))
+        """The group's coefficients are fixed: one backward through its prefix."""
+        if self.prefixes is not None:
+            item = self.prefixes.close_item(group, scale, self.accumulator, self.entropy_terms, self.policy_version)
+            self.work.extend([item] if item is not None else [])
 
     def _track_memory(self) -> None:
         used = sum(g.nbytes() for g in self.open.values()) + self.accumulator.nbytes()
@@ -423,12 +390,8 @@ class GRPOBatchLearner:
         router_aux = self.router_aux.finish() if self.router_aux is not None else None
         return BatchTotals(
             accumulator=self.accumulator,
-            rewards=tuple(self.tallies.rewards),
             group_means=tuple(g.mean for g in groups),
             group_stds=tuple(g.std for g in groups),
-            scored_tokens=tuple(self.tallies.tokens),
-            free_values=tuple(self.tallies.free_values),
-            kl_sums=tuple(self.tallies.kl_sums),
             work=tuple(replace(w, reward_at=self.reward_times.get(w.index)) if w.kind in ("content", "close", "turn")
                        else w for w in self.work),
             peak_stats_bytes=self.peak_bytes,
@@ -438,10 +401,7 @@ class GRPOBatchLearner:
             peak_prefix_bytes=self.peak_prefix_bytes,
             router_aux=router_aux,
             entropy_terms=dict(self.entropy_terms) if self.entropy_micro_batch_of is not None else None,
-            entropy_sums=tuple(self.tallies.entropy_sums),
-            objective_rewards=tuple(self.tallies.objective_rewards) if self.objective_weights is not None else None,
             deferred=tuple(self.off_policy.deferred),
             off_policy_dropped=tuple(self.off_policy.dropped),
-            policy_values=tuple(self.tallies.policy_values),
-            sampling=tuple(self.tallies.sampling),
+            **self.tallies.frozen(self.objective_weights is not None),
         )

@@ -190,6 +190,13 @@ class TrajectoryTallies:
                    kl_sums=[0.0] * batch_size, entropy_sums=[0.0] * batch_size, policy_values=[None] * batch_size,
                    objective_rewards=[math.nan] * batch_size, sampling=[None] * batch_size)
 
+    def frozen(self, objectives: bool) -> dict:
+        """The per-row `BatchTotals` fields, as tuples (`objective_rewards` only under normalize_then_sum)."""
+        return dict(rewards=tuple(self.rewards), scored_tokens=tuple(self.tokens), free_values=tuple(self.free_values),
+                    kl_sums=tuple(self.kl_sums), entropy_sums=tuple(self.entropy_sums),
+                    objective_rewards=tuple(self.objective_rewards) if objectives else None,
+                    policy_values=tuple(self.policy_values), sampling=tuple(self.sampling))
+
     def record(self, index: int, grads: SourceGradients) -> None:
         """Keep the scalars of row `index`'s backward."""
         self.tokens[index] = grads.scored_tokens

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,9 @@ import torch
 from ..errors import PrefixMismatchError
 from ..types import Rollout
 from .accumulators import BatchAccumulator
-from .segment_backward import ChannelObjective, FlatGradient, GradientSink
+from .gradient_sinks import FlatGradient, GradientSink
+from .learner_records import WorkItem
+from .segment_backward import ChannelObjective
 from .shared_prefix import (
     GroupPrefix,
     MemberPass,
@@ -118,6 +121,15 @@ class PrefixGroups:
         self.open[group] = _Open(prefix, reference, PrefixAdjoints(group, self.group_size, prefix.adjoint_size))
         forwards = 1 + (reference is not None)
         return len(plan.ids), self._flops(PassWork(len(plan.ids), 0, 0), forwards)
+
+    def open_item(self, group: int, prompt_ids: Sequence[int], ready: float, version: int) -> WorkItem | None:
+        """`open_prompt` as the learner's "prefix_forward" work item (None: nothing was forwarded)."""
+        start = time.perf_counter()
+        opened = self.open_prompt(group, prompt_ids)
+        if opened is None:
+            return None
+        return WorkItem("prefix_forward", -1, group, version, ready, start, time.perf_counter(), opened[0],
+                        flops=opened[1])
 
     def _decline(self, group: int, reason: str) -> None:
         self.declined[group] = reason
@@ -253,6 +265,16 @@ class PrefixGroups:
         if self.flops is not None:  # the backward products only: the forward was priced at the group's open
             flops = self.flops(PassWork(tokens, 0, backwards)) - self.flops(PassWork(tokens, 0, 0))
         return tokens, flops
+
+    def close_item(self, group: int, scale: float, accumulator: BatchAccumulator,
+                   entropy_terms: dict[int, torch.Tensor], version: int) -> WorkItem | None:
+        """`close` as the learner's "prefix_backward" work item (None: the group had no prefix)."""
+        start = time.perf_counter()
+        closed = self.close(group, scale, accumulator, entropy_terms)
+        if closed is None:
+            return None
+        return WorkItem("prefix_backward", -1, group, version, start, start, time.perf_counter(), closed[0],
+                        flops=closed[1])
 
     def _flops(self, work: PassWork, times: int = 1) -> float | None:
         return times * self.flops(work) if self.flops is not None else None

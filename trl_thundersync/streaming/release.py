@@ -22,7 +22,7 @@ that finds no slot is released at its reward, as under `"reward"`. Every path co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, get_args
 
@@ -59,3 +59,17 @@ class Buffered:
 
 def vector_bytes(grads: SourceGradients) -> int:
     return sum(v.numel() * v.element_size() for v in (grads.score_grad,) if isinstance(v, torch.Tensor))
+
+
+def check_learner_arguments(batch_size: int, num_generations: int, release: str,
+                     content_backward: Callable[[Rollout, int], SourceGradients] | None,
+                     turn_source: TurnSource | None) -> None:
+    """`GRPOBatchLearner`'s refusals: whole groups only, a known release point, and its backward must be there."""
+    if batch_size % num_generations:
+        raise ValueError(f"batch_size={batch_size} is not a multiple of num_generations={num_generations}")
+    if release not in RELEASE_POINTS:
+        raise ValueError(f"release={release!r} is not one of {RELEASE_POINTS}")
+    if release != "reward" and content_backward is None:
+        raise ValueError(f"release={release!r} needs a content_backward")
+    if release == "turn" and turn_source is None:
+        raise ValueError("release='turn' needs a turn_source")

@@ -45,7 +45,8 @@ import torch
 from ..errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
 from .accumulators import GroupStatistics
 from .flops import ModelShape, forward_flops
-from .segment_backward import ChannelObjective, GradientSink, SavedBytes, model_logits, proxy_cache
+from .gradient_sinks import GradientSink
+from .segment_backward import ChannelObjective, SavedBytes, model_logits, proxy_cache
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,13 @@ import torch
 
 from ..errors import NonFiniteGradientError, RolloutError
 from ..types import Rollout, ScoredRollout
+from .gradient_sinks import FlatGradient, all_finite
 from .head_logps import head_logps
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
-from .segment_backward import FlatGradient, all_finite
 
 # (input_ids (1, L), attention_mask (1, L), logits_to_keep) -> per-token log-probs (1, logits_to_keep)
 LogProbFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]

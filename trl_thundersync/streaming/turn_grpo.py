@@ -39,12 +39,13 @@ import torch
 
 from ..errors import ConfigurationError, NonFiniteGradientError, StalePolicyError
 from ..types import Rollout, TurnBackward, TurnEvent
+from .gradient_sinks import FlatGradient, all_finite
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
 from .learner import SourceGradients
 from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
-from .segment_backward import BoundaryCut, FlatGradient, FullContext, all_finite
+from .segment_backward import BoundaryCut, FullContext
 from .shared_prefix import PassWork
 from .source import loss_mask, policy_value
 from .turn_reference import TurnReference

@@ -13,7 +13,8 @@ import torch
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, PrefixMismatchError
 from trl_thundersync.streaming.accumulators import GroupStatistics
 from trl_thundersync.streaming.flops import ModelShape, learner_flops
-from trl_thundersync.streaming.segment_backward import FlatGradient, model_logits
+from trl_thundersync.streaming.gradient_sinks import FlatGradient
+from trl_thundersync.streaming.segment_backward import model_logits
 from trl_thundersync.streaming.shared_prefix import (
     GroupPrefix,
     PassWork,

@@ -22,9 +22,10 @@ from tests.fixtures.turn_grpo import (
     _with_sampler,
 )
 from trl_thundersync.errors import ConfigurationError, NonFiniteGradientError, StalePolicyError, TurnOrderError
+from trl_thundersync.streaming.gradient_sinks import FlatGradient, GradientSum, all_finite
 from trl_thundersync.streaming.importance import SamplingCorrection
 from trl_thundersync.streaming.normalization import LossNormalization
-from trl_thundersync.streaming.segment_backward import BoundaryCut, FlatGradient, FullContext, GradientSum, all_finite
+from trl_thundersync.streaming.segment_backward import BoundaryCut, FullContext
 from trl_thundersync.streaming.shared_prefix import PassWork, pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
