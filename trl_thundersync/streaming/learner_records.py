@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
@@ -16,8 +16,15 @@ from .advantages import RewardScaling
 from .moe_aux import RouterAuxResult
 from .sampling_difference import SamplingStats
 
-if TYPE_CHECKING:
-    from .prefix_groups import PrefixShare
+
+@dataclass(frozen=True)
+class PrefixShare:
+    """A member's backward that ran over its group's shared prefix: what the learner folds at the group's close
+    (`prefix_groups.py`)."""
+
+    group: int  # the member's group
+    adjoints: dict[str, torch.Tensor]  # channel ("score", "free", "entropy") -> flat FP32 boundary adjoint
+    flops: float | None  # learner FLOPs of the continuation passes it ran (`pass_flops`; None: no counter)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ..errors import PrefixMismatchError
 from ..types import Rollout
 from .accumulators import BatchAccumulator
 from .gradient_sinks import FlatGradient, GradientSink
-from .learner_records import WorkItem
+from .learner_records import PrefixShare, WorkItem
 from .segment_backward import ChannelObjective
 from .shared_prefix import (
     GroupPrefix,
@@ -47,15 +47,6 @@ def log_once(reason: str) -> None:
     if reason not in _LOGGED:
         _LOGGED.add(reason)
         logger.warning("shared_prefix: full passes: %s", reason)
-
-
-@dataclass(frozen=True)
-class PrefixShare:
-    """A member's backward that ran over its group's shared prefix: what the learner folds at the group's close."""
-
-    group: int  # the member's group
-    adjoints: dict[str, torch.Tensor]  # channel ("score", "free", "entropy") -> flat FP32 boundary adjoint
-    flops: float | None  # learner FLOPs of the continuation passes it ran (`pass_flops`; None: no counter)
 
 
 @dataclass(frozen=True)
