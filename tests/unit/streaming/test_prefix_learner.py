@@ -115,16 +115,21 @@ def _terms(totals):
             **{("entropy", b): v for b, v in (totals.entropy_terms or {}).items()}}
 
 
+def _assert_same_terms(got_totals, expected_totals) -> None:
+    """The same accumulator terms (policy and β·KL per bucket, entropy per micro-batch), each within TOLERANCE."""
+    expected, got = _terms(expected_totals), _terms(got_totals)
+    assert set(got) == set(expected)
+    for key, vector in expected.items():
+        assert _rel(got[key], vector) <= TOLERANCE, key
+
+
 @pytest.mark.parametrize("release", ["reward", "content"])
 @pytest.mark.parametrize("options", [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)], ids=["plain", "kl_ent"])
 def test_direction_matches_full_passes(release, options):
     batch = _batch()
     _, full = _learner(batch, shared=False, release=release, **options)
     learner, shared = _learner(batch, shared=True, release=release, **options)
-    expected, got = _terms(full), _terms(shared)
-    assert set(got) == set(expected)
-    for key, vector in expected.items():
-        assert _rel(got[key], vector) <= TOLERANCE, key
+    _assert_same_terms(shared, full)
     kinds = [w.kind for w in shared.work]
     assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 2
     assert shared.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)
@@ -285,10 +290,7 @@ def test_turn_release_over_the_group_prefix_matches_full_passes(options, coalesc
     _, full = _learner(batch, shared=False, release="reward", **options)  # whole-trajectory passes, no prefix
     learner, turned = _turn_learner(batch, events, shared=True, coalesce=coalesce, **options)
     assert turned.turn_fallbacks == 0 and not learner.prefixes.mismatched
-    expected, got = _terms(full), _terms(turned)
-    assert set(got) == set(expected)
-    for key, vector in expected.items():
-        assert _rel(got[key], vector) <= TOLERANCE, key
+    _assert_same_terms(turned, full)
     kinds = [w.kind for w in turned.work]
     assert kinds.count("prefix_forward") == kinds.count("prefix_backward") == 2
     assert kinds.count("turn") == (1 if coalesce else 2) * len(batch) and kinds.count("close") == len(batch)

@@ -66,6 +66,17 @@ CASES = [  # (loss_type, beta, temperature, importance sampling mode or None, bi
 ]
 
 
+def _case_trajectories(policy, mode):
+    """The three synthetic trajectories and their Rollouts (one with a trailing observation, one ending in EOS), with
+    noisy sampler log-probs when an importance-sampling `mode` is set."""
+    for n, events in enumerate(_trajectories(policy.config.vocab_size)):
+        events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else (), eos_last=n == 2)
+        if mode:
+            events, rollout = _with_sampler(events, rollout, policy, scale=0.3 if mode.startswith("token") else
+                                            0.05, seed=n)
+        yield events, rollout
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_turns_equal_trajectory_backward(case):
     loss_type, beta, temperature, mode, bias, *core = case
@@ -73,11 +84,7 @@ def test_turns_equal_trajectory_backward(case):
     policy, whole, turns = _setup(loss_type, beta, temperature, correction, bias_correction_kl=bias,
                                   turn_backward=core[0] if core else "boundary_cut")
     worst = 0.0
-    for n, events in enumerate(_trajectories(policy.config.vocab_size)):
-        events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else (), eos_last=n == 2)
-        if mode:
-            events, rollout = _with_sampler(events, rollout, policy, scale=0.3 if mode.startswith("token") else
-                                            0.05, seed=n)
+    for events, rollout in _case_trajectories(policy, mode):
         worst = max(worst, _compare(whole, turns, events, rollout))
     assert worst <= TOLERANCE
     print(f"max relative error {worst:.2e}")
@@ -288,11 +295,7 @@ def test_coalesced_turns_equal_trajectory_backward(case, runs):
     correction = SamplingCorrection(mode, 0.8, 1.25) if mode else None
     policy, whole, turns = _setup(loss_type, beta, temperature, correction, bias_correction_kl=bias)
     worst = 0.0
-    for n, events in enumerate(_trajectories(policy.config.vocab_size)):
-        events, rollout = _rollout(events, trailing=(3, 4, 5) if n == 0 else (), eos_last=n == 2)
-        if mode:
-            events, rollout = _with_sampler(events, rollout, policy, scale=0.3 if mode.startswith("token") else
-                                            0.05, seed=n)
+    for events, rollout in _case_trajectories(policy, mode):
         worst = max(worst, _coalesced_compare(whole, turns, events, rollout, runs))
     assert worst <= TOLERANCE
 
