@@ -194,8 +194,8 @@ class TurnScoreBackward:
         if list(event.context_ids[: len(state.ids)]) != state.ids:
             return "its context does not extend the earlier turns' tokens (rewritten or re-tokenized history)"
         last = events[-1] if events else event
-        tokens = list(last.context_ids) + list(last.action_ids)
-        if list(event.context_ids) + list(event.action_ids) != tokens[: len(event.context_ids) + len(event.action_ids)]:
+        if last is not event and list(last.context_ids[: len(event.context_ids) + len(event.action_ids)]) != [
+                *event.context_ids, *event.action_ids]:  # (a coalesced run: the last turn's context holds this one)
             return "a later turn's context does not extend this turn's tokens (rewritten or re-tokenized history)"
         if self.token_mode and event.action_ids and (
                 event.action_logprobs is None or len(event.action_logprobs) != len(event.action_ids)):
