@@ -27,7 +27,9 @@ CASES = PARITY_CASES
 # Each also with the shared-prefix backward (the group's prompt forwarded and back-propagated once).
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
             "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
-            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX)}
+            "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX),
+            # the sync schedule hands the learner whole groups: each is one padded pass over its prefix
+            "sync_batched_shared_prefix": dict(schedule="sync", **SHARED_PREFIX)}
 # option sets the shared prefix refuses (full passes, the reason logged): it must not run there
 PREFIX_REFUSED = {"gradient_checkpointing", "normalize_then_sum"}
 
@@ -45,6 +47,10 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     assert ("content" in kinds and "bind" in kinds) if release.startswith("content") else "content" not in kinds
     shared = release.endswith("shared_prefix") and case not in PREFIX_REFUSED
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
+    if release.startswith("sync_batched") and shared:  # every group learned as one pass of its learnable members
+        items = [w for w in trainer.last_batch[0].work if w.kind == "trajectory"]
+        assert all(len({w.batched for w in items if w.group == g}) == 1 for g in {w.group for w in items}), case
+        assert case == "mask_truncated" or max(w.batched for w in items) > 1, case  # (there: one learnable row)
     assert len(ref) == len(got) == 1
     assert ref[0].norm() > 0
     assert rel(got[0], ref[0]) <= TOL, f"{case}: relative error {rel(got[0], ref[0]):.2e}"

@@ -1,9 +1,14 @@
-"""Ready turns taken together: under `release="turn"` a busy learner finds several turns of one trajectory waiting
+"""Ready work taken together. Turns: under `release="turn"` a busy learner finds several turns of one trajectory waiting
 (its tool calls are faster than the learner); they are learned as one segment (`BoundaryCut.turns`) instead of one
 forward/backward each, which saves the per-call cost and the second backward of every segment but the last. Exact:
 the turns' objectives are sums over their action tokens, so one segment's gradient is the sum of the turns' up to
 FP32 rounding. A free learner still takes each turn as it comes; a busy one's per-trajectory work tends to one
 whole-trajectory pass, the cost of `release="content"`.
+
+Members: under `release="content"` or `"reward"`, the scored trajectories of one group waiting together become one
+`ReadyMembers`; when they are the last of their group, the learner runs them as one padded pass over the group's
+shared prefix with their advantages folded in (`GRPOBatchLearner.submit_ready`, `prefix_batch.py`). A member whose
+content is waiting too is learned there, at its reward, instead of alone at its content.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import TurnEvent
+from ..types import Rollout, ScoredRollout, TurnEvent
 
 
 @dataclass(frozen=True)
@@ -52,3 +57,44 @@ def coalesce_turns(items: list) -> list:
         at[events[0].index] = len(out)
         out.append(list(events))
     return [(x[0] if len(x) == 1 else CoalescedTurns(tuple(x))) if isinstance(x, list) else x for x in out]
+
+
+@dataclass(frozen=True)
+class ReadyMembers:
+    """Scored trajectories of one group, all waiting when the learner took them, in arrival order."""
+
+    sources: tuple[ScoredRollout, ...]  # at least two, one group
+
+
+def gather_members(items: list) -> list:
+    """`items` with the scored trajectories of each group among them (single `ScoredRollout`s or `ReadyMembers`
+    already gathered) gathered into one `ReadyMembers`, at the place of the first; the waiting content (`Rollout`) of
+    a gathered trajectory is dropped (it is learned at its reward). Nothing moves across a producer's failure."""
+    groups: dict[int, list[ScoredRollout]] = {}
+    for item in items:
+        if isinstance(item, BaseException):
+            break
+        for source in item.sources if isinstance(item, ReadyMembers) else (item,) if isinstance(item, ScoredRollout) \
+                else ():
+            groups.setdefault(source.rollout.group, []).append(source)
+    gathered = {g: m for g, m in groups.items() if len(m) > 1}
+    indices = {s.rollout.index for m in gathered.values() for s in m}
+    out: list = []
+    placed: set[int] = set()
+    failed = False
+    for item in items:
+        failed = failed or isinstance(item, BaseException)
+        if failed:
+            out.append(item)
+            continue
+        if isinstance(item, Rollout) and item.index in indices:
+            continue
+        sources = item.sources if isinstance(item, ReadyMembers) else (item,) if isinstance(item, ScoredRollout) \
+            else None
+        group = sources[0].rollout.group if sources else None
+        if group not in gathered:
+            out.append(item)
+        elif group not in placed:
+            placed.add(group)
+            out.append(ReadyMembers(tuple(gathered[group])))
+    return out

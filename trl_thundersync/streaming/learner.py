@@ -21,6 +21,7 @@ micro-batch, normalized at the barrier); `prefixes` (`prefix_groups.py`: each gr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,7 +30,7 @@ import torch
 
 from ..errors import BatchIncompleteError, StalePolicyError, UnscorableGroupError
 from ..types import Rollout, ScoredRollout, TurnEvent
-from .accumulators import BatchAccumulator, GroupStatistics
+from .accumulators import BatchAccumulator, GroupStatistics, nanmean, nanstd_bessel
 from .advantages import RewardScaling
 from .learner_records import BatchTotals, SourceGradients, TrajectoryTallies, WorkItem
 from .moe_aux import RouterAuxLoss
@@ -211,6 +212,75 @@ class GRPOBatchLearner:
         self.pending.append(source)
         self._drain()
 
+    def submit_ready(self, sources: Sequence[ScoredRollout]) -> None:
+        """Scored trajectories that were ready together, in arrival order (`coalesce.gather_members`, or the sync
+        schedule's whole batch). Where they are the last members of their group, the group's advantages are fixed
+        and they are learned in one padded pass over its shared prefix (`prefix_batch.py`); the others are
+        `submit`ted one by one."""
+        by_group: dict[int, list[ScoredRollout]] = {}
+        for source in sources:
+            by_group.setdefault(source.rollout.group, []).append(source)
+        for group, members in by_group.items():
+            if not (len(members) > 1 and self._serve_together(group, members)):
+                for source in members:
+                    self.submit(source)
+
+    def _serve_together(self, group: int, members: list[ScoredRollout]) -> bool:
+        """`members` complete group `group`: one padded pass over its prefix (True), or nothing done (False)."""
+        stats = self.open.get(group)
+        held = len(stats.rewards) if stats is not None else 0
+        indices = [m.rollout.index for m in members]
+        if (self.prefixes is None or not hasattr(self.source_backward, "group_batch")
+                or held + len(members) != self.num_generations or any(p.rollout.group == group for p in self.pending)
+                or not self._admissible(members[0]) or len(set(indices)) != len(indices)
+                or any(i in self.seen or i in self.content_seen or i in self.turning for i in indices)):
+            return False
+        for m in members:
+            self._check(m.rollout.index, m.rollout.group, m.rollout.policy_version, "the scored trajectory")
+        self._open_prefix(group, members[0].rollout.prompt_ids, max(m.scored_at for m in members))
+        rewards = [*(stats.rewards if stats is not None else []), *(m.reward for m in members)]
+        scale = self.scaling.group_scale(nanstd_bessel(rewards))
+        mean = nanmean(rewards)
+        advantages = [None if not m.scorable else
+                      (m.reward - mean) * scale if math.isfinite(scale) else 0.0 for m in members]
+        buckets = [self.bucket_of(i) for i in indices]
+        start = time.perf_counter()
+        batch = self.source_backward.group_batch([m.rollout for m in members], advantages, buckets,
+                                                 [self._micro_batch(i) for i in indices])
+        if batch is None:
+            return False
+        end = time.perf_counter()
+        if stats is None:
+            stats = self.open[group] = GroupStatistics(group, self.num_generations, self.num_params)
+        self.prefixes.add_batch(group, batch.adjoints, [(m.reward if m.scorable else float("nan"), b)
+                                                         for m, b in zip(members, buckets, strict=True)])
+        for (channel, key), vector in batch.vectors.items():
+            if channel == "policy":
+                self.accumulator.add_policy({key: vector})
+            elif channel == "free":
+                self.accumulator.add_free(vector, key)
+            else:
+                self._add_entropy_term(key, vector)
+        tokens = [len(m.rollout.completion_ids) if m.rollout.index in batch.ran else 0 for m in members]
+        at = start
+        for m, bucket, row, n in zip(members, buckets, batch.rows, tokens, strict=True):
+            index = m.rollout.index
+            self.seen.add(index)
+            self.reward_times[index] = m.scored_at
+            self._router_aux(m.rollout, m.scored_at)
+            stats.add(m.reward if m.scorable else float("nan"), None, bucket)
+            self.tallies.record(index, row)
+            self.tallies.rewards[index] = m.reward
+            share = n / max(sum(tokens), 1)  # the pass's time and FLOPs, attributed by forwarded tokens
+            self.work.append(WorkItem("trajectory", index, group, m.rollout.policy_version, m.scored_at, at,
+                                      at + share * (end - start), row.scored_tokens, content_ready=m.rollout.finished_at,
+                                      reward_at=m.scored_at, batched=len(batch.ran),
+                                      flops=batch.flops * share if batch.flops is not None else None))
+            at += share * (end - start)
+        self._track_memory()
+        self._close(stats, ready=end)
+        return True
+
     def _router_aux(self, rollout: Rollout, ready: float) -> None:
         if self.router_aux is None:
             return
@@ -242,11 +312,13 @@ class GRPOBatchLearner:
             return
         if self.entropy_micro_batch_of is None:
             raise ValueError("an entropy gradient arrived, but the learner has no entropy_micro_batch_of")
-        b = self.entropy_micro_batch_of(index)
-        if b in self.entropy_terms:
-            self.entropy_terms[b].add_(grads.entropy_grad)
+        self._add_entropy_term(self.entropy_micro_batch_of(index), grads.entropy_grad)
+
+    def _add_entropy_term(self, micro_batch: int, vector: torch.Tensor) -> None:
+        if micro_batch in self.entropy_terms:
+            self.entropy_terms[micro_batch].add_(vector)
         else:
-            self.entropy_terms[b] = grads.entropy_grad.clone()
+            self.entropy_terms[micro_batch] = vector.clone()
 
     def _serve(self, source: ScoredRollout) -> None:
         rollout = source.rollout

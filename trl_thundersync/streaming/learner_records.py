@@ -50,6 +50,18 @@ class SourceGradients:
     prefix: PrefixShare | None = None
 
 
+@dataclass(frozen=True)
+class GroupBatch:
+    """What the padded pass of several members of one group over its shared prefix produced (`prefix_batch.py`),
+    their advantages already folded in."""
+
+    rows: tuple[SourceGradients, ...]  # per member, in the order given: its scalars (no gradient vectors)
+    vectors: dict[tuple[str, int], torch.Tensor]  # ("policy" | "free", bucket) or ("entropy", micro-batch) -> FP32
+    adjoints: dict[tuple[str, int], torch.Tensor]  # the same keys -> their boundary adjoint (for the prefix's close)
+    flops: float | None  # learner FLOPs of the pass (`pass_flops`, padding included; None: no counter)
+    ran: tuple[int, ...]  # the trajectories the pass ran (members with nothing to learn are not forwarded)
+
+
 # What one learner item did. GRPO: "trajectory" (backward at reward release), "content" (backward before the reward),
 # "turn" (one turn's backward), "close" (a turn-released trajectory's deferred adjoints and final scalars), "bind" (a
 # buffered H_i folded into its group once the reward is known), "group_fold", "router_aux" (the MoE load-balancing term
@@ -98,6 +110,9 @@ class WorkItem:
     reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
     turn: int = -1  # "turn" / "turn_backward" items: the turn number (the first, when several were coalesced)
     turns: int = 1  # "turn" items: the consecutive turns learned as one segment (>1: coalesced, `coalesce.py`)
+    # "trajectory" items: the members of its group whose one padded pass it was part of (`prefix_batch.py`; its
+    # start/end and FLOPs are its share of that pass, by forwarded tokens); 1: its own pass
+    batched: int = 1
     teacher: TeacherInterval | None = None  # "turn_backward" items: the teacher scoring its turn (None: no teacher)
     flops: float | None = None  # learner FLOPs the learner priced itself (shared-prefix passes, `pass_flops`); None:
     # the trace prices the item by its tokens

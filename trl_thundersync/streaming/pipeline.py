@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
 from ..types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
-from .coalesce import CoalescedTurns, coalesce_turns, take_ready
+from .coalesce import CoalescedTurns, ReadyMembers, coalesce_turns, gather_members, take_ready
 from .learner import BatchTotals, GRPOBatchLearner
 from .learner_records import BatchTiming
 
@@ -137,7 +137,8 @@ def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], No
                 return arrived
             if isinstance(item, BaseException):
                 raise item
-            arrived.extend(item.events if isinstance(item, CoalescedTurns) else (item,))
+            arrived.extend(item.events if isinstance(item, CoalescedTurns) else
+                           item.sources if isinstance(item, ReadyMembers) else (item,))
             on_item(item)
     except BaseException:
         stop.set()
@@ -155,16 +156,21 @@ def run_logical_batch(
     turns: TurnRouter | None = None,
     grade: Callable[[Rollout], None] | None = None,
     coalesce: bool = True,
+    batch_members: bool = True,
 ) -> tuple[BatchTotals, BatchTiming]:
     """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
     its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises.
-    `coalesce`: under turn release, ready turns of one trajectory are learned as one segment (`coalesce.py`)."""
+    `coalesce`: under turn release, ready turns of one trajectory are learned as one segment (`coalesce.py`).
+    `batch_members`: the last members of a group, ready together, are learned in one padded pass over its shared
+    prefix (`coalesce.gather_members`; the sync schedule hands the learner its whole batch at once)."""
     start = time.perf_counter()
     delivered: list[int] = []
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
-                          delivered, coalesce)
+                          delivered, coalesce, batch_members)
     arrived = _scored_sources(items, delivered, len(requests))
-    if schedule == "sync":
+    if schedule == "sync" and batch_members:
+        learner.submit_ready(arrived)
+    elif schedule == "sync":
         for item in arrived:
             learner.submit(item)
     try:
@@ -191,6 +197,7 @@ def _stream_batch(
     grade: Callable[[Rollout], None] | None,
     delivered: list[int],
     coalesce: bool = True,
+    batch_members: bool = True,
 ) -> list:
     """Run the batch's rollouts on the producer thread and hand each item to the learner as it arrives (under
     "thundersync"); returns every item in arrival order. `delivered` collects the indices the engine delivered."""
@@ -204,8 +211,13 @@ def _stream_batch(
                                 name="thundersync-rollouts", daemon=True)
     producer.start()
 
-    def on_item(item: ScoredRollout | Rollout | TurnEvent | CoalescedTurns) -> None:
-        if isinstance(item, TurnEvent):
+    def on_item(item: ScoredRollout | Rollout | TurnEvent | CoalescedTurns | ReadyMembers) -> None:
+        if isinstance(item, ReadyMembers):
+            for source in item.sources:
+                if on_source is not None:
+                    on_source(source)
+            learner.submit_ready(item.sources)  # (only under "thundersync": `gather_members` runs only there)
+        elif isinstance(item, TurnEvent):
             learner.submit_turn(item)
         elif isinstance(item, CoalescedTurns):
             learner.submit_turns(item.events)
@@ -219,7 +231,8 @@ def _stream_batch(
 
     try:
         per_turn = turns is not None and early and learner.release == "turn"
-        return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else None)
+        gather = gather_members if schedule == "thundersync" and not per_turn and batch_members else None
+        return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:
         learner.abort()
         raise

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from ..types import Rollout
 from .accumulators import BatchAccumulator
 from .gradient_sinks import FlatGradient, GradientSink
 from .learner_records import PrefixShare, WorkItem
+from .prefix_batch import RowsObjective, members_pass
 from .segment_backward import ChannelObjective
 from .shared_prefix import (
     GroupPrefix,
@@ -152,6 +153,37 @@ class PrefixGroups:
         flops = sum(self.flops(w) for w in work) if self.flops is not None else None
         return result, PrefixShare(rollout.group, result.adjoints, flops)
 
+    def members(self, rollouts: Sequence[Rollout], objective: RowsObjective,
+                sinks: Mapping[Hashable, GradientSink]) -> tuple[dict[Hashable, torch.Tensor], float | None] | None:
+        """Members of one group in one padded pass over its prefix (`prefix_batch.members_pass`): their boundary
+        adjoints per destination key and the pass's FLOPs (reference continuations included). None: the group has no
+        prefix, or a member does not extend it as its prompt (each then runs its own pass, which logs why)."""
+        state = self.open.get(rollouts[0].group)
+        if state is None:
+            return None
+        plan = state.prefix.plan
+        rows = [[*r.prompt_ids, *r.completion_ids] for r in rollouts]
+        if any(len(r.prompt_ids) != plan.prompt_length or r.group != plan.group or len(ids) <= len(plan.ids)
+               or tuple(ids[: len(plan.ids)]) != plan.ids for r, ids in zip(rollouts, rows, strict=True)):
+            return None
+        before = len(state.reference.member_work) if state.reference is not None else 0
+        ran = members_pass(state.prefix, [r.index for r in rollouts], rows, objective, sinks)
+        work = [ran.work, *(state.reference.member_work[before:] if state.reference is not None else [])]
+        return ran.adjoints, (sum(self.flops(w) for w in work) if self.flops is not None else None)
+
+    def add_batch(self, group: int, adjoints: Mapping[tuple[str, int], torch.Tensor],
+                  rewards: Sequence[tuple[float, int]]) -> None:
+        """A batched pass's adjoints (`members`), its members' coefficients already in them: summed per key, and
+        propagated at the close as they are ("policy" into the policy term, unscaled); `rewards` (reward, bucket)
+        per member enter the group's reward statistics without an adjoint of their own."""
+        state = self.open.get(group)
+        if state is None:
+            return
+        for (channel, key), adjoint in adjoints.items():
+            state.adjoints.add_free(channel, adjoint, key)
+        for reward, bucket in rewards:
+            state.adjoints.add(reward, None, bucket)
+
     # -- turn release: a member's turns start from the prefix ---------------------------------------------------
     def turn_seed(self, index: int, context_ids: Sequence[int]) -> TurnSeed | None:
         """The prefix states trajectory `index`'s first turn starts from (its group's; None: the group has no prefix,
@@ -242,7 +274,7 @@ class PrefixGroups:
         if state.reference is not None:
             self.closed_work.extend(state.reference.work)
         for (channel, key), sink in sinks.items():
-            if channel == "score":
+            if channel in ("score", "policy"):  # "policy": a batched pass's, advantages in it already
                 accumulator.add_policy({key: sink.vector})
             elif channel == "free":
                 accumulator.add_free(sink.vector, key)

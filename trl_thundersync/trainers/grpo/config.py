@@ -43,6 +43,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
+        batch_group_members (`bool`, *optional*, defaults to `True`):
+            Whether the last members of a group, ready together, are learned as one padded pass over its shared prefix.
         shared_prefix (`bool`, *optional*, defaults to `True`):
             Whether each group's prompt is forwarded and back-propagated once instead of once per member.
         shared_prefix_min_prompt_tokens (`int`, *optional*, defaults to `256`):
@@ -159,6 +161,15 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "help": "release='turn': when the learner finds several turns of one trajectory ready (it was busy while "
             "their tools ran), learn them as one segment, one forward and backward instead of one per turn; the same "
             "update up to FP32 rounding. A free learner still takes each turn as it ends."
+        },
+    )
+    batch_group_members: bool = field(
+        default=True,
+        metadata={
+            "help": "With the shared prefix: when the learner finds the last members of a group ready together (it was "
+            "busy while they finished, or the sync schedule), their advantages are fixed, so they are learned as one "
+            "padded pass over the group's prefix with one backward of their advantage-weighted sum instead of one "
+            "pass each; the same update up to FP32 rounding."
         },
     )
     allow_unscorable_groups: bool = field(

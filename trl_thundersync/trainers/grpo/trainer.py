@@ -223,7 +223,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source, turns=self._turns,
                                                grade=rewards.start if rewards.grades_ahead else None,
-                                               coalesce=self.args.coalesce_turns)
+                                               coalesce=self.args.coalesce_turns,
+                                               batch_members=self.args.batch_group_members)
         finally:
             rewards.close()
             progress.close()

@@ -1,0 +1,138 @@
+"""The last members of a group learned as one padded pass over its shared prefix (`streaming/prefix_batch.py`,
+`GRPOBatchLearner.submit_ready`, `coalesce.gather_members`): the batch direction equals the full passes' (policy and
+β·KL per bucket, the entropy bonus per micro-batch, an unscorable member), the logged per-row values are the same, and
+a group that cannot be batched (not complete, a member released at its content, a member that does not extend the
+prompt) runs its members one by one."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+
+import pytest
+
+from tests.unit.streaming.test_prefix_learner import G, _assert_same_terms, _batch, _forward, _learner, _model, _params
+from trl_thundersync.streaming import prefix_batch
+from trl_thundersync.streaming.coalesce import ReadyMembers, gather_members
+from trl_thundersync.streaming.learner import GRPOBatchLearner
+from trl_thundersync.streaming.normalization import LossNormalization
+from trl_thundersync.streaming.pipeline import DONE, drain
+from trl_thundersync.streaming.prefix_groups import PrefixGroups
+from trl_thundersync.streaming.shared_prefix import pass_flop_counter
+from trl_thundersync.streaming.source import TrajectoryBackward
+from trl_thundersync.types import Rollout
+
+OPTIONS = [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)]
+
+
+def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, temperature: float = 1.0,
+                   content: tuple[int, ...] = (), ready: list[list[int]] | None = None):
+    """The `_learner` of test_prefix_learner with the shared prefix, fed through `submit_ready` (`ready`: the index
+    lists handed over together, in order; by default the whole batch at once, reversed); `content`: trajectories
+    whose content is released first."""
+    model, params = _model(temperature, 3), _params(temperature)
+    norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
+    prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=len(batch) // G,
+                            temperature=temperature, reference=_model(temperature, 4) if beta else None,
+                            flops=pass_flop_counter(model, params))
+    backward = TrajectoryBackward(
+        params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(7, 0),
+        mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
+        logps_entropy_fn=_forward(True, temperature) if entropy is not None else None, entropy_coef=entropy,
+        prefixes=prefixes, temperature=temperature)
+    learner = GRPOBatchLearner(
+        batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
+        scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release="content",
+        content_backward=backward.content, prefixes=prefixes,
+        entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
+    for index in content:
+        learner.submit_content(batch[index].rollout)
+    for indices in ready if ready is not None else [list(reversed(range(len(batch))))]:
+        learner.submit_ready([batch[i] for i in indices])
+    return learner, learner.finish()
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["plain", "kl_ent"])
+def test_group_batch_matches_full_passes(options):
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="reward", **options)
+    learner, batched = _ready_learner(batch, **options)
+    _assert_same_terms(batched, full)
+    ran = [w for w in batched.work if w.kind == "trajectory"]
+    # one pass per group, of its members with something to learn (plain: not the unscorable member 1)
+    assert len(ran) == len(batch)
+    assert {(w.group, w.batched) for w in ran} == {(0, G - 1 if not options else G), (1, G)}
+    assert batched.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)
+    assert batched.entropy_sums == pytest.approx(full.entropy_sums, rel=1e-5)
+    assert batched.scored_tokens == full.scored_tokens
+    for got, expected in zip(batched.policy_values, full.policy_values, strict=True):
+        assert got == pytest.approx(expected, rel=1e-5) if expected is not None else got is None
+    assert [r if not math.isnan(r) else None for r in batched.rewards] == \
+        [r if not math.isnan(r) else None for r in full.rewards]
+    assert not learner.prefixes.open and not learner.prefixes.mismatched
+    # its items lie one after another (the pass's time shared by forwarded tokens) and are priced by the pass
+    for a, b in zip(ran, ran[1:]):
+        assert a.end <= b.start + 1e-9 or a.group != b.group
+    for group in (0, 1):  # a member with nothing to learn was not forwarded: no share
+        items = [w for w in ran if w.group == group]
+        assert sum(1 for w in items if w.flops > 0) == items[0].batched
+
+
+def test_group_batch_runs_one_pass_per_group(monkeypatch):
+    calls = []
+    original = prefix_batch.members_pass
+    monkeypatch.setattr("trl_thundersync.streaming.prefix_groups.members_pass",
+                        lambda prefix, indices, *a: calls.append(list(indices)) or original(prefix, indices, *a))
+    _ready_learner(_batch())
+    assert sorted(map(sorted, calls)) == [[0, 2, 3], [4, 5, 6, 7]]  # (1 is unscorable: nothing to learn)
+
+
+def test_members_released_at_content_are_not_batched():
+    """A member whose content ran already holds H_i: its group's other members run one by one, the same update."""
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="reward")
+    _, mixed = _ready_learner(batch, content=(2,))
+    _assert_same_terms(mixed, full)
+    assert {w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {1}  # (and 2 bound)
+    assert {w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 1} == {G}
+
+
+def test_mismatched_member_and_incomplete_groups_run_one_by_one():
+    batch = _batch(rewrite=5)  # group 1's member 5 has another prompt: group 1 cannot batch
+    _, full = _learner(batch, shared=False, release="reward")
+    learner, totals = _ready_learner(batch)
+    _assert_same_terms(totals, full)
+    assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 1} == {1}
+    assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 0} == {G - 1}
+    assert 5 in learner.prefixes.mismatched
+    # members handed over in pieces: only a piece that completes its group is batched
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="reward")
+    _, totals = _ready_learner(batch, ready=[[0, 4], [5, 1], [2, 3], [6], [7]])
+    _assert_same_terms(totals, full)
+    assert {w.index: w.batched for w in totals.work if w.kind == "trajectory"} == {
+        0: 1, 4: 1, 5: 1, 1: 1, 2: 2, 3: 2, 6: 1, 7: 1}
+
+
+def test_gather_members_merges_each_groups_scored_items_and_drops_their_content():
+    batch = _batch()
+    a, b, c, d = batch[0], batch[1], batch[4], batch[2]
+    content = Rollout(index=2, group=0, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
+    other = Rollout(index=5, group=1, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
+    out = gather_members([a, content, other, c, b, d])
+    assert out[0] == ReadyMembers((a, b, d)) and out[1] is other and out[2] is c and len(out) == 3
+    failure = RuntimeError("producer failed")
+    out = gather_members([a, failure, b])  # nothing crosses a failure
+    assert out == [a, failure, b]
+
+
+def test_drain_hands_ready_members_over_together():
+    batch = _batch()
+    inbox: queue.Queue = queue.Queue()
+    for source in batch[:G]:
+        inbox.put(source)
+    inbox.put(DONE)
+    seen = []
+    arrived = drain(inbox, threading.Event(), seen.append, gather_members)
+    assert seen == [ReadyMembers(tuple(batch[:G]))] and arrived == batch[:G]
