@@ -17,9 +17,11 @@ table, writes JSON.
     python -m benchmarks.learner_work --quick         # prompts 64/512 × groups 4/8, one repeat
     python -m benchmarks.learner_work --learner --prompts 800 --groups 8 --completion 130   # the main job's shape
 
-`--learner` runs both variants through the wired GRPO learner instead (`GRPOBatchLearner` + `TrajectoryBackward`,
+`--learner` runs the variants through the wired GRPO learner instead (`GRPOBatchLearner` + `TrajectoryBackward`,
 reward release, `shared_prefix` on or off), so the per-member bookkeeping the trainer pays is in the wall time and
-the FLOPs are the ledger's (`trace.recorder.learner_events`) as `thundersync/learner_tflops_per_s` counts them.
+the FLOPs are the ledger's (`trace.recorder.learner_events`) as `thundersync/learner_tflops_per_s` counts them; it adds
+a third variant, `batched`: the shared prefix with the group's members handed over together (`submit_ready`), learned
+as one padded pass over the prefix with their advantages folded in (`prefix_batch.py`).
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def _logps_fn(model):
     return logps
 
 
-def run_learner(model, params, members, rewards, prompt: int, shared: bool):
-    """One group through the wired learner at reward release; returns its direction, work items and passes."""
+def run_learner(model, params, members, rewards, prompt: int, shared: bool, batched: bool = False):
+    """One group through the wired learner at reward release (`batched`: its members handed over together, so they
+    run as one padded pass over the prefix, `prefix_batch.py`); returns its direction, work items and passes."""
     norm = LossNormalization("grpo", len(members), 1, max(len(ids) for ids in members))
     prefixes = None
     if shared:
@@ -126,10 +129,13 @@ def run_learner(model, params, members, rewards, prompt: int, shared: bool):
     learner = GRPOBatchLearner(batch_size=len(members), num_generations=len(members),
                                num_params=sum(p.numel() for p in params), policy_version=0, scale_rewards="group",
                                source_backward=backward, eps=EPS, prefixes=prefixes)
-    for i, (ids, reward) in enumerate(zip(members, rewards, strict=True)):
-        rollout = Rollout(index=i, group=0, policy_version=0, prompt_ids=tuple(ids[:prompt]),
-                          completion_ids=tuple(ids[prompt:]))
-        learner.submit(ScoredRollout(rollout, (reward,), reward, time.perf_counter()))
+    sources = [ScoredRollout(Rollout(index=i, group=0, policy_version=0, prompt_ids=tuple(ids[:prompt]),
+                                     completion_ids=tuple(ids[prompt:])), (reward,), reward, time.perf_counter())
+               for i, (ids, reward) in enumerate(zip(members, rewards, strict=True))]
+    if batched:
+        learner.submit_ready(sources)
+    for source in sources if not batched else ():
+        learner.submit(source)
     totals = learner.finish()
     work = prefixes.closed_work if shared else full_pass_work([len(ids) for ids in members])
     return totals.accumulator.policy[0], totals.work, work
@@ -153,29 +159,36 @@ def measure_point(model, prompt: int, size: int, completion: int, repeats: int, 
     shape = ModelShape.from_config(model.config)
     members, rewards = _group(model.config.vocab_size, prompt, size, completion, seed=prompt * 100 + size)
     row = {"prompt": prompt, "group": size, "completion_tokens": sum(len(ids) - prompt for ids in members)}
+    variants = ("full", "shared")
     if learner:
-        results, walls = _timed({name: lambda s=name == "shared": run_learner(model, params, members, rewards,
-                                                                                prompt, s)
-                                 for name in ("full", "shared")}, repeats)
+        variants = ("full", "shared", "batched")
+        results, walls = _timed({name: lambda s=name != "full", b=name == "batched": run_learner(
+            model, params, members, rewards, prompt, s, b) for name in variants}, repeats)
         context = {i: len(ids) for i, ids in enumerate(members)}
         flops_of = model_flop_counter(model, params)
-        (full, full_items, full_work), (shared, shared_items, shared_work) = results["full"], results["shared"]
-        ledger = {"full": sum(e.flops for e in learner_events(full_items, context, flops_of)),
-                  "shared": sum(e.flops for e in learner_events(shared_items, context, flops_of))}
+        ledger = {name: sum(e.flops for e in learner_events(results[name][1], context, flops_of))
+                  for name in variants}
+        works = {name: results[name][2] for name in variants}
+        directions = {name: results[name][0] for name in variants}
     else:
         results, walls = _timed({"full": lambda: run_full(model, params, members, rewards, prompt),
                                  "shared": lambda: run_shared(model, params, members, rewards, prompt)}, repeats)
         full, (shared, prefix) = results["full"], results["shared"]
-        full_work, shared_work = full_pass_work([len(ids) for ids in members]), prefix.work
-        ledger = {name: sum(pass_flops(shape, w) for w in work)
-                  for name, work in (("full", full_work), ("shared", shared_work))}
-    for name, work in (("full", full_work), ("shared", shared_work)):
-        row[name] = {"token_passes": sum(w.tokens for w in work), "flops": ledger[name],
-                     "wall_seconds": statistics.median(walls[name]), "wall_runs": walls[name]}
+        works = {"full": full_pass_work([len(ids) for ids in members]), "shared": prefix.work}
+        ledger = {name: sum(pass_flops(shape, w) for w in work) for name, work in works.items()}
+        directions = {"full": full, "shared": shared}
+    for name in variants:
+        row[name] = {"token_passes": sum(w.tokens for w in works[name]), "flops": ledger[name],
+                     "wall_seconds": statistics.median(walls[name]), "wall_runs": walls[name],
+                     "relative_error": float((directions[name] - directions["full"]).norm()
+                                             / directions["full"].norm())}
     row["flop_ratio"] = row["shared"]["flops"] / row["full"]["flops"]
     row["wall_ratio"] = row["shared"]["wall_seconds"] / row["full"]["wall_seconds"]
     row["fastest_wall_ratio"] = min(walls["shared"]) / min(walls["full"])  # least disturbed runs (a loaded machine)
-    row["relative_error"] = float((shared - full).norm() / full.norm())
+    row["relative_error"] = max(row[name]["relative_error"] for name in variants)
+    if "batched" in row:
+        row["batched_flop_ratio"] = row["batched"]["flops"] / row["full"]["flops"]
+        row["batched_wall_ratio"] = row["batched"]["wall_seconds"] / row["full"]["wall_seconds"]
     return row
 
 
@@ -211,6 +224,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{full['wall_seconds']:>13.3f}{shared['wall_seconds']:>9.3f}{r['wall_ratio']:>7.3f}"
               f"{r['fastest_wall_ratio']:>10.3f}"
               f"{r['relative_error']:>12.1e}")
+    if args.learner:  # the same groups, their members handed over together: one padded pass over the prefix
+        print(f"\nmembers ready together (`submit_ready`, one padded pass per group over its prefix)\n"
+              f"{'prompt':>6}{'G':>4}{'GFLOP batched':>15}{'ratio':>7}{'wall s batched':>16}{'ratio':>7}"
+              f"{'vs shared':>11}")
+        for r in rows:
+            b = r["batched"]
+            print(f"{r['prompt']:>6}{r['group']:>4}{b['flops'] / 1e9:>15.3f}{r['batched_flop_ratio']:>7.3f}"
+                  f"{b['wall_seconds']:>16.3f}{r['batched_wall_ratio']:>7.3f}"
+                  f"{b['wall_seconds'] / r['shared']['wall_seconds']:>11.3f}")
     with open(args.out, "w") as f:
         json.dump({"setup": vars(args), "rows": rows}, f, indent=2)
     print(f"wrote {args.out}")

@@ -34,7 +34,7 @@ class BatchPass:
     """What one padded pass over a group's prefix produced besides the gradients it put into the sinks."""
 
     adjoints: dict[Hashable, torch.Tensor]  # destination key -> flat FP32 boundary adjoint (weighted sum)
-    work: PassWork  # the pass as it ran: every row padded to the longest, over the cached prefix
+    work: tuple[PassWork, ...]  # the pass as it ran: one row per member, each padded to the longest, over the prefix
 
 
 def batched_logits(prefix: GroupPrefix, rows: Sequence[Sequence[int]],
@@ -87,6 +87,6 @@ def members_pass(prefix: GroupPrefix, indices: Sequence[int], rows: Sequence[Seq
         sinks[key].add(grads[: len(params)], f"{where} {key!r}")
         adjoints[key] = prefix.flatten(grads[len(params) :], f"{where} {key!r}")
     cut = len(prefix.plan.ids)
-    work = PassWork(len(rows) * (max(len(ids) for ids in rows) - cut), cut, len(losses))
-    prefix.member_work.append(work)
+    work = (PassWork(max(len(ids) for ids in rows) - cut, cut, len(losses)),) * len(rows)
+    prefix.member_work.extend(work)
     return BatchPass(adjoints, work)

@@ -168,7 +168,7 @@ class PrefixGroups:
             return None
         before = len(state.reference.member_work) if state.reference is not None else 0
         ran = members_pass(state.prefix, [r.index for r in rollouts], rows, objective, sinks)
-        work = [ran.work, *(state.reference.member_work[before:] if state.reference is not None else [])]
+        work = [*ran.work, *(state.reference.member_work[before:] if state.reference is not None else [])]
         return ran.adjoints, (sum(self.flops(w) for w in work) if self.flops is not None else None)
 
     def add_batch(self, group: int, adjoints: Mapping[tuple[str, int], torch.Tensor],
