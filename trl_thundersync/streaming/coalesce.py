@@ -14,6 +14,7 @@ content is waiting too is learned there, at its reward, instead of alone at its 
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +67,11 @@ class ReadyMembers:
     sources: tuple[ScoredRollout, ...]  # at least two, one group
 
 
-def gather_members(items: list) -> list:
+def gather_members(items: list, completes: Callable[[int, int], bool]) -> list:
     """`items` with the scored trajectories of each group among them (single `ScoredRollout`s or `ReadyMembers`
-    already gathered) gathered into one `ReadyMembers`, at the place of the first; the waiting content (`Rollout`) of
-    a gathered trajectory is dropped (it is learned at its reward). Nothing moves across a producer's failure."""
+    already gathered) gathered into one `ReadyMembers`, at the place of the first, where `completes(group, count)`
+    says they are the last of their group (`GRPOBatchLearner.completes_group`); the waiting content (`Rollout`) of a
+    gathered trajectory is dropped (it is learned at its reward). Nothing moves across a producer's failure."""
     groups: dict[int, list[ScoredRollout]] = {}
     for item in items:
         if isinstance(item, BaseException):
@@ -77,7 +79,7 @@ def gather_members(items: list) -> list:
         for source in item.sources if isinstance(item, ReadyMembers) else (item,) if isinstance(item, ScoredRollout) \
                 else ():
             groups.setdefault(source.rollout.group, []).append(source)
-    gathered = {g: m for g, m in groups.items() if len(m) > 1}
+    gathered = {g: m for g, m in groups.items() if len(m) > 1 and completes(g, len(m))}
     indices = {s.rollout.index for m in gathered.values() for s in m}
     out: list = []
     placed: set[int] = set()

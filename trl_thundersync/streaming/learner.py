@@ -215,25 +215,37 @@ class GRPOBatchLearner:
     def submit_ready(self, sources: Sequence[ScoredRollout]) -> None:
         """Scored trajectories that were ready together, in arrival order (`coalesce.gather_members`, or the sync
         schedule's whole batch). Where they are the last members of their group, the group's advantages are fixed
-        and they are learned in one padded pass over its shared prefix (`prefix_batch.py`); the others are
-        `submit`ted one by one."""
+        and they are learned in one padded pass over its shared prefix (`prefix_batch.py`; a member released at its
+        content binds first); the others are `submit`ted one by one."""
         by_group: dict[int, list[ScoredRollout]] = {}
         for source in sources:
             by_group.setdefault(source.rollout.group, []).append(source)
         for group, members in by_group.items():
-            if not (len(members) > 1 and self._serve_together(group, members)):
-                for source in members:
+            bound = [m for m in members if m.rollout.index in self.buffered and m.rollout.index not in self.seen]
+            for source in bound:  # released at its content: its H_i binds, as alone
+                self.submit(source)
+            rest = [m for m in members if m not in bound]
+            if not (len(rest) > 1 and self._serve_together(group, rest)):
+                for source in rest:
                     self.submit(source)
+
+    def completes_group(self, group: int, members: int) -> bool:
+        """Whether `members` more scored trajectories would complete group `group` and can then be learned as one
+        pass over its shared prefix (`coalesce.gather_members` asks before it gathers them)."""
+        if self.prefixes is None or not hasattr(self.source_backward, "group_batch") or group in self.prefixes.declined:
+            return False
+        stats = self.open.get(group)
+        held = len(stats.rewards) if stats is not None else 0
+        return members > 1 and held + members == self.num_generations and not any(
+            p.rollout.group == group for p in self.pending)
 
     def _serve_together(self, group: int, members: list[ScoredRollout]) -> bool:
         """`members` complete group `group`: one padded pass over its prefix (True), or nothing done (False)."""
         stats = self.open.get(group)
-        held = len(stats.rewards) if stats is not None else 0
         indices = [m.rollout.index for m in members]
-        if (self.prefixes is None or not hasattr(self.source_backward, "group_batch")
-                or held + len(members) != self.num_generations or any(p.rollout.group == group for p in self.pending)
-                or not self._admissible(members[0]) or len(set(indices)) != len(indices)
-                or any(i in self.seen or i in self.content_seen or i in self.turning for i in indices)):
+        if (not self.completes_group(group, len(members)) or not self._admissible(members[0])
+                or len(set(indices)) != len(indices)
+                or any(i in self.seen or i in self.buffered or i in self.turning for i in indices)):
             return False
         for m in members:
             self._check(m.rollout.index, m.rollout.group, m.rollout.policy_version, "the scored trajectory")

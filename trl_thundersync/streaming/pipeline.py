@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..errors import RolloutError
@@ -231,7 +232,9 @@ def _stream_batch(
 
     try:
         per_turn = turns is not None and early and learner.release == "turn"
-        gather = gather_members if schedule == "thundersync" and not per_turn and batch_members else None
+        gather = None
+        if schedule == "thundersync" and not per_turn and batch_members and learner.prefixes is not None:
+            gather = partial(gather_members, completes=learner.completes_group)
         return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:
         learner.abort()

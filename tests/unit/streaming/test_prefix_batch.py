@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from functools import partial
 
 import pytest
 
@@ -27,7 +28,7 @@ OPTIONS = [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)]
 
 
 def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, temperature: float = 1.0,
-                   content: tuple[int, ...] = (), ready: list[list[int]] | None = None):
+                   content: tuple[int, ...] = (), ready: list[list[int]] | None = None, finish: bool = True):
     """The `_learner` of test_prefix_learner with the shared prefix, fed through `submit_ready` (`ready`: the index
     lists handed over together, in order; by default the whole batch at once, reversed); `content`: trajectories
     whose content is released first."""
@@ -50,7 +51,7 @@ def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, te
         learner.submit_content(batch[index].rollout)
     for indices in ready if ready is not None else [list(reversed(range(len(batch))))]:
         learner.submit_ready([batch[i] for i in indices])
-    return learner, learner.finish()
+    return (learner, learner.finish()) if finish else learner
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=["plain", "kl_ent"])
@@ -88,14 +89,15 @@ def test_group_batch_runs_one_pass_per_group(monkeypatch):
     assert sorted(map(sorted, calls)) == [[0, 2, 3], [4, 5, 6, 7]]  # (1 is unscorable: nothing to learn)
 
 
-def test_members_released_at_content_are_not_batched():
-    """A member whose content ran already holds H_i: its group's other members run one by one, the same update."""
+def test_a_member_released_at_content_binds_and_the_others_batch():
+    """A member whose content ran already holds H_i: it binds as alone, and its group's other members (here 0 and 3;
+    1 is unscorable) still run as one pass, the same update."""
     batch = _batch()
     _, full = _learner(batch, shared=False, release="reward")
     _, mixed = _ready_learner(batch, content=(2,))
     _assert_same_terms(mixed, full)
-    assert {w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {1}  # (and 2 bound)
-    assert {w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 1} == {G}
+    assert [w.index for w in mixed.work if w.kind in ("content", "bind")] == [2, 2]
+    assert {w.index: w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {0: 2, 1: 2, 3: 2}
 
 
 def test_mismatched_member_and_incomplete_groups_run_one_by_one():
@@ -120,10 +122,14 @@ def test_gather_members_merges_each_groups_scored_items_and_drops_their_content(
     a, b, c, d = batch[0], batch[1], batch[4], batch[2]
     content = Rollout(index=2, group=0, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
     other = Rollout(index=5, group=1, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
-    out = gather_members([a, content, other, c, b, d])
+    every = lambda group, count: True  # noqa: E731
+    out = gather_members([a, content, other, c, b, d], every)
     assert out[0] == ReadyMembers((a, b, d)) and out[1] is other and out[2] is c and len(out) == 3
+    # only where the learner says they complete their group: otherwise nothing moves, content included
+    assert gather_members([a, content, other, c, b, d], lambda group, count: False) == [a, content, other, c, b, d]
+    assert gather_members([a, content, b], lambda group, count: count == 3) == [a, content, b]
     failure = RuntimeError("producer failed")
-    out = gather_members([a, failure, b])  # nothing crosses a failure
+    out = gather_members([a, failure, b], every)  # nothing crosses a failure
     assert out == [a, failure, b]
 
 
@@ -134,5 +140,15 @@ def test_drain_hands_ready_members_over_together():
         inbox.put(source)
     inbox.put(DONE)
     seen = []
-    arrived = drain(inbox, threading.Event(), seen.append, gather_members)
+    arrived = drain(inbox, threading.Event(), seen.append, partial(gather_members, completes=lambda g, n: n == G))
     assert seen == [ReadyMembers(tuple(batch[:G]))] and arrived == batch[:G]
+
+
+def test_completes_group_counts_what_the_group_still_needs():
+    batch = _batch()
+    fresh = _ready_learner(batch, ready=[], finish=False)  # nothing handed over yet
+    assert fresh.completes_group(0, G) and not fresh.completes_group(0, G - 1) and not fresh.completes_group(0, 1)
+    fresh.submit(batch[0])
+    assert fresh.completes_group(0, G - 1) and not fresh.completes_group(0, G)
+    fresh.prefixes.declined[1] = "a prompt shorter than the threshold"  # full passes: nothing to batch over
+    assert not fresh.completes_group(1, G)
