@@ -30,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -49,6 +50,7 @@ from trl_thundersync.streaming.shared_prefix import (
     prompt_plan,
 )
 from trl_thundersync.streaming.source import TrajectoryBackward
+from trl_thundersync.streaming.source_batch import group_batch
 from trl_thundersync.tiny.model import build_tiny_tokenizer, model_from_config, tiny_shape
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.types import Rollout, ScoredRollout
@@ -128,7 +130,8 @@ def run_learner(model, params, members, rewards, prompt: int, shared: bool, batc
                                   mask_truncated=False, prefixes=prefixes)
     learner = GRPOBatchLearner(batch_size=len(members), num_generations=len(members),
                                num_params=sum(p.numel() for p in params), policy_version=0, scale_rewards="group",
-                               source_backward=backward, eps=EPS, prefixes=prefixes)
+                               source_backward=backward, eps=EPS, prefixes=prefixes,
+                               group_backward=partial(group_batch, backward) if batched else None)
     sources = [ScoredRollout(Rollout(index=i, group=0, policy_version=0, prompt_ids=tuple(ids[:prompt]),
                                      completion_ids=tuple(ids[prompt:])), (reward,), reward, time.perf_counter())
                for i, (ids, reward) in enumerate(zip(members, rewards, strict=True))]

@@ -28,8 +28,11 @@ CASES = PARITY_CASES
 RELEASES = {"reward": dict(release="reward"), "content_batch_scope": dict(release="content", reward_scope="batch"),
             "reward_shared_prefix": dict(release="reward", **SHARED_PREFIX),
             "content_batch_scope_shared_prefix": dict(release="content", reward_scope="batch", **SHARED_PREFIX),
-            # the sync schedule hands the learner whole groups: each is one padded pass over its prefix
-            "sync_batched_shared_prefix": dict(schedule="sync", **SHARED_PREFIX)}
+            # the sync schedule hands the learner whole groups: each is one padded pass (batch_group_members), as full
+            # sequences, or over its prefix
+            "sync_batched": dict(schedule="sync"), "sync_batched_shared_prefix": dict(schedule="sync", **SHARED_PREFIX)}
+# option sets whose groups are not batched (each member its own pass): normalize_then_sum's per-function statistics
+BATCH_REFUSED = {"normalize_then_sum"}
 # option sets the shared prefix refuses (full passes, the reason logged): it must not run there
 PREFIX_REFUSED = {"gradient_checkpointing", "normalize_then_sum"}
 
@@ -44,10 +47,16 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
                           rewards=rewards, **overrides, **RELEASES[release])
     kinds = {w.kind for w in trainer.last_batch[0].work}
-    assert ("content" in kinds and "bind" in kinds) if release.startswith("content") else "content" not in kinds
     shared = release.endswith("shared_prefix") and case not in PREFIX_REFUSED
+    # content release: H_i before the reward and bound later, unless the group's last members waited together with
+    # their rewards (a batch-scoped reward call returns them at once): then one padded pass at the reward
+    batched = any(w.batched > 1 for w in trainer.last_batch[0].work if w.kind == "trajectory")
+    if release.startswith("content"):
+        assert ("content" in kinds and "bind" in kinds) or (shared and batched), kinds
+    else:
+        assert "content" not in kinds
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
-    if release.startswith("sync_batched") and shared:  # every group learned as one pass of its learnable members
+    if release.startswith("sync_batched") and case not in BATCH_REFUSED:  # each group: one pass of its learnable members
         items = [w for w in trainer.last_batch[0].work if w.kind == "trajectory"]
         assert all(len({w.batched for w in items if w.group == g}) == 1 for g in {w.group for w in items}), case
         assert case == "mask_truncated" or max(w.batched for w in items) > 1, case  # (there: one learnable row)

@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +39,9 @@ from .objectives import ObjectiveGroupStatistics
 from .off_policy_mask import OffPolicyMask
 from .prefix_groups import PrefixGroups
 from .release import Buffered, TurnSource, check_learner_arguments, vector_bytes
+
+if TYPE_CHECKING:
+    from .source_batch import GroupBackward
 
 __all__ = ["BatchTotals", "GRPOBatchLearner", "SourceGradients", "WorkItem"]
 
@@ -68,6 +72,7 @@ class GRPOBatchLearner:
         off_policy_threshold: float | None = None,
         objective_weights: tuple[float, ...] | None = None,
         prefixes: PrefixGroups | None = None,
+        group_backward: GroupBackward | None = None,
     ) -> None:
         check_learner_arguments(batch_size, num_generations, release, content_backward, turn_source)
         if prefixes is not None and (off_policy_threshold is not None or objective_weights is not None):
@@ -108,6 +113,8 @@ class GRPOBatchLearner:
         self.work: list[WorkItem] = []
         self.peak_bytes = 0
         self.prefixes = prefixes  # the shared prefixes the source backwards read (None: full passes only)
+        # a group's last members, ready together, in one padded pass (`source_batch.py`; None: one pass each)
+        self.group_backward = group_backward if objective_weights is None and off_policy_threshold is None else None
         self.peak_prefix_bytes = 0
 
     # -- intake -------------------------------------------------------------------------------------------------
@@ -232,7 +239,7 @@ class GRPOBatchLearner:
     def completes_group(self, group: int, members: int) -> bool:
         """Whether `members` more scored trajectories would complete group `group` and can then be learned as one
         pass over its shared prefix (`coalesce.gather_members` asks before it gathers them)."""
-        if self.prefixes is None or not hasattr(self.source_backward, "group_batch") or group in self.prefixes.declined:
+        if self.group_backward is None:
             return False
         stats = self.open.get(group)
         held = len(stats.rewards) if stats is not None else 0
@@ -249,7 +256,8 @@ class GRPOBatchLearner:
             return False
         for m in members:
             self._check(m.rollout.index, m.rollout.group, m.rollout.policy_version, "the scored trajectory")
-        self._open_prefix(group, members[0].rollout.prompt_ids, max(m.scored_at for m in members))
+        if self.prefixes is not None:
+            self._open_prefix(group, members[0].rollout.prompt_ids, max(m.scored_at for m in members))
         rewards = [*(stats.rewards if stats is not None else []), *(m.reward for m in members)]
         scale = self.scaling.group_scale(nanstd_bessel(rewards))
         mean = nanmean(rewards)
@@ -257,15 +265,16 @@ class GRPOBatchLearner:
                       (m.reward - mean) * scale if math.isfinite(scale) else 0.0 for m in members]
         buckets = [self.bucket_of(i) for i in indices]
         start = time.perf_counter()
-        batch = self.source_backward.group_batch([m.rollout for m in members], advantages, buckets,
-                                                 [self._micro_batch(i) for i in indices])
+        batch = self.group_backward([m.rollout for m in members], advantages, buckets,
+                                    [self._micro_batch(i) for i in indices])
         if batch is None:
             return False
         end = time.perf_counter()
         if stats is None:
             stats = self.open[group] = GroupStatistics(group, self.num_generations, self.num_params)
-        self.prefixes.add_batch(group, batch.adjoints, [(m.reward if m.scorable else float("nan"), b)
-                                                         for m, b in zip(members, buckets, strict=True)])
+        if self.prefixes is not None:
+            self.prefixes.add_batch(group, batch.adjoints, [(m.reward if m.scorable else float("nan"), b)
+                                                             for m, b in zip(members, buckets, strict=True)])
         for (channel, key), vector in batch.vectors.items():
             if channel == "policy":
                 self.accumulator.add_policy({key: vector})

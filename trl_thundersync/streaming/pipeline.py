@@ -169,7 +169,7 @@ def run_logical_batch(
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
                           delivered, coalesce, batch_members)
     arrived = _scored_sources(items, delivered, len(requests))
-    if schedule == "sync" and batch_members:
+    if schedule == "sync" and batch_members and learner.group_backward is not None:
         learner.submit_ready(arrived)
     elif schedule == "sync":
         for item in arrived:
@@ -233,7 +233,7 @@ def _stream_batch(
     try:
         per_turn = turns is not None and early and learner.release == "turn"
         gather = None
-        if schedule == "thundersync" and not per_turn and batch_members and learner.prefixes is not None:
+        if schedule == "thundersync" and not per_turn and batch_members and learner.group_backward is not None:
             gather = partial(gather_members, completes=learner.completes_group)
         return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:

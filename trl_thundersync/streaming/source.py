@@ -27,7 +27,6 @@ so that the barrier's loss is s_b·(free_i − A_i·V_i) per trajectory, as TRL'
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -37,8 +36,7 @@ from ..types import Rollout, ScoredRollout
 from .gradient_sinks import FlatGradient, all_finite
 from .head_logps import head_logps
 from .importance import SamplingCorrection, off_policy_kl, sampler_logps
-from .learner import SourceGradients
-from .learner_records import GroupBatch
+from .learner_records import SourceGradients
 from .normalization import LossNormalization
 from .prefix_groups import PrefixGroups
 from .sampling_difference import SamplingStats, row_stats
@@ -195,60 +193,6 @@ class TrajectoryBackward:
                                vectors.get("entropy"), entropy_sum, off_policy, value,
                                self._sampling_stats(rollout, ids, attention, keep, mask, logps))
 
-    def group_batch(self, rollouts: Sequence[Rollout], advantages: Sequence[float | None], buckets: Sequence[int],
-                    micro_batches: Sequence[int]) -> GroupBatch | None:
-        """Members of one group whose advantages are fixed (None: unscorable, no policy term) in one padded pass over
-        the group's shared prefix (`prefix_batch.py`): per destination ("policy" or "free" per bucket, "entropy" per
-        TRL micro-batch) one gradient of Σ_i w_i S_i, with w_i = A_i for the policy term and 1 otherwise. None: the
-        group has no prefix, or a member does not fit it (each member then runs its own pass)."""
-        rows, needs_of, found_of, masks = [], [], [], []
-        for rollout, advantage in zip(rollouts, advantages, strict=True):
-            mask = loss_mask(rollout, self.eos_and_pad, self.mask_truncated).to(self.device).unsqueeze(0)
-            tokens = int(mask.sum().item())
-            needs = (advantage is not None and tokens > 0, self.beta != 0.0 and tokens > 0,
-                     self.entropy_coef is not None and tokens > 0)
-            masks.append((mask, tokens))
-            needs_of.append(needs)
-            found_of.append({})
-            if any(needs):
-                rows.append(len(needs_of) - 1)
-        chosen = [rollouts[r] for r in rows]
-        objectives = {r: self._row_objective(rollouts[r], masks[r][0], self.normalization.sequence_weight(masks[r][1]),
-                                             needs_of[r], found_of[r]) for r in rows}
-
-        def combined(logits: Sequence[torch.Tensor], actions: Sequence[torch.Tensor]) -> dict:
-            out: dict = {}
-            for r, row_logits, row_actions in zip(rows, logits, actions, strict=True):
-                for channel, potential in objectives[r](row_logits, row_actions).items():
-                    if channel == "score":
-                        key, potential = ("policy", buckets[r]), potential * advantages[r]
-                    else:
-                        key = (channel, buckets[r] if channel == "free" else micro_batches[r])
-                    out[key] = potential if key not in out else out[key] + potential
-            return out
-
-        sinks: dict = defaultdict(lambda: FlatGradient(self.params, self.device))
-        ran = self.prefixes.members(chosen, combined, sinks) if chosen else (None, None)
-        if ran is None:
-            return None
-        adjoints, flops = ran
-        vectors = {key: sink.vector for key, sink in sinks.items()}
-        if not all(all_finite(v) for key, v in vectors.items() if key[0] == "policy"):
-            raise NonFiniteGradientError(f"group {rollouts[0].group}: the batched pass of trajectories "
-                                         f"{[r.index for r in chosen]} produced a non-finite gradient")
-        out = []
-        for rollout, (mask, tokens), found, needs in zip(rollouts, masks, found_of, needs_of, strict=True):
-            ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)], device=self.device)
-            sampling = self._sampling_stats(rollout, ids, torch.ones_like(ids), len(rollout.completion_ids), mask,
-                                            found.get("logps"))
-            if not any(needs):  # as `gradients`: nothing to learn, no forward
-                out.append(SourceGradients(None, None, tokens, sampling=sampling))
-                continue
-            out.append(SourceGradients(None, None, tokens, found.get("free_value", 0.0), found.get("kl_sum", 0.0),
-                                       None, found.get("entropy_sum", 0.0), found.get("off_policy", 0.0),
-                                       found.get("value", 0.0), sampling))
-        return GroupBatch(tuple(out), vectors, adjoints or {}, flops, tuple(r.index for r in chosen))
-
     def _prefix_gradients(self, rollout: Rollout, mask: torch.Tensor, tokens: int, weight: float,
                           needs: tuple[bool, bool, bool]) -> SourceGradients | None:
         """The same terms as the full pass, from the completion's forward over its group's shared prefix
@@ -278,29 +222,41 @@ class TrajectoryBackward:
                                                                              dict[str, torch.Tensor]]:
         """A member's objective over its logits rows (a pass over its group's prefix): channel -> potential, as the
         full pass's; the values it logs go into `found`."""
-        need_score, need_free, need_entropy = needs
 
         def objective(logits: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
             # TRL's fused-head arithmetic, not log_softmax: the logged values must round as the full pass's do
-            logps, entropies = head_logps(logits, actions, self.temperature, entropy=need_entropy)
-            logps = logps.unsqueeze(0)  # [1, T]
-            if not torch.isfinite(logps[mask.bool()]).all():
-                raise NonFiniteGradientError(
-                    f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
-                    f"version {rollout.policy_version}; refusing to accumulate it")
-            found["logps"] = logps.detach()
-            outputs: list[tuple[str, torch.Tensor]] = []
-            if need_score:
-                found["off_policy"], found["value"] = self._score_term(rollout, logps, mask, weight, outputs)
-            if need_free:
-                with torch.no_grad():
-                    ref = head_logps(self.prefixes.reference_logits(rollout), actions, self.temperature)[0][None]
-                found["free_value"], found["kl_sum"] = self._free_term(ref, logps, mask, weight, outputs)
-            if need_entropy:
-                found["entropy_sum"] = self._entropy_term(entropies.unsqueeze(0), mask, outputs)
-            return dict(outputs)
+            logps, entropies = head_logps(logits, actions, self.temperature, entropy=needs[2])
+
+            def reference() -> torch.Tensor:
+                return head_logps(self.prefixes.reference_logits(rollout), actions, self.temperature)[0][None]
+
+            return self.row_potentials(rollout, logps.unsqueeze(0), entropies.unsqueeze(0) if needs[2] else None,
+                                       reference, mask, weight, needs, found)
 
         return objective
+
+    def row_potentials(self, rollout: Rollout, logps: torch.Tensor, entropies: torch.Tensor | None,
+                       reference: Callable[[], torch.Tensor], mask: torch.Tensor, weight: float,
+                       needs: tuple[bool, bool, bool], found: dict[str, float | torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One trajectory's potentials from its per-token log-probs `logps` [1, T] (entropies [1, T]; `reference()`
+        the KL reference's [1, T], called only with β ≠ 0): channel ("score", "free", "entropy") -> the scalar whose
+        gradient is H_i, K_i, E_i; the values it logs go into `found`. Loud on a non-finite log-prob."""
+        need_score, need_free, need_entropy = needs
+        if not torch.isfinite(logps[mask.bool()]).all():
+            raise NonFiniteGradientError(
+                f"trajectory {rollout.index} (group {rollout.group}) has non-finite log-probabilities at policy "
+                f"version {rollout.policy_version}; refusing to accumulate it")
+        found["logps"] = logps.detach()
+        outputs: list[tuple[str, torch.Tensor]] = []
+        if need_score:
+            found["off_policy"], found["value"] = self._score_term(rollout, logps, mask, weight, outputs)
+        if need_free:
+            with torch.no_grad():
+                ref = reference()
+            found["free_value"], found["kl_sum"] = self._free_term(ref, logps, mask, weight, outputs)
+        if need_entropy:
+            found["entropy_sum"] = self._entropy_term(entropies, mask, outputs)
+        return dict(outputs)
 
     def _sampling_stats(self, rollout: Rollout, ids: torch.Tensor, attention: torch.Tensor, keep: int,
                         mask: torch.Tensor, logps: torch.Tensor | None = None) -> SamplingStats | None:

@@ -22,21 +22,23 @@ from trl_thundersync.streaming.pipeline import DONE, drain
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
+from trl_thundersync.streaming.source_batch import group_batch
 from trl_thundersync.types import Rollout
 
 OPTIONS = [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)]
 
 
 def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, temperature: float = 1.0,
-                   content: tuple[int, ...] = (), ready: list[list[int]] | None = None, finish: bool = True):
+                   content: tuple[int, ...] = (), ready: list[list[int]] | None = None, finish: bool = True,
+                   shared: bool = True):
     """The `_learner` of test_prefix_learner with the shared prefix, fed through `submit_ready` (`ready`: the index
     lists handed over together, in order; by default the whole batch at once, reversed); `content`: trajectories
-    whose content is released first."""
+    whose content is released first; `shared=False`: no prefix, the members batched as full sequences."""
     model, params = _model(temperature, 3), _params(temperature)
     norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
     prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=len(batch) // G,
                             temperature=temperature, reference=_model(temperature, 4) if beta else None,
-                            flops=pass_flop_counter(model, params))
+                            flops=pass_flop_counter(model, params)) if shared else None
     backward = TrajectoryBackward(
         params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(7, 0),
         mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
@@ -45,7 +47,7 @@ def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, te
     learner = GRPOBatchLearner(
         batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
         scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release="content",
-        content_backward=backward.content, prefixes=prefixes,
+        content_backward=backward.content, prefixes=prefixes, group_backward=partial(group_batch, backward),
         entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
     for index in content:
         learner.submit_content(batch[index].rollout)
@@ -54,11 +56,12 @@ def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, te
     return (learner, learner.finish()) if finish else learner
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["over_prefix", "full_sequences"])
 @pytest.mark.parametrize("options", OPTIONS, ids=["plain", "kl_ent"])
-def test_group_batch_matches_full_passes(options):
+def test_group_batch_matches_full_passes(options, shared):
     batch = _batch()
     _, full = _learner(batch, shared=False, release="reward", **options)
-    learner, batched = _ready_learner(batch, **options)
+    learner, batched = _ready_learner(batch, shared=shared, **options)
     _assert_same_terms(batched, full)
     ran = [w for w in batched.work if w.kind == "trajectory"]
     # one pass per group, of its members with something to learn (plain: not the unscorable member 1)
@@ -71,13 +74,13 @@ def test_group_batch_matches_full_passes(options):
         assert got == pytest.approx(expected, rel=1e-5) if expected is not None else got is None
     assert [r if not math.isnan(r) else None for r in batched.rewards] == \
         [r if not math.isnan(r) else None for r in full.rewards]
-    assert not learner.prefixes.open and not learner.prefixes.mismatched
+    assert not shared or (not learner.prefixes.open and not learner.prefixes.mismatched)
     # its items lie one after another (the pass's time shared by forwarded tokens) and are priced by the pass
     for a, b in zip(ran, ran[1:]):
         assert a.end <= b.start + 1e-9 or a.group != b.group
-    for group in (0, 1):  # a member with nothing to learn was not forwarded: no share
-        items = [w for w in ran if w.group == group]
-        assert sum(1 for w in items if w.flops > 0) == items[0].batched
+    for group in (0, 1):  # priced by the pass (a member with nothing to learn was not forwarded: no share); without
+        items = [w for w in ran if w.group == group]  # a prefix, by each member's tokens as a full pass is
+        assert sum(1 for w in items if w.flops > 0) == items[0].batched if shared else all(w.flops is None for w in items)
 
 
 def test_group_batch_runs_one_pass_per_group(monkeypatch):
@@ -100,14 +103,15 @@ def test_a_member_released_at_content_binds_and_the_others_batch():
     assert {w.index: w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {0: 2, 1: 2, 3: 2}
 
 
-def test_mismatched_member_and_incomplete_groups_run_one_by_one():
+@pytest.mark.parametrize("shared", [True, False], ids=["over_prefix", "full_sequences"])
+def test_mismatched_member_and_incomplete_groups_run_one_by_one(shared):
     batch = _batch(rewrite=5)  # group 1's member 5 has another prompt: group 1 cannot batch
     _, full = _learner(batch, shared=False, release="reward")
-    learner, totals = _ready_learner(batch)
+    learner, totals = _ready_learner(batch, shared=shared)
     _assert_same_terms(totals, full)
     assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 1} == {1}
     assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 0} == {G - 1}
-    assert 5 in learner.prefixes.mismatched
+    assert not shared or 5 in learner.prefixes.mismatched
     # members handed over in pieces: only a piece that completes its group is batched
     batch = _batch()
     _, full = _learner(batch, shared=False, release="reward")
@@ -150,5 +154,7 @@ def test_completes_group_counts_what_the_group_still_needs():
     assert fresh.completes_group(0, G) and not fresh.completes_group(0, G - 1) and not fresh.completes_group(0, 1)
     fresh.submit(batch[0])
     assert fresh.completes_group(0, G - 1) and not fresh.completes_group(0, G)
-    fresh.prefixes.declined[1] = "a prompt shorter than the threshold"  # full passes: nothing to batch over
+    fresh.prefixes.declined[1] = "a prompt shorter than the threshold"  # full passes: batched as full sequences
+    assert fresh.completes_group(1, G)
+    fresh.group_backward = None  # batch_group_members=False, num_iterations > 1, a sharded placement
     assert not fresh.completes_group(1, G)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from ...streaming.normalization import LossNormalization
 from ...streaming.prefix_groups import PrefixGroups, log_once
 from ...streaming.shared_prefix import model_refusal, pass_flop_counter
 from ...streaming.source import TrajectoryBackward, flatten_grads, loss_mask
+from ...streaming.source_batch import GroupBackward, group_batch
 from ...streaming.turn_grpo import TurnScoreBackward
 from ..placement.replicated import ReplicatedPlacement
 from .settings import GRPOSettings
@@ -68,6 +70,16 @@ def trajectory_backward(settings: GRPOSettings, models: BatchModels, normalizati
         off_policy_sampling=settings.off_policy_sampling, sequence_level_kl=settings.sequence_level,
         prefixes=prefixes, temperature=settings.args.temperature,
     )
+
+
+def group_backward(settings: GRPOSettings, backward: TrajectoryBackward, placement: Any) -> GroupBackward | None:
+    """A group's last members, ready together, in one padded pass (`streaming/source_batch.py`), or None: off
+    (`batch_group_members=False`), `num_iterations > 1` (passes 2..μ replay each member's recorded θ_k log-probs), or
+    a sharded placement (each per-source pass is a collective every process enters with one source)."""
+    args = settings.args
+    if not args.batch_group_members or args.num_iterations > 1 or not isinstance(placement, ReplicatedPlacement):
+        return None
+    return partial(group_batch, backward)
 
 
 def prefix_refusal(settings: GRPOSettings, module: torch.nn.Module, sharded: bool) -> str | None:

@@ -41,7 +41,14 @@ from ...types import Rollout, RolloutRequest, SamplingParams
 from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
 from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
 from . import iterations, metrics
-from .backward import BatchModels, prefix_groups, router_aux_loss, trajectory_backward, turn_backward
+from .backward import (
+    BatchModels,
+    group_backward,
+    prefix_groups,
+    router_aux_loss,
+    trajectory_backward,
+    turn_backward,
+)
 from .batch import OpenBatch, accelerator_collectives
 from .checks import check_distributed, refuse_dropped_generation_fields, thundersync_args
 from .entropy import EntropyBatch, entropy_batch, entropy_normalizers, entropy_step
@@ -277,7 +284,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             max_buffered=self.args.max_buffered_trajectories, router_aux=aux,
             entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
             off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=settings.objective_weights,
-            prefixes=prefixes,
+            prefixes=prefixes, group_backward=group_backward(settings, backward, self._learner_placement()),
         )
         return learner, recorded
 
