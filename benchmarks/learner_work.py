@@ -20,8 +20,9 @@ table, writes JSON.
 `--learner` runs the variants through the wired GRPO learner instead (`GRPOBatchLearner` + `TrajectoryBackward`,
 reward release, `shared_prefix` on or off), so the per-member bookkeeping the trainer pays is in the wall time and
 the FLOPs are the ledger's (`trace.recorder.learner_events`) as `thundersync/learner_tflops_per_s` counts them; it adds
-a third variant, `batched`: the shared prefix with the group's members handed over together (`submit_ready`), learned
-as one padded pass over the prefix with their advantages folded in (`prefix_batch.py`).
+two more variants: `batched`, the shared prefix with the group's members handed over together (`submit_ready`), learned
+as one padded pass over the prefix with their advantages folded in (`prefix_batch.py`); and `full_batched`, the same
+without the prefix, one padded pass of full sequences (`source_batch.py`).
 """
 
 from __future__ import annotations
@@ -164,9 +165,11 @@ def measure_point(model, prompt: int, size: int, completion: int, repeats: int, 
     row = {"prompt": prompt, "group": size, "completion_tokens": sum(len(ids) - prompt for ids in members)}
     variants = ("full", "shared")
     if learner:
-        variants = ("full", "shared", "batched")
-        results, walls = _timed({name: lambda s=name != "full", b=name == "batched": run_learner(
-            model, params, members, rewards, prompt, s, b) for name in variants}, repeats)
+        variants = ("full", "shared", "batched", "full_batched")
+        flags = {"full": (False, False), "shared": (True, False), "batched": (True, True),
+                 "full_batched": (False, True)}  # (shared prefix, members handed over together)
+        results, walls = _timed({name: lambda f=flags[name]: run_learner(model, params, members, rewards, prompt, *f)
+                                 for name in variants}, repeats)
         context = {i: len(ids) for i, ids in enumerate(members)}
         flops_of = model_flop_counter(model, params)
         ledger = {name: sum(e.flops for e in learner_events(results[name][1], context, flops_of))
@@ -192,6 +195,7 @@ def measure_point(model, prompt: int, size: int, completion: int, repeats: int, 
     if "batched" in row:
         row["batched_flop_ratio"] = row["batched"]["flops"] / row["full"]["flops"]
         row["batched_wall_ratio"] = row["batched"]["wall_seconds"] / row["full"]["wall_seconds"]
+        row["full_batched_wall_ratio"] = row["full_batched"]["wall_seconds"] / row["full"]["wall_seconds"]
     return row
 
 
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: comparable under load)")
     parser.add_argument("--quick", action="store_true", help="prompts 64/512, groups 4/8, one repeat")
     parser.add_argument("--learner", action="store_true",
-                        help="both variants through the wired GRPO learner (shared_prefix on / off)")
+                        help="the variants through the wired GRPO learner (shared_prefix on / off, members batched)")
     parser.add_argument("--out", default="learner_work.json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -228,14 +232,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['fastest_wall_ratio']:>10.3f}"
               f"{r['relative_error']:>12.1e}")
     if args.learner:  # the same groups, their members handed over together: one padded pass over the prefix
-        print(f"\nmembers ready together (`submit_ready`, one padded pass per group over its prefix)\n"
+        print(f"\nmembers ready together (`submit_ready`): one padded pass per group over its prefix (batched), or of "
+              f"full sequences (full_batched)\n"
               f"{'prompt':>6}{'G':>4}{'GFLOP batched':>15}{'ratio':>7}{'wall s batched':>16}{'ratio':>7}"
-              f"{'vs shared':>11}")
+              f"{'vs shared':>11}{'wall s full_batched':>21}{'vs full':>9}")
         for r in rows:
-            b = r["batched"]
+            b, fb = r["batched"], r["full_batched"]
             print(f"{r['prompt']:>6}{r['group']:>4}{b['flops'] / 1e9:>15.3f}{r['batched_flop_ratio']:>7.3f}"
                   f"{b['wall_seconds']:>16.3f}{r['batched_wall_ratio']:>7.3f}"
-                  f"{b['wall_seconds'] / r['shared']['wall_seconds']:>11.3f}")
+                  f"{b['wall_seconds'] / r['shared']['wall_seconds']:>11.3f}{fb['wall_seconds']:>21.3f}"
+                  f"{r['full_batched_wall_ratio']:>9.3f}")
     with open(args.out, "w") as f:
         json.dump({"setup": vars(args), "rows": rows}, f, indent=2)
     print(f"wrote {args.out}")

@@ -52,11 +52,11 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     # their rewards (a batch-scoped reward call returns them at once): then one padded pass at the reward
     batched = any(w.batched > 1 for w in trainer.last_batch[0].work if w.kind == "trajectory")
     if release.startswith("content"):
-        assert ("content" in kinds and "bind" in kinds) or (shared and batched), kinds
+        assert ("content" in kinds and "bind" in kinds) or batched, kinds
     else:
         assert "content" not in kinds
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
-    if release.startswith("sync_batched") and case not in BATCH_REFUSED:  # each group: one pass of its learnable members
+    if release.startswith("sync_batched") and case not in BATCH_REFUSED:  # each group: one pass of its learnable rows
         items = [w for w in trainer.last_batch[0].work if w.kind == "trajectory"]
         assert all(len({w.batched for w in items if w.group == g}) == 1 for g in {w.group for w in items}), case
         assert case == "mask_truncated" or max(w.batched for w in items) > 1, case  # (there: one learnable row)

@@ -67,9 +67,9 @@ class ReadyMembers:
     sources: tuple[ScoredRollout, ...]  # at least two, one group
 
 
-def gather_members(items: list, completes: Callable[[int, int], bool]) -> list:
+def gather_members(items: list, completes: Callable[[int, list[int]], bool]) -> list:
     """`items` with the scored trajectories of each group among them (single `ScoredRollout`s or `ReadyMembers`
-    already gathered) gathered into one `ReadyMembers`, at the place of the first, where `completes(group, count)`
+    already gathered) gathered into one `ReadyMembers`, at the place of the first, where `completes(group, indices)`
     says they are the last of their group (`GRPOBatchLearner.completes_group`); the waiting content (`Rollout`) of a
     gathered trajectory is dropped (it is learned at its reward). Nothing moves across a producer's failure."""
     groups: dict[int, list[ScoredRollout]] = {}
@@ -79,7 +79,7 @@ def gather_members(items: list, completes: Callable[[int, int], bool]) -> list:
         for source in item.sources if isinstance(item, ReadyMembers) else (item,) if isinstance(item, ScoredRollout) \
                 else ():
             groups.setdefault(source.rollout.group, []).append(source)
-    gathered = {g: m for g, m in groups.items() if len(m) > 1 and completes(g, len(m))}
+    gathered = {g: m for g, m in groups.items() if len(m) > 1 and completes(g, [s.rollout.index for s in m])}
     indices = {s.rollout.index for m in gathered.values() for s in m}
     out: list = []
     placed: set[int] = set()

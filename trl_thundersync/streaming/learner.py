@@ -236,21 +236,23 @@ class GRPOBatchLearner:
                 for source in rest:
                     self.submit(source)
 
-    def completes_group(self, group: int, members: int) -> bool:
-        """Whether `members` more scored trajectories would complete group `group` and can then be learned as one
-        pass over its shared prefix (`coalesce.gather_members` asks before it gathers them)."""
+    def completes_group(self, group: int, indices: Sequence[int]) -> bool:
+        """Whether the scored trajectories `indices` would complete group `group`, at least two of them then learned
+        as one padded pass (the others bind the H_i their content release left); `coalesce.gather_members` asks
+        before it gathers them."""
         if self.group_backward is None:
             return False
         stats = self.open.get(group)
         held = len(stats.rewards) if stats is not None else 0
-        return members > 1 and held + members == self.num_generations and not any(
+        fresh = [i for i in indices if i not in self.buffered]
+        return len(fresh) > 1 and held + len(indices) == self.num_generations and not any(
             p.rollout.group == group for p in self.pending)
 
     def _serve_together(self, group: int, members: list[ScoredRollout]) -> bool:
         """`members` complete group `group`: one padded pass over its prefix (True), or nothing done (False)."""
         stats = self.open.get(group)
         indices = [m.rollout.index for m in members]
-        if (not self.completes_group(group, len(members)) or not self._admissible(members[0])
+        if (not self.completes_group(group, indices) or not self._admissible(members[0])
                 or len(set(indices)) != len(indices)
                 or any(i in self.seen or i in self.buffered or i in self.turning for i in indices)):
             return False
@@ -294,7 +296,8 @@ class GRPOBatchLearner:
             self.tallies.rewards[index] = m.reward
             share = n / max(sum(tokens), 1)  # the pass's time and FLOPs, attributed by forwarded tokens
             self.work.append(WorkItem("trajectory", index, group, m.rollout.policy_version, m.scored_at, at,
-                                      at + share * (end - start), row.scored_tokens, content_ready=m.rollout.finished_at,
+                                      at + share * (end - start), row.scored_tokens,
+                                      content_ready=m.rollout.finished_at,
                                       reward_at=m.scored_at, batched=len(batch.ran),
                                       flops=batch.flops * share if batch.flops is not None else None))
             at += share * (end - start)

@@ -237,7 +237,8 @@ class TrajectoryBackward:
 
     def row_potentials(self, rollout: Rollout, logps: torch.Tensor, entropies: torch.Tensor | None,
                        reference: Callable[[], torch.Tensor], mask: torch.Tensor, weight: float,
-                       needs: tuple[bool, bool, bool], found: dict[str, float | torch.Tensor]) -> dict[str, torch.Tensor]:
+                       needs: tuple[bool, bool, bool],
+                       found: dict[str, float | torch.Tensor]) -> dict[str, torch.Tensor]:
         """One trajectory's potentials from its per-token log-probs `logps` [1, T] (entropies [1, T]; `reference()`
         the KL reference's [1, T], called only with β ≠ 0): channel ("score", "free", "entropy") -> the scalar whose
         gradient is H_i, K_i, E_i; the values it logs go into `found`. Loud on a non-finite log-prob."""

@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from tests.unit.streaming.test_prefix_learner import G, _assert_same_terms, _batch, _forward, _learner, _model, _params
+from tests.fixtures.prefix_learning import G, _assert_same_terms, _batch, _forward, _learner, _model, _params
 from trl_thundersync.streaming import prefix_batch
 from trl_thundersync.streaming.coalesce import ReadyMembers, gather_members
 from trl_thundersync.streaming.learner import GRPOBatchLearner
@@ -76,11 +76,14 @@ def test_group_batch_matches_full_passes(options, shared):
         [r if not math.isnan(r) else None for r in full.rewards]
     assert not shared or (not learner.prefixes.open and not learner.prefixes.mismatched)
     # its items lie one after another (the pass's time shared by forwarded tokens) and are priced by the pass
-    for a, b in zip(ran, ran[1:]):
+    for a, b in zip(ran, ran[1:], strict=False):
         assert a.end <= b.start + 1e-9 or a.group != b.group
     for group in (0, 1):  # priced by the pass (a member with nothing to learn was not forwarded: no share); without
         items = [w for w in ran if w.group == group]  # a prefix, by each member's tokens as a full pass is
-        assert sum(1 for w in items if w.flops > 0) == items[0].batched if shared else all(w.flops is None for w in items)
+        if shared:
+            assert sum(1 for w in items if w.flops > 0) == items[0].batched
+        else:
+            assert all(w.flops is None for w in items)
 
 
 def test_group_batch_runs_one_pass_per_group(monkeypatch):
@@ -126,12 +129,12 @@ def test_gather_members_merges_each_groups_scored_items_and_drops_their_content(
     a, b, c, d = batch[0], batch[1], batch[4], batch[2]
     content = Rollout(index=2, group=0, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
     other = Rollout(index=5, group=1, policy_version=0, prompt_ids=(1,), completion_ids=(2,))
-    every = lambda group, count: True  # noqa: E731
+    every = lambda group, indices: True  # noqa: E731
     out = gather_members([a, content, other, c, b, d], every)
     assert out[0] == ReadyMembers((a, b, d)) and out[1] is other and out[2] is c and len(out) == 3
     # only where the learner says they complete their group: otherwise nothing moves, content included
-    assert gather_members([a, content, other, c, b, d], lambda group, count: False) == [a, content, other, c, b, d]
-    assert gather_members([a, content, b], lambda group, count: count == 3) == [a, content, b]
+    assert gather_members([a, content, other, c, b, d], lambda group, indices: False) == [a, content, other, c, b, d]
+    assert gather_members([a, content, b], lambda group, indices: len(indices) == 3) == [a, content, b]
     failure = RuntimeError("producer failed")
     out = gather_members([a, failure, b], every)  # nothing crosses a failure
     assert out == [a, failure, b]
@@ -144,17 +147,23 @@ def test_drain_hands_ready_members_over_together():
         inbox.put(source)
     inbox.put(DONE)
     seen = []
-    arrived = drain(inbox, threading.Event(), seen.append, partial(gather_members, completes=lambda g, n: n == G))
+    gather = partial(gather_members, completes=lambda group, indices: len(indices) == G)
+    arrived = drain(inbox, threading.Event(), seen.append, gather)
     assert seen == [ReadyMembers(tuple(batch[:G]))] and arrived == batch[:G]
 
 
 def test_completes_group_counts_what_the_group_still_needs():
-    batch = _batch()
+    batch = _batch(groups=3)
     fresh = _ready_learner(batch, ready=[], finish=False)  # nothing handed over yet
-    assert fresh.completes_group(0, G) and not fresh.completes_group(0, G - 1) and not fresh.completes_group(0, 1)
+    assert fresh.completes_group(0, range(G)) and not fresh.completes_group(0, range(1, G))
     fresh.submit(batch[0])
-    assert fresh.completes_group(0, G - 1) and not fresh.completes_group(0, G)
-    fresh.prefixes.declined[1] = "a prompt shorter than the threshold"  # full passes: batched as full sequences
-    assert fresh.completes_group(1, G)
+    assert fresh.completes_group(0, range(1, G)) and not fresh.completes_group(0, range(G))
+    fresh.submit_content(batch[4].rollout)  # holds H_4: completes group 1, but only two fresh members would batch
+    fresh.submit_content(batch[5].rollout)
+    assert fresh.completes_group(1, range(4, 8))
+    fresh.submit_content(batch[6].rollout)  # one fresh member left: nothing to batch
+    assert not fresh.completes_group(1, range(4, 8))
+    fresh.prefixes.declined[2] = "a prompt shorter than the threshold"  # full passes: batched as full sequences
+    assert fresh.completes_group(2, range(8, 12))
     fresh.group_backward = None  # batch_group_members=False, num_iterations > 1, a sharded placement
-    assert not fresh.completes_group(1, G)
+    assert not fresh.completes_group(2, range(8, 12))

@@ -5,17 +5,27 @@ FLOP ledger shows fewer token passes."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from trl import GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head
 
+from tests.fixtures.prefix_learning import (
+    EOS,
+    PROMPT,
+    TOLERANCE,
+    G,
+    _assert_same_terms,
+    _batch,
+    _forward,
+    _learner,
+    _model,
+    _params,
+    _rel,
+    _terms,
+)
 from trl_thundersync.streaming import prefix_groups as prefix_module
 from trl_thundersync.streaming.coalesce import CoalescedTurns, coalesce_turns
 from trl_thundersync.streaming.flops import model_flop_counter
@@ -25,102 +35,10 @@ from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
 from trl_thundersync.streaming.turn_grpo import TurnScoreBackward
-from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
 from trl_thundersync.trace.recorder import learner_events
 from trl_thundersync.trainers.grpo.backward import prefix_groups
 from trl_thundersync.trainers.placement.replicated import ReplicatedPlacement
 from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
-
-TOLERANCE = 1e-5  # FP32: the prefix path differs from the full pass by rounding only
-EOS, G, PROMPT = 7, 4, 10
-
-
-@functools.cache  # (called with both arguments positionally: one cache entry per model)
-def _model(temperature: float = 1.0, seed: int = 3):
-    """The policy (seed 3), or the KL reference (another seed)."""
-    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2, seed=seed)
-    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))  # as GRPOTrainer's policy
-    model.train()
-    return model
-
-
-def _params(temperature: float = 1.0):
-    return [p for p in _model(temperature, 3).parameters() if p.requires_grad]
-
-
-def _forward(compute_entropy: bool, temperature: float, seed: int = 3):
-    fn = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__
-    owner = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext))
-    model = _model(temperature, seed)
-    if compute_entropy:
-        return lambda ids, mask, keep: fn(owner, model, ids, mask, keep, compute_entropy=True)[:2]
-    return lambda ids, mask, keep: fn(owner, model, ids, mask, keep)[0]
-
-
-def _batch(groups: int = 2, rewrite: int | None = None, prompts: tuple[int, ...] = ()) -> list[ScoredRollout]:
-    """`groups` groups of G members over one prompt each (of `prompts[g]` tokens, PROMPT by default); member
-    `rewrite` gets its own first prompt token."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = _model(1.0, 3).config.vocab_size
-    out = []
-    for g in range(groups):
-        prompt = torch.randint(8, vocab, (prompts[g] if prompts else PROMPT,), generator=gen).tolist()
-        for m in range(G):
-            index = g * G + m
-            ids = list(prompt)
-            if index == rewrite:
-                ids[0] = 8 + (ids[0] + 1 - 8) % (vocab - 8)
-            completion = torch.randint(8, vocab, (3 + m,), generator=gen).tolist() + [EOS]
-            rollout = Rollout(index=index, group=g, policy_version=0, prompt_ids=tuple(ids),
-                              completion_ids=tuple(completion))
-            reward = float("nan") if index == 1 else float(torch.rand((), generator=gen))
-            out.append(ScoredRollout(rollout, (reward,), reward, 0.0))
-    return out
-
-
-def _learner(batch, *, shared: bool, release: str, beta: float = 0.0, entropy: float | None = None,
-             temperature: float = 1.0, max_open: int | None = None, min_prompt_tokens: int = 1):
-    model, params = _model(temperature, 3), _params(temperature)
-    norm = LossNormalization("grpo", batch_size=len(batch), micro_batches=2, max_completion_length=64)
-    prefixes = None
-    if shared:
-        prefixes = PrefixGroups(model=model, params=params, group_size=G, max_open=max_open or len(batch) // G,
-                                temperature=temperature, reference=_model(temperature, 4) if beta else None,
-                                flops=pass_flop_counter(model, params), min_prompt_tokens=min_prompt_tokens)
-    backward = TrajectoryBackward(
-        params=params, logps_fn=_forward(False, temperature), normalization=norm, eos_and_pad=(EOS, 0),
-        mask_truncated=False, beta=beta, ref_logps_fn=_forward(False, temperature, 4) if beta else None,
-        logps_entropy_fn=_forward(True, temperature) if entropy is not None else None, entropy_coef=entropy,
-        prefixes=prefixes, temperature=temperature)
-    learner = GRPOBatchLearner(
-        batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
-        scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release=release,
-        content_backward=backward.content, max_open_groups=max_open, prefixes=prefixes,
-        entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
-    if release == "content":
-        for source in batch:
-            learner.submit_content(source.rollout)
-    for source in reversed(batch):
-        learner.submit(source)
-    return learner, learner.finish()
-
-
-def _rel(a, b) -> float:
-    return float((a - b).norm() / b.norm())
-
-
-def _terms(totals):
-    acc = totals.accumulator
-    return {**{("policy", b): v for b, v in acc.policy.items()}, **{("free", b): v for b, v in acc.free_terms.items()},
-            **{("entropy", b): v for b, v in (totals.entropy_terms or {}).items()}}
-
-
-def _assert_same_terms(got_totals, expected_totals) -> None:
-    """The same accumulator terms (policy and β·KL per bucket, entropy per micro-batch), each within TOLERANCE."""
-    expected, got = _terms(expected_totals), _terms(got_totals)
-    assert set(got) == set(expected)
-    for key, vector in expected.items():
-        assert _rel(got[key], vector) <= TOLERANCE, key
 
 
 @pytest.mark.parametrize("release", ["reward", "content"])

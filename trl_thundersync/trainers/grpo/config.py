@@ -44,7 +44,7 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
         batch_group_members (`bool`, *optional*, defaults to `True`):
-            Whether the last members of a group, ready together, are learned as one padded pass over its shared prefix.
+            Whether the last members of a group, ready together, are learned as one padded pass.
         shared_prefix (`bool`, *optional*, defaults to `True`):
             Whether each group's prompt is forwarded and back-propagated once instead of once per member.
         shared_prefix_min_prompt_tokens (`int`, *optional*, defaults to `256`):
@@ -166,10 +166,11 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
     batch_group_members: bool = field(
         default=True,
         metadata={
-            "help": "With the shared prefix: when the learner finds the last members of a group ready together (it was "
-            "busy while they finished, or the sync schedule), their advantages are fixed, so they are learned as one "
-            "padded pass over the group's prefix with one backward of their advantage-weighted sum instead of one "
-            "pass each; the same update up to FP32 rounding."
+            "help": "When the learner finds the last members of a group ready together (it was busy while they "
+            "finished, or the sync schedule), their advantages are fixed, so they are learned as one padded pass (over "
+            "the group's shared prefix, or as full sequences sharing their prompt) with one backward of their "
+            "advantage-weighted sum instead of one pass each; the same update up to FP32 rounding. Off with "
+            "num_iterations > 1 and on sharded placements."
         },
     )
     allow_unscorable_groups: bool = field(
