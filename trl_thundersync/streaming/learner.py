@@ -284,7 +284,8 @@ class GRPOBatchLearner:
                 self.accumulator.add_free(vector, key)
             else:
                 self._add_entropy_term(key, vector)
-        tokens = [len(m.rollout.completion_ids) if m.rollout.index in batch.ran else 0 for m in members]
+        sizes = {i: len(chunk) for chunk in batch.ran for i in chunk}  # the rows of the pass each member ran in
+        tokens = [len(m.rollout.completion_ids) if m.rollout.index in sizes else 0 for m in members]
         at = start
         for m, bucket, row, n in zip(members, buckets, batch.rows, tokens, strict=True):
             index = m.rollout.index
@@ -298,7 +299,7 @@ class GRPOBatchLearner:
             self.work.append(WorkItem("trajectory", index, group, m.rollout.policy_version, m.scored_at, at,
                                       at + share * (end - start), row.scored_tokens,
                                       content_ready=m.rollout.finished_at,
-                                      reward_at=m.scored_at, batched=len(batch.ran),
+                                      reward_at=m.scored_at, batched=sizes.get(index, 0),
                                       flops=batch.flops * share if batch.flops is not None else None))
             at += share * (end - start)
         self._track_memory()

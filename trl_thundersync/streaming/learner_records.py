@@ -58,8 +58,9 @@ class GroupBatch:
     rows: tuple[SourceGradients, ...]  # per member, in the order given: its scalars (no gradient vectors)
     vectors: dict[tuple[str, int], torch.Tensor]  # ("policy" | "free", bucket) or ("entropy", micro-batch) -> FP32
     adjoints: dict[tuple[str, int], torch.Tensor]  # the same keys -> their boundary adjoint (for the prefix's close)
-    flops: float | None  # learner FLOPs of the pass (`pass_flops`, padding included; None: no counter)
-    ran: tuple[int, ...]  # the trajectories the pass ran (members with nothing to learn are not forwarded)
+    flops: float | None  # learner FLOPs of the passes (`pass_flops`, padding included; None: no counter, or full
+    # sequences, which the trace prices by each member's tokens as it prices full passes)
+    ran: tuple[tuple[int, ...], ...]  # the trajectories each pass ran (members with nothing to learn: none)
 
 
 # What one learner item did. GRPO: "trajectory" (backward at reward release), "content" (backward before the reward),
@@ -110,8 +111,9 @@ class WorkItem:
     reward_at: float | None = None  # trajectory items: when its reward became known (None: never / not yet)
     turn: int = -1  # "turn" / "turn_backward" items: the turn number (the first, when several were coalesced)
     turns: int = 1  # "turn" items: the consecutive turns learned as one segment (>1: coalesced, `coalesce.py`)
-    # "trajectory" items: the members of its group whose one padded pass it was part of (`prefix_batch.py`; its
-    # start/end and FLOPs are its share of that pass, by forwarded tokens); 1: its own pass
+    # "trajectory" items: the rows of the padded pass of its group's members it ran in (`source_batch.py`; its start/end
+    # and FLOPs are its share of the group's passes, by forwarded tokens); 0: in a group batch, but nothing to learn
+    # (not forwarded); 1: its own pass
     batched: int = 1
     teacher: TeacherInterval | None = None  # "turn_backward" items: the teacher scoring its turn (None: no teacher)
     flops: float | None = None  # learner FLOPs the learner priced itself (shared-prefix passes, `pass_flops`); None:

@@ -153,19 +153,26 @@ class PrefixGroups:
         flops = sum(self.flops(w) for w in work) if self.flops is not None else None
         return result, PrefixShare(rollout.group, result.adjoints, flops)
 
-    def members(self, rollouts: Sequence[Rollout], objective: RowsObjective,
-                sinks: Mapping[Hashable, GradientSink]) -> tuple[dict[Hashable, torch.Tensor], float | None] | None:
-        """Members of one group in one padded pass over its prefix (`prefix_batch.members_pass`): their boundary
-        adjoints per destination key and the pass's FLOPs (reference continuations included). None: the group has no
-        prefix, or a member does not extend it as its prompt (each then runs its own pass, which logs why)."""
+    def fits(self, rollouts: Sequence[Rollout]) -> bool:
+        """Whether these members of one group can share a padded pass over its prefix (`members`): the group has one,
+        and each extends it as its prompt, past its end (otherwise each runs its own pass, which logs why)."""
         state = self.open.get(rollouts[0].group)
         if state is None:
-            return None
+            return False
         plan = state.prefix.plan
+        return all(len(r.prompt_ids) == plan.prompt_length and r.group == plan.group
+                   and len(ids) > len(plan.ids) and tuple(ids[: len(plan.ids)]) == plan.ids
+                   for r, ids in ((r, [*r.prompt_ids, *r.completion_ids]) for r in rollouts))
+
+    def members(self, rollouts: Sequence[Rollout], objective: RowsObjective,
+                sinks: Mapping[Hashable, GradientSink]) -> tuple[dict[Hashable, torch.Tensor], float | None]:
+        """Members of one group in one padded pass over its prefix (`prefix_batch.members_pass`; `fits` them first):
+        their boundary adjoints per destination key and the pass's FLOPs (reference continuations included)."""
+        if not self.fits(rollouts):
+            raise PrefixMismatchError(f"group {rollouts[0].group}: members {[r.index for r in rollouts]} do not all "
+                                      "extend its shared prefix; run them one by one")
+        state = self.open[rollouts[0].group]
         rows = [[*r.prompt_ids, *r.completion_ids] for r in rollouts]
-        if any(len(r.prompt_ids) != plan.prompt_length or r.group != plan.group or len(ids) <= len(plan.ids)
-               or tuple(ids[: len(plan.ids)]) != plan.ids for r, ids in zip(rollouts, rows, strict=True)):
-            return None
         before = len(state.reference.member_work) if state.reference is not None else 0
         ran = members_pass(state.prefix, [r.index for r in rollouts], rows, objective, sinks)
         work = [*ran.work, *(state.reference.member_work[before:] if state.reference is not None else [])]

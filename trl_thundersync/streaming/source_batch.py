@@ -29,12 +29,15 @@ from .source import TrajectoryBackward, loss_mask
 # (members, A_i or None when unscorable, bucket per member, TRL micro-batch per member) -> what the pass produced, or
 # None when the members cannot share one pass (each then runs its own)
 GroupBackward = Callable[[Sequence[Rollout], Sequence[float | None], Sequence[int], Sequence[int]], GroupBatch | None]
+# (the learner calls it with these four; `max_tokens` is bound by the trainer, `batch_group_max_tokens`)
 
 
 def group_batch(backward: TrajectoryBackward, rollouts: Sequence[Rollout], advantages: Sequence[float | None],
-                buckets: Sequence[int], micro_batches: Sequence[int]) -> GroupBatch | None:
-    """Members `rollouts` of one group, A_i per member (None: unscorable, no policy term), in one padded pass. None:
-    their group's prefix does not fit a member, or (without a prefix) they do not share their prompt tokens."""
+                buckets: Sequence[int], micro_batches: Sequence[int], max_tokens: int = 2048) -> GroupBatch | None:
+    """Members `rollouts` of one group, A_i per member (None: unscorable, no policy term), in padded passes of at most
+    `max_tokens` forwarded tokens each (rows × the longest row; at least one row): members of similar length
+    together. None: their group's prefix does not fit a member, or (without a prefix) they do not share their
+    prompt tokens; nothing has run then."""
     masks = [loss_mask(r, backward.eos_and_pad, backward.mask_truncated).to(backward.device).unsqueeze(0)
              for r in rollouts]
     tokens = [int(m.sum().item()) for m in masks]
@@ -52,48 +55,66 @@ def group_batch(backward: TrajectoryBackward, rollouts: Sequence[Rollout], advan
             out[key] = potential if key not in out else out[key] + potential
 
     sinks: dict = defaultdict(lambda: FlatGradient(backward.params, backward.device))
-    adjoints, flops = {}, None
+    adjoints: dict = {}
+    flops: float | None = 0.0
     group = rollouts[0].group
-    if rows and backward.prefixes is not None and group in backward.prefixes.open:
-        def combined(logits: Sequence[torch.Tensor], actions: Sequence[torch.Tensor]) -> dict:
-            out: dict = {}
-            for r, row_logits, row_actions in zip(rows, logits, actions, strict=True):
-                weight = backward.normalization.sequence_weight(tokens[r])
-                objective = backward._row_objective(rollouts[r], masks[r], weight, needs[r], found[r])
-                destinations(r, objective(row_logits, row_actions), out)
-            return out
+    prefixed = bool(rows) and backward.prefixes is not None and group in backward.prefixes.open
+    if prefixed and not backward.prefixes.fits([rollouts[r] for r in rows]):
+        return None
+    if not prefixed and len({tuple(rollouts[r].prompt_ids) for r in rows}) > 1:
+        return None  # (left padding would shift the positions of a shorter prompt)
+    lengths = {r: len(rollouts[r].completion_ids) + (0 if prefixed else len(rollouts[r].prompt_ids)) for r in rows}
+    chunks = chunk_rows(rows, lengths, max_tokens)
+    for chunk in chunks:
+        if prefixed:
+            def combined(logits: Sequence[torch.Tensor], actions: Sequence[torch.Tensor], chunk=chunk) -> dict:
+                out: dict = {}
+                for r, row_logits, row_actions in zip(chunk, logits, actions, strict=True):
+                    weight = backward.normalization.sequence_weight(tokens[r])
+                    objective = backward._row_objective(rollouts[r], masks[r], weight, needs[r], found[r])
+                    destinations(r, objective(row_logits, row_actions), out)
+                return out
 
-        ran = backward.prefixes.members([rollouts[r] for r in rows], combined, sinks)
-        if ran is None:
-            return None
-        adjoints, flops = ran
-    elif rows:
-        losses = _full_batch(backward, rollouts, rows, masks, tokens, needs, found, destinations)
-        if losses is None:
-            return None
-        where = f"group {group} trajectories {[rollouts[r].index for r in rows]}"
-        for n, (key, loss) in enumerate(losses.items()):
-            if loss.requires_grad:
-                grads = torch.autograd.grad(loss, backward.params, retain_graph=n + 1 < len(losses),
-                                            allow_unused=True)
-                sinks[key].add(grads, f"{where} {key!r}")
+            chunk_adjoints, chunk_flops = backward.prefixes.members([rollouts[r] for r in chunk], combined, sinks)
+            for key, adjoint in chunk_adjoints.items():
+                adjoints[key] = adjoint if key not in adjoints else adjoints[key] + adjoint
+            flops = flops + chunk_flops if flops is not None and chunk_flops is not None else None
+        else:
+            losses = _full_batch(backward, rollouts, chunk, masks, tokens, needs, found, destinations)
+            where = f"group {group} trajectories {[rollouts[r].index for r in chunk]}"
+            for n, (key, loss) in enumerate(losses.items()):
+                if loss.requires_grad:
+                    grads = torch.autograd.grad(loss, backward.params, retain_graph=n + 1 < len(losses),
+                                                allow_unused=True)
+                    sinks[key].add(grads, f"{where} {key!r}")
     vectors = {key: sink.vector for key, sink in sinks.items()}
     if not all(all_finite(v) for key, v in vectors.items() if key[0] == "policy"):
         raise NonFiniteGradientError(f"group {group}: the batched pass of trajectories "
                                      f"{[rollouts[r].index for r in rows]} produced a non-finite gradient")
     return GroupBatch(tuple(_row(backward, r, m, n, f, any(need))
                             for r, m, n, f, need in zip(rollouts, masks, tokens, found, needs, strict=True)),
-                      vectors, adjoints or {}, flops, tuple(rollouts[r].index for r in rows))
+                      vectors, adjoints, flops if prefixed else None,
+                      tuple(tuple(rollouts[r].index for r in chunk) for chunk in chunks))
+
+
+def chunk_rows(rows: Sequence[int], lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
+    """`rows` in passes of at most `max_tokens` padded tokens (rows × the longest), shortest first, so members of
+    similar length share a pass; a row longer than the budget runs alone."""
+    chunks: list[list[int]] = []
+    for r in sorted(rows, key=lambda r: lengths[r]):
+        if chunks and (len(chunks[-1]) + 1) * lengths[r] <= max_tokens:
+            chunks[-1].append(r)
+        else:
+            chunks.append([r])
+    return chunks
 
 
 def _full_batch(backward: TrajectoryBackward, rollouts: Sequence[Rollout], rows: Sequence[int],
                 masks: Sequence[torch.Tensor], tokens: Sequence[int], needs: Sequence[tuple[bool, bool, bool]],
-                found: Sequence[dict], destinations: Callable) -> dict | None:
-    """Members `rows` as full sequences in one right-padded forward (they must share their prompt tokens): each
-    member's potentials from its rows of the batch, combined per destination key."""
+                found: Sequence[dict], destinations: Callable) -> dict:
+    """Members `rows` as full sequences in one right-padded forward (sharing their prompt tokens): each member's
+    potentials from its rows of the batch, combined per destination key."""
     prompt = tuple(rollouts[rows[0]].prompt_ids)
-    if any(tuple(rollouts[r].prompt_ids) != prompt for r in rows):
-        return None
     width = max(len(rollouts[r].completion_ids) for r in rows)
     ids = torch.tensor([[*prompt, *rollouts[r].completion_ids]
                         + [rollouts[r].completion_ids[-1]] * (width - len(rollouts[r].completion_ids)) for r in rows],

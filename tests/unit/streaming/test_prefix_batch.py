@@ -22,7 +22,7 @@ from trl_thundersync.streaming.pipeline import DONE, drain
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
-from trl_thundersync.streaming.source_batch import group_batch
+from trl_thundersync.streaming.source_batch import chunk_rows, group_batch
 from trl_thundersync.types import Rollout
 
 OPTIONS = [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)]
@@ -30,7 +30,7 @@ OPTIONS = [dict(), dict(beta=0.1, entropy=0.5, temperature=0.7)]
 
 def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, temperature: float = 1.0,
                    content: tuple[int, ...] = (), ready: list[list[int]] | None = None, finish: bool = True,
-                   shared: bool = True):
+                   shared: bool = True, max_tokens: int = 2048):
     """The `_learner` of test_prefix_learner with the shared prefix, fed through `submit_ready` (`ready`: the index
     lists handed over together, in order; by default the whole batch at once, reversed); `content`: trajectories
     whose content is released first; `shared=False`: no prefix, the members batched as full sequences."""
@@ -47,7 +47,8 @@ def _ready_learner(batch, *, beta: float = 0.0, entropy: float | None = None, te
     learner = GRPOBatchLearner(
         batch_size=len(batch), num_generations=G, num_params=sum(p.numel() for p in params), policy_version=0,
         scale_rewards="group", source_backward=backward, bucket_of=lambda i: i % 2, release="content",
-        content_backward=backward.content, prefixes=prefixes, group_backward=partial(group_batch, backward),
+        content_backward=backward.content, prefixes=prefixes,
+        group_backward=partial(group_batch, backward, max_tokens=max_tokens),
         entropy_micro_batch_of=(lambda i: i % 2) if entropy is not None else None)
     for index in content:
         learner.submit_content(batch[index].rollout)
@@ -64,9 +65,10 @@ def test_group_batch_matches_full_passes(options, shared):
     learner, batched = _ready_learner(batch, shared=shared, **options)
     _assert_same_terms(batched, full)
     ran = [w for w in batched.work if w.kind == "trajectory"]
-    # one pass per group, of its members with something to learn (plain: not the unscorable member 1)
+    # one pass per group, of its members with something to learn (plain: not the unscorable member 1, batched 0)
     assert len(ran) == len(batch)
-    assert {(w.group, w.batched) for w in ran} == {(0, G - 1 if not options else G), (1, G)}
+    assert {(w.group, w.batched) for w in ran if w.index != 1} == {(0, G - 1 if not options else G), (1, G)}
+    assert [w.batched for w in ran if w.index == 1] == [G if options else 0]
     assert batched.kl_sums == pytest.approx(full.kl_sums, rel=1e-5, abs=1e-6)
     assert batched.entropy_sums == pytest.approx(full.entropy_sums, rel=1e-5)
     assert batched.scored_tokens == full.scored_tokens
@@ -81,7 +83,7 @@ def test_group_batch_matches_full_passes(options, shared):
     for group in (0, 1):  # priced by the pass (a member with nothing to learn was not forwarded: no share); without
         items = [w for w in ran if w.group == group]  # a prefix, by each member's tokens as a full pass is
         if shared:
-            assert sum(1 for w in items if w.flops > 0) == items[0].batched
+            assert sum(1 for w in items if w.flops > 0) == max(w.batched for w in items)
         else:
             assert all(w.flops is None for w in items)
 
@@ -103,7 +105,7 @@ def test_a_member_released_at_content_binds_and_the_others_batch():
     _, mixed = _ready_learner(batch, content=(2,))
     _assert_same_terms(mixed, full)
     assert [w.index for w in mixed.work if w.kind in ("content", "bind")] == [2, 2]
-    assert {w.index: w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {0: 2, 1: 2, 3: 2}
+    assert {w.index: w.batched for w in mixed.work if w.kind == "trajectory" and w.group == 0} == {0: 2, 1: 0, 3: 2}
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["over_prefix", "full_sequences"])
@@ -113,7 +115,7 @@ def test_mismatched_member_and_incomplete_groups_run_one_by_one(shared):
     learner, totals = _ready_learner(batch, shared=shared)
     _assert_same_terms(totals, full)
     assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 1} == {1}
-    assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 0} == {G - 1}
+    assert {w.batched for w in totals.work if w.kind == "trajectory" and w.group == 0} == {G - 1, 0}
     assert not shared or 5 in learner.prefixes.mismatched
     # members handed over in pieces: only a piece that completes its group is batched
     batch = _batch()
@@ -167,3 +169,22 @@ def test_completes_group_counts_what_the_group_still_needs():
     assert fresh.completes_group(2, range(8, 12))
     fresh.group_backward = None  # batch_group_members=False, num_iterations > 1, a sharded placement
     assert not fresh.completes_group(2, range(8, 12))
+
+
+def test_chunk_rows_keeps_each_pass_within_the_token_budget():
+    lengths = {0: 10, 1: 30, 2: 12, 3: 11, 4: 50}
+    assert chunk_rows([0, 1, 2, 3, 4], lengths, 40) == [[0, 3, 2], [1], [4]]  # 3 × 12 ≤ 40; 30 and 50 alone
+    assert chunk_rows([0, 1, 2, 3, 4], lengths, 1000) == [[0, 3, 2, 1, 4]]
+    assert chunk_rows([0, 1], lengths, 1) == [[0], [1]]  # a row longer than the budget runs alone
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["over_prefix", "full_sequences"])
+def test_a_group_past_the_token_budget_runs_as_several_passes(shared):
+    """Each pass within the budget: the same update; the members in passes of similar length."""
+    batch = _batch()
+    _, full = _learner(batch, shared=False, release="reward", beta=0.1, entropy=0.5, temperature=0.7)
+    width = 2 * (max(len(s.rollout.completion_ids) for s in batch) + (0 if shared else 10))
+    _, totals = _ready_learner(batch, shared=shared, max_tokens=width, beta=0.1, entropy=0.5, temperature=0.7)
+    _assert_same_terms(totals, full)
+    sizes = [w.batched for w in totals.work if w.kind == "trajectory"]
+    assert max(sizes) == 2 and 1 <= min(sizes)  # passes of two rows (at most) per group

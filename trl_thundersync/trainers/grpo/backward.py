@@ -79,7 +79,7 @@ def group_backward(settings: GRPOSettings, backward: TrajectoryBackward, placeme
     args = settings.args
     if not args.batch_group_members or args.num_iterations > 1 or not isinstance(placement, ReplicatedPlacement):
         return None
-    return partial(group_batch, backward)
+    return partial(group_batch, backward, max_tokens=args.batch_group_max_tokens)
 
 
 def prefix_refusal(settings: GRPOSettings, module: torch.nn.Module, sharded: bool) -> str | None:

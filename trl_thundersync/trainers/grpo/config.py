@@ -45,6 +45,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
         batch_group_members (`bool`, *optional*, defaults to `True`):
             Whether the last members of a group, ready together, are learned as one padded pass.
+        batch_group_max_tokens (`int`, *optional*, defaults to `2048`):
+            Most tokens one such padded pass forwards (rows × the longest row); more members run as several passes.
         shared_prefix (`bool`, *optional*, defaults to `True`):
             Whether each group's prompt is forwarded and back-propagated once instead of once per member.
         shared_prefix_min_prompt_tokens (`int`, *optional*, defaults to `256`):
@@ -173,6 +175,15 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "num_iterations > 1 and on sharded placements."
         },
     )
+    batch_group_max_tokens: int = field(
+        default=2048,
+        metadata={
+            "help": "batch_group_members: the most tokens one padded pass forwards (members × the longest member's "
+            "tokens: its completion over a shared prefix, its whole sequence otherwise); a group's ready members run "
+            "as several passes of members of similar length past it. Measured on the quickstart's model on a CPU: "
+            "larger passes of long sequences get slower than one pass per member."
+        },
+    )
     allow_unscorable_groups: bool = field(
         default=True,
         metadata={
@@ -216,6 +227,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
                 "shares its prompt; to turn the shared prefix off set shared_prefix=False)")
         if self.max_open_groups is not None and self.max_open_groups < 1:
             raise ConfigurationError(f"max_open_groups={self.max_open_groups} must be ≥ 1 (or None for no cap)")
+        if self.batch_group_max_tokens < 1:
+            raise ConfigurationError(
+                f"batch_group_max_tokens={self.batch_group_max_tokens} must be ≥ 1 (a member longer than it runs "
+                "alone; to learn every member alone set batch_group_members=False)")
         self.check_agent_fields()
         self.check_rollout_fields(ROLLOUT_ENGINES)
 
