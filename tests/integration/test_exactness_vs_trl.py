@@ -58,7 +58,8 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
     if release.startswith("sync_batched") and case not in BATCH_REFUSED:  # each group: one pass of its learnable rows
         items = [w for w in trainer.last_batch[0].work if w.kind == "trajectory"]
-        assert all(len({w.batched for w in items if w.group == g}) == 1 for g in {w.group for w in items}), case
+        # (0: a member with nothing to learn, not forwarded)
+        assert all(len({w.batched for w in items if w.group == g} - {0}) <= 1 for g in {w.group for w in items}), case
         assert case == "mask_truncated" or max(w.batched for w in items) > 1, case  # (there: one learnable row)
     assert len(ref) == len(got) == 1
     assert ref[0].norm() > 0

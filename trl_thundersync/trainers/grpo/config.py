@@ -168,20 +168,16 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
     batch_group_members: bool = field(
         default=True,
         metadata={
-            "help": "When the learner finds the last members of a group ready together (it was busy while they "
-            "finished, or the sync schedule), their advantages are fixed, so they are learned as one padded pass (over "
-            "the group's shared prefix, or as full sequences sharing their prompt) with one backward of their "
-            "advantage-weighted sum instead of one pass each; the same update up to FP32 rounding. Off with "
-            "num_iterations > 1 and on sharded placements."
+            "help": "Learn a group's last members, ready together, as one padded pass (over its shared prefix, or as "
+            "full sequences sharing their prompt) with one backward of their advantage-weighted sum; the same update "
+            "up to FP32 rounding. Off with num_iterations > 1 and sharded placements."
         },
     )
     batch_group_max_tokens: int = field(
         default=2048,
         metadata={
-            "help": "batch_group_members: the most tokens one padded pass forwards (members × the longest member's "
-            "tokens: its completion over a shared prefix, its whole sequence otherwise); a group's ready members run "
-            "as several passes of members of similar length past it. Measured on the quickstart's model on a CPU: "
-            "larger passes of long sequences get slower than one pass per member."
+            "help": "batch_group_members: the most tokens one padded pass forwards (members × the longest); more "
+            "members run as several passes of members of similar length."
         },
     )
     allow_unscorable_groups: bool = field(
