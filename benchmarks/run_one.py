@@ -103,6 +103,8 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
         extra["shared_prefix"] = w.shared_prefix
         if w.shared_prefix:
             extra["shared_prefix_min_prompt_tokens"] = 1
+    if w.batch_members is not None:
+        extra["batch_group_members"] = w.batch_members
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,
