@@ -162,8 +162,9 @@ def run_logical_batch(
     """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
     its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises.
     `coalesce`: under turn release, ready turns of one trajectory are learned as one segment (`coalesce.py`).
-    `batch_members`: the last members of a group, ready together, are learned in one padded pass over its shared
-    prefix (`coalesce.gather_members`; the sync schedule hands the learner its whole batch at once)."""
+    `batch_members`: the last members of a group, ready together, are learned in padded passes (`ready_groups.py`):
+    under "sync" the whole batch, under "thundersync" the learner's backlog once every trajectory is delivered
+    (`coalesce.gather_members`)."""
     start = time.perf_counter()
     delivered: list[int] = []
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
@@ -234,7 +235,13 @@ def _stream_batch(
         per_turn = turns is not None and early and learner.release == "turn"
         gather = None
         if schedule == "thundersync" and not per_turn and batch_members and learner.group_backward is not None:
-            gather = partial(gather_members, completes=learner.completes_group)
+            # only once every trajectory is delivered: then the learner's backlog is the step's tail. While rollouts
+            # run, a padded pass competes with them for the cores, and on the main job made the step 7–18% longer
+            # (BENCHMARKS.md, "Members ready together"); there members are learned one by one, as they finish
+            def completes(group: int, indices: list[int]) -> bool:
+                return len(delivered) >= len(requests) and learner.completes_group(group, indices)
+
+            gather = partial(gather_members, completes=completes)
         return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:
         learner.abort()
