@@ -146,6 +146,19 @@ def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], No
         raise
 
 
+def tail_gather(learner: GRPOBatchLearner, delivered: list[int], requested: int) -> Callable[[list], list]:
+    """The drain's `coalesce` under "thundersync" with `batch_members`: a group's ready members are gathered
+    (`coalesce.gather_members`) only once every one of the `requested` trajectories is `delivered`, when the learner's
+    backlog is the step's tail. While rollouts run, a padded pass competes with them for the cores; on the main job
+    that made the step 7–18% longer (BENCHMARKS.md, "Members ready together"), so there members are learned one by
+    one, as they finish."""
+
+    def completes(group: int, indices: list[int]) -> bool:
+        return len(delivered) >= requested and learner.completes_group(group, indices)
+
+    return partial(gather_members, completes=completes)
+
+
 def run_logical_batch(
     engine: RolloutEngine,
     requests: Sequence[RolloutRequest],
@@ -235,13 +248,7 @@ def _stream_batch(
         per_turn = turns is not None and early and learner.release == "turn"
         gather = None
         if schedule == "thundersync" and not per_turn and batch_members and learner.group_backward is not None:
-            # only once every trajectory is delivered: then the learner's backlog is the step's tail. While rollouts
-            # run, a padded pass competes with them for the cores, and on the main job made the step 7–18% longer
-            # (BENCHMARKS.md, "Members ready together"); there members are learned one by one, as they finish
-            def completes(group: int, indices: list[int]) -> bool:
-                return len(delivered) >= len(requests) and learner.completes_group(group, indices)
-
-            gather = partial(gather_members, completes=completes)
+            gather = tail_gather(learner, delivered, len(requests))
         return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:
         learner.abort()

@@ -18,7 +18,7 @@ from trl_thundersync.streaming import prefix_batch
 from trl_thundersync.streaming.coalesce import ReadyMembers, gather_members
 from trl_thundersync.streaming.learner import GRPOBatchLearner
 from trl_thundersync.streaming.normalization import LossNormalization
-from trl_thundersync.streaming.pipeline import DONE, drain
+from trl_thundersync.streaming.pipeline import DONE, drain, tail_gather
 from trl_thundersync.streaming.prefix_groups import PrefixGroups
 from trl_thundersync.streaming.shared_prefix import pass_flop_counter
 from trl_thundersync.streaming.source import TrajectoryBackward
@@ -188,3 +188,16 @@ def test_a_group_past_the_token_budget_runs_as_several_passes(shared):
     _assert_same_terms(totals, full)
     sizes = [w.batched for w in totals.work if w.kind == "trajectory"]
     assert max(sizes) == 2 and 1 <= min(sizes)  # passes of two rows (at most) per group
+
+
+def test_thundersync_gathers_members_only_once_every_trajectory_is_delivered():
+    """While rollouts run, members are handed over one by one (a padded pass would compete with generation); once
+    the last trajectory is delivered, a group's waiting members are gathered."""
+    batch = _batch()
+    learner = _ready_learner(batch, ready=[], finish=False)
+    delivered: list[int] = list(range(len(batch) - 1))
+    gather = tail_gather(learner, delivered, len(batch))
+    group0 = batch[:G]
+    assert gather(list(group0)) == list(group0)
+    delivered.append(len(batch) - 1)
+    assert gather(list(group0)) == [ReadyMembers(tuple(group0))]
