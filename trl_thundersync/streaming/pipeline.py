@@ -149,9 +149,9 @@ def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], No
 def tail_gather(learner: GRPOBatchLearner, delivered: list[int], requested: int) -> Callable[[list], list]:
     """The drain's `coalesce` under "thundersync" with `batch_members`: a group's ready members are gathered
     (`coalesce.gather_members`) only once every one of the `requested` trajectories is `delivered`, when the learner's
-    backlog is the step's tail. While rollouts run, a padded pass competes with them for the cores; on the main job
-    that made the step 7–18% longer (BENCHMARKS.md, "Members ready together"), so there members are learned one by
-    one, as they finish."""
+    backlog is the step's tail, the only learner time that lengthens the step. While rollouts run, members are
+    learned one by one as they finish, as under content release: a busy learner then waits for the rollout anyway,
+    and a padded pass would compete with generation for the cores (BENCHMARKS.md, "Members ready together")."""
 
     def completes(group: int, indices: list[int]) -> bool:
         return len(delivered) >= requested and learner.completes_group(group, indices)
