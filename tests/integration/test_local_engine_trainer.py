@@ -32,8 +32,10 @@ def train(path, tokenizer, out, callbacks=(), resume=None, **overrides):
 @pytest.mark.parametrize("engine", ["local_process", "auto"])
 def test_schedules_sample_the_same_trajectories_and_reach_the_same_parameters(tmp_path, tokenizer, tiny_model_path,
                                                                                engine):
-    ts, ts_params = train(tiny_model_path, tokenizer, tmp_path / "ts", schedule="thundersync", rollout_engine=engine)
-    sync, sync_params = train(tiny_model_path, tokenizer, tmp_path / "sync", schedule="sync", rollout_engine=engine)
+    # one pass per member on both sides (the sync schedule would batch each group: the same up to rounding, not bits)
+    common = dict(rollout_engine=engine, batch_group_members=False)
+    ts, ts_params = train(tiny_model_path, tokenizer, tmp_path / "ts", schedule="thundersync", **common)
+    sync, sync_params = train(tiny_model_path, tokenizer, tmp_path / "sync", schedule="sync", **common)
     if engine == "local_process":  # one worker, deterministic arrival order: bit-identical
         assert torch.equal(ts_params, sync_params)
     else:  # HTTP arrival order varies from run to run: same trajectories, group sums equal up to FP32 rounding
@@ -47,8 +49,9 @@ def test_schedules_sample_the_same_trajectories_and_reach_the_same_parameters(tm
 
 @pytest.mark.parametrize("release, kind", [("reward", "trajectory"), ("content", "content")])
 def test_trajectories_arrive_in_completion_order(release, kind, tmp_path, tokenizer, tiny_model_path):
+    # (batch_group_members=False: every source its own item; the tail's batched groups are tested in test_prefix_batch)
     trainer, _ = train(tiny_model_path, tokenizer, tmp_path, max_steps=1, rollout_max_in_flight=8,
-                       max_completion_length=24, release=release)
+                       max_completion_length=24, release=release, batch_group_members=False)
     totals, timing = trainer.last_batch
     work = [w for w in totals.work if w.kind == kind]
     assert [w.index for w in work] == list(timing.arrival_order)
