@@ -181,9 +181,9 @@ def displacement_errors(work: Path, tokenizer, model_path: str, reward, scope: s
     for release in ("reward", "content"):
         out[f"ts/{release}"] = error(delta(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, f"ts-{release}",
                                            reward_scope=scope, release=release))
-    with trl_seeded_thundersync(seeds):
+    with trl_seeded_thundersync(seeds):  # (every trajectory through the patched `gradients`: no group batches)
         out["ts/trl-seeds"] = error(delta(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, "ts-seeded",
-                                          reward_scope=scope, release="reward"))
+                                          reward_scope=scope, release="reward", batch_group_members=False))
     return out
 
 
