@@ -20,15 +20,20 @@ OPTIONS = {"plain": {}, "beta_grpo": dict(beta=0.1, loss_type="grpo")}
 PREFIX = {"": dict(shared_prefix=False), "_prefix": dict(SHARED_PREFIX)}
 
 
+# "_held": turn release with every trajectory's turns waiting for its content (turn_hold="always"); the other turn
+# cases learn each turn as it ends when the learner is free (turn_hold="never")
 @pytest.mark.parametrize("release, options", [("reward", "plain"), ("content", "plain"), ("turn", "plain"),
                                               ("turn", "beta_grpo"), ("turn", "plain_prefix"),
-                                              ("turn", "beta_grpo_prefix")])
+                                              ("turn", "beta_grpo_prefix"), ("turn", "beta_grpo_prefix_held")])
 def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, options, tmp_path, tokenizer,
                                                                   tiny_model_path):
+    held = options.endswith("_held")
+    options = options.removesuffix("_held")
     options, prefix = options.removesuffix("_prefix"), "_prefix" if options.endswith("_prefix") else ""
+    hold = dict(turn_hold="always" if held else "never") if release == "turn" else {}
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
                                                          delay=lambda i, t: 0.002 * ((7 * i + t) % 5),
-                                                         release=release, **OPTIONS[options], **PREFIX[prefix])
+                                                         release=release, **OPTIONS[options], **PREFIX[prefix], **hold)
     trainer.train()
     totals = trainer.last_batch[0]
     kinds = {w.kind for w in totals.work}
@@ -41,6 +46,13 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, optio
         assert totals.turn_fallbacks == 0 and "content" not in kinds
         # (ready turns of one trajectory may be learned as one item: `turns` counts them)
         assert sum(w.turns for w in totals.work if w.kind == "turn") == sum(r.agent.turns for r, _ in captured[-1])
+        turn_items = [w for w in totals.work if w.kind == "turn"]
+        if held:  # each trajectory's turns waited for its content: one segment each
+            assert len(turn_items) == len(captured[-1]), [w.turns for w in turn_items]
+        else:  # the turns ran as they ended (the delays keep a free learner ahead of some of them)
+            assert len(turn_items) > len(captured[-1])
+        logged = [h["thundersync/turns_held"] for h in trainer.state.log_history if "thundersync/turns_held" in h]
+        assert logged == [float(held)] * 2
     assert generator.publications == [1, 2]
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"

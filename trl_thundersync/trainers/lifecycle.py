@@ -48,13 +48,16 @@ class StepRecord(NamedTuple):
 def step_timing_metrics(timing: BatchTiming) -> dict[str, float]:
     """The `thundersync/*` timing metrics of one streamed batch (both trainers log the same names)."""
     wall = timing.barrier - timing.start
-    return {
+    out = {
         "thundersync/step_wall_seconds": wall,
         "thundersync/rollout_seconds": timing.rollout_end - timing.start,
         "thundersync/learner_busy_seconds": timing.learner_busy,
         "thundersync/learner_tail_seconds": timing.tail,
         "thundersync/learner_idle_fraction": max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0,
     }
+    if timing.turns_held is not None:  # GRPO turn release: 1 where turns waited for their content (turn_hold)
+        out["thundersync/turns_held"] = float(timing.turns_held)
+    return out
 
 
 class PublishCallback(TrainerCallback):

@@ -28,6 +28,7 @@ from ...rollout.batches import as_rollout_engine
 from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ...rollout.trl_batch import TRLBatchEngine
 from ...streaming.barrier import close_grpo_batch
+from ...streaming.coalesce import holds_turns
 from ...streaming.grading import grading_workers
 from ...streaming.learner import BatchTotals, GRPOBatchLearner
 from ...streaming.learner_records import BatchTiming
@@ -226,12 +227,14 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             scored.append(source)
             progress.update(source)
 
+        previous = self.last_batch[1] if self.last_batch is not None else None  # (turn_hold="auto" reads it)
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source, turns=self._turns,
                                                grade=rewards.start if rewards.grades_ahead else None,
                                                coalesce=self.args.coalesce_turns,
-                                               batch_members=self.args.batch_group_members)
+                                               batch_members=self.args.batch_group_members,
+                                               hold_turns=holds_turns(self.args.turn_hold, previous))
         finally:
             rewards.close()
             progress.close()
