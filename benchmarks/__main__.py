@@ -219,8 +219,8 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 # --- command line ---------------------------------------------------------------------------------------------------
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
-          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "shared_prefix", "batch_members", "turn_hold",
-          "hidden", "layers", "seed")
+          "gen_delay", "grading_latency", "grading_cv", "reward_scope", "shared_prefix", "batch_members",
+          "adaptive_turns", "hidden", "layers", "seed")
 
 
 def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -282,9 +282,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--batch-members", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
                        help="sync and ThunderSync schedules: batch_group_members (a group's last members, ready "
                             "together, in padded passes; default: the config's, on)")
-    knobs.add_argument("--turn-hold", choices=("auto", "never", "always"),
-                       help="thundersync:turn: turn_hold (turns wait for their trajectory's content; default: the "
-                            "config's, auto)")
+    knobs.add_argument("--adaptive-turns", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
+                       help="thundersync:turn: adaptive_turn_release (a step after one the learner bounded runs as "
+                            "content release; default: the config's, on)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

@@ -105,8 +105,8 @@ def build_thundersync(w: Workload, schedule: str, model_path: str, tokenizer, ou
             extra["shared_prefix_min_prompt_tokens"] = 1
     if w.batch_members is not None:
         extra["batch_group_members"] = w.batch_members
-    if w.turn_hold is not None and schedule == "thundersync" and release == "turn":
-        extra["turn_hold"] = w.turn_hold
+    if w.adaptive_turns is not None and schedule == "thundersync" and release == "turn":
+        extra["adaptive_turn_release"] = w.adaptive_turns
     args = cpu_config(ThunderSyncGRPOConfig, out_dir, **_common(w, out_dir), **extra)
     trainer = ThunderSyncGRPOTrainer(model=load_model(model_path), reward_funcs=[], args=args,
                                      train_dataset=bench_dataset(), processing_class=tokenizer,

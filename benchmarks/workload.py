@@ -66,7 +66,7 @@ class Workload:
     shared_prefix: bool | None = None  # sync/ThunderSync: True: a shared prefix for every group (min prompt tokens 1),
     # False: none, None: the config's default (groups with prompts of shared_prefix_min_prompt_tokens or more)
     batch_members: bool | None = None  # sync/ThunderSync: batch_group_members (None: the config's default, on)
-    turn_hold: str | None = None  # ThunderSync turn release: turn_hold (None: the config's default, "auto")
+    adaptive_turns: bool | None = None  # ThunderSync turn release: adaptive_turn_release (None: the config's, on)
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth

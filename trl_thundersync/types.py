@@ -18,8 +18,6 @@ from typing import Any, Literal
 Schedule = Literal["thundersync", "sync"]
 # When a trajectory's backward runs under schedule="thundersync" (streaming/release.py).
 ReleasePoint = Literal["reward", "content", "turn"]
-# release="turn": whether a trajectory's ready turns wait for its content (`streaming/coalesce.holds_turns`)
-TurnHold = Literal["auto", "never", "always"]
 # How a turn's backward runs (streaming/turn_grpo.py, distillation): "boundary_cut" forwards only the turn's new tokens
 # (linear, no activation checkpointing); "naive" re-runs the turn's whole context (quadratic).
 TurnBackward = Literal["boundary_cut", "naive"]

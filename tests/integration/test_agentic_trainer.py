@@ -9,6 +9,7 @@ from trl import GRPOConfig, GRPOTrainer
 from benchmarks.parity import SHARED_PREFIX, CaptureGrads, cpu_config, load_model, relative_error
 from tests.fixtures.agentic_trainer import dataset, make_trainer
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
+from trl_thundersync.streaming import release as release_module
 
 pytestmark = pytest.mark.slow
 
@@ -20,21 +21,37 @@ OPTIONS = {"plain": {}, "beta_grpo": dict(beta=0.1, loss_type="grpo")}
 PREFIX = {"": dict(shared_prefix=False), "_prefix": dict(SHARED_PREFIX)}
 
 
-# "_held": turn release with every trajectory's turns waiting for its content (turn_hold="always"); the other turn
-# cases learn each turn as it ends when the learner is free (turn_hold="never")
+# "_adaptive": turn release where every step counts as learner-bound (adaptive_turn_release with a bound of 0): the
+# first step releases per turn, the second runs as content release. The other turn cases release per turn throughout.
 @pytest.mark.parametrize("release, options", [("reward", "plain"), ("content", "plain"), ("turn", "plain"),
                                               ("turn", "beta_grpo"), ("turn", "plain_prefix"),
-                                              ("turn", "beta_grpo_prefix"), ("turn", "beta_grpo_prefix_held")])
+                                              ("turn", "beta_grpo_prefix"), ("turn", "beta_grpo_prefix_adaptive")])
 def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, options, tmp_path, tokenizer,
-                                                                  tiny_model_path):
-    held = options.endswith("_held")
-    options = options.removesuffix("_held")
+                                                                  tiny_model_path, monkeypatch):
+    adaptive = options.endswith("_adaptive")
+    options = options.removesuffix("_adaptive")
     options, prefix = options.removesuffix("_prefix"), "_prefix" if options.endswith("_prefix") else ""
-    hold = dict(turn_hold="always" if held else "never") if release == "turn" else {}
+    if adaptive:
+        monkeypatch.setattr(release_module, "LEARNER_BOUND", 0.0)
     trainer, capture, captured, generator = make_trainer(tmp_path / "ts", tokenizer, tiny_model_path,
                                                          delay=lambda i, t: 0.002 * ((7 * i + t) % 5),
-                                                         release=release, **OPTIONS[options], **PREFIX[prefix], **hold)
+                                                         release=release, **OPTIONS[options], **PREFIX[prefix],
+                                                         adaptive_turn_release=adaptive)
+    kinds_per_step = []
+    original = trainer._barrier
+
+    def spy(totals, *args):
+        kinds_per_step.append({w.kind for w in totals.work})
+        return original(totals, *args)
+
+    trainer._barrier = spy
     trainer.train()
+    if adaptive:  # step 1 per turn; step 2 after a learner-bound step: content release, no turn learned alone
+        assert "turn" in kinds_per_step[0] and "turn" not in kinds_per_step[1], kinds_per_step
+        logged = [h["thundersync/turns_released"] for h in trainer.state.log_history
+                  if "thundersync/turns_released" in h]
+        assert logged == [1.0, 0.0]
+        release = "content"  # (what the last batch, checked below, ran as)
     totals = trainer.last_batch[0]
     kinds = {w.kind for w in totals.work}
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == bool(prefix)
@@ -46,13 +63,9 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, optio
         assert totals.turn_fallbacks == 0 and "content" not in kinds
         # (ready turns of one trajectory may be learned as one item: `turns` counts them)
         assert sum(w.turns for w in totals.work if w.kind == "turn") == sum(r.agent.turns for r, _ in captured[-1])
-        turn_items = [w for w in totals.work if w.kind == "turn"]
-        if held:  # each trajectory's turns waited for its content: one segment each
-            assert len(turn_items) == len(captured[-1]), [w.turns for w in turn_items]
-        else:  # the turns ran as they ended (the delays keep a free learner ahead of some of them)
-            assert len(turn_items) > len(captured[-1])
-        logged = [h["thundersync/turns_held"] for h in trainer.state.log_history if "thundersync/turns_held" in h]
-        assert logged == [float(held)] * 2
+        logged = [h["thundersync/turns_released"] for h in trainer.state.log_history
+                  if "thundersync/turns_released" in h]
+        assert logged == [1.0, 1.0]
     assert generator.publications == [1, 2]
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"

@@ -43,7 +43,7 @@ def make(cls, tmp_path, **overrides):
 
 def test_the_string_options_are_literals():
     assert {"schedule", "release", "reward_scope", "agent_protocol", "rollout_engine",
-            "vllm_weight_publisher", "turn_hold"} <= set(literal_fields(ThunderSyncGRPOConfig))
+            "vllm_weight_publisher"} <= set(literal_fields(ThunderSyncGRPOConfig))
     assert {"objective", "schedule", "turn_backward", "agent_protocol", "rollout_engine",
             "vllm_weight_publisher"} <= set(literal_fields(ThunderSyncGKDConfig))
 

@@ -9,12 +9,6 @@ Members: under `release="content"` or `"reward"`, the scored trajectories of one
 `ReadyMembers`; when they are the last of their group, the learner runs them as one padded pass over the group's
 shared prefix with their advantages folded in (`GRPOBatchLearner.submit_ready`, `prefix_batch.py`). A member whose
 content is waiting too is learned there, at its reward, instead of alone at its content.
-
-Held turns: a turn learned alone costs more than its share of one whole-trajectory pass (its segment is back-propagated
-again at the trajectory's close, and each call has a fixed cost: `benchmarks.release_work`, ~2× on quick-grading's
-model). That pays only while the learner would otherwise idle. Where the learner bounds the step, turns wait
-(`holds_turns`, `next_unheld`) until their trajectory's content arrives and are learned with it as one segment, at
-about the cost of `release="content"`. Exact either way: the order of the learner's items changes, not their sum.
 """
 
 from __future__ import annotations
@@ -22,17 +16,9 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..types import Rollout, ScoredRollout, TurnEvent
-
-if TYPE_CHECKING:
-    from .learner_records import BatchTiming
-
-# turn_hold="auto": turns wait for their trajectory's content in a step after one whose learner was busy for at least
-# this fraction of its rollout. Learned as they end, turns cost up to ~1.3× the learner time of waiting for them
-# (BENCHMARKS.md, quick-grading): above ~3/4 that extra no longer fits in the rollout, below it the learner idles.
-LEARNER_BOUND = 0.75
 
 
 @dataclass(frozen=True)
@@ -72,34 +58,6 @@ def coalesce_turns(items: list) -> list:
         at[events[0].index] = len(out)
         out.append(list(events))
     return [(x[0] if len(x) == 1 else CoalescedTurns(tuple(x))) if isinstance(x, list) else x for x in out]
-
-
-def holds_turns(mode: str, previous: BatchTiming | None) -> bool:
-    """`turn_hold`: whether this batch's turns wait for their trajectory's content. "auto": when the previous batch's
-    learner was busy for at least `LEARNER_BOUND` of its rollout (start to the last trajectory scored); the first
-    batch does not hold."""
-    if mode != "auto":
-        return mode == "always"
-    if previous is None:
-        return False
-    rollout = previous.rollout_end - previous.start
-    return rollout > 0 and previous.learner_busy >= LEARNER_BOUND * rollout
-
-
-def next_unheld(waiting: list) -> int | None:
-    """Where in `waiting` the next item to hand over is while turns are held: the first item that is not a turn
-    (`TurnEvent`, `CoalescedTurns`) of a trajectory whose content (`Rollout`) has not arrived; None when only such
-    turns wait. A trajectory's turns precede its content, so they go first once it arrives. A producer's failure or
-    the end of the queue releases every hold: everything then goes in order."""
-    known = (TurnEvent, CoalescedTurns, Rollout, ScoredRollout, ReadyMembers)
-    if any(not isinstance(item, known) for item in waiting):
-        return 0
-    arrived = {item.index for item in waiting if isinstance(item, Rollout)}
-    for at, item in enumerate(waiting):
-        turn = item if isinstance(item, TurnEvent) else item.events[0] if isinstance(item, CoalescedTurns) else None
-        if turn is None or turn.index in arrived:
-            return at
-    return None
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ class BatchTiming:
     arrival_order: tuple[int, ...] = ()  # GRPO: trajectory indices in the order they were scored (distillation: ())
     teacher_wait: float = 0.0  # distillation: Σ over turns of `TeacherInterval.wait` (0 without a teacher)
     teacher: TeacherLoad | None = None  # distillation: the teacher's requests, prefill and busy time (None: GRPO)
-    turns_held: bool | None = None  # GRPO turn release: whether turns waited for their content (None: not turn release)
+    turns_released: bool | None = None  # GRPO, release="turn": this step learned turns as they ended (False: it ran as
+    # "content", `release.step_release`); None otherwise
 
     @property
     def tail(self) -> float:

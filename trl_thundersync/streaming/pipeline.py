@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import RolloutError
 from ..rollout.engine import RolloutEngine
 from ..types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
-from .coalesce import CoalescedTurns, ReadyMembers, coalesce_turns, gather_members, next_unheld, take_ready
+from .coalesce import CoalescedTurns, ReadyMembers, coalesce_turns, gather_members, take_ready
 from .learner import BatchTotals, GRPOBatchLearner
 from .learner_records import BatchTiming
 
@@ -117,13 +117,12 @@ def _score_in_order(score: Callable[[Rollout], Sequence[ScoredRollout]], inbox: 
 
 
 def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], None],
-          coalesce: Callable[[list], list] | None = None, pick: Callable[[list], int | None] | None = None) -> list:
+          coalesce: Callable[[list], list] | None = None) -> list:
     """Take items from a producer's queue until `DONE`, calling `on_item` on each as it arrives; returns them in
-    the order handed over. With `coalesce`, the items waiting are passed through it before each hand-over
-    (`coalesce.py`: ready turns of one trajectory become one `CoalescedTurns`, and a turn that arrives while an
-    earlier one of its trajectory still waits joins it). With it, `pick` chooses which waiting item goes next (None:
-    none yet, wait for the next arrival; `coalesce.next_unheld`); without, the first. A producer's exception is
-    re-raised here; any failure sets `stop` so producers quit a void batch."""
+    arrival order. With `coalesce`, the items waiting are passed through it before each hand-over (`coalesce.py`:
+    ready turns of one trajectory become one `CoalescedTurns`, and a turn that arrives while an earlier one of its
+    trajectory still waits joins it). A producer's exception is re-raised here; any failure
+    sets `stop` so producers quit a void batch."""
     arrived: list = []
     waiting: list = []  # taken from the inbox, not yet handed over (with `coalesce`: re-merged as more arrive)
     try:
@@ -134,12 +133,7 @@ def drain(inbox: queue.Queue, stop: threading.Event, on_item: Callable[[Any], No
                 if not waiting:
                     waiting.append(inbox.get())
                 waiting = coalesce(take_ready(inbox, waiting, DONE))
-                at = 0 if pick is None else pick(waiting)
-                while at is None:  # only held items wait: block for the next arrival
-                    waiting.append(inbox.get())
-                    waiting = coalesce(take_ready(inbox, waiting, DONE))
-                    at = pick(waiting)
-                item = waiting.pop(at)
+                item = waiting.pop(0)
             if item is DONE:
                 return arrived
             if isinstance(item, BaseException):
@@ -177,22 +171,17 @@ def run_logical_batch(
     grade: Callable[[Rollout], None] | None = None,
     coalesce: bool = True,
     batch_members: bool = True,
-    hold_turns: bool = False,
 ) -> tuple[BatchTotals, BatchTiming]:
     """`grade`: called on the rollout thread with each trajectory as it is delivered, before its `score` (starts
     its environment's grading, `RewardStage.start`); the caller ends what it starts once this returns or raises.
     `coalesce`: under turn release, ready turns of one trajectory are learned as one segment (`coalesce.py`).
     `batch_members`: the last members of a group, ready together, are learned in padded passes (`ready_groups.py`):
     under "sync" the whole batch, under "thundersync" the learner's backlog once every trajectory is delivered
-    (`coalesce.gather_members`).
-    `hold_turns`: under turn release with `coalesce`, a trajectory's turns wait for its content and are learned with
-    it as one segment (`coalesce.holds_turns`: where the learner bounds the step); the timing records it."""
+    (`coalesce.gather_members`)."""
     start = time.perf_counter()
     delivered: list[int] = []
-    per_turn = turns is not None and schedule == "thundersync" and learner.release == "turn"
-    held = hold_turns and coalesce if per_turn else None
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
-                          delivered, coalesce, batch_members, bool(held))
+                          delivered, coalesce, batch_members)
     arrived = _scored_sources(items, delivered, len(requests))
     if schedule == "sync" and batch_members and learner.group_backward is not None:
         learner.submit_ready(arrived)
@@ -208,7 +197,7 @@ def run_logical_batch(
     rollout_end = max([s.scored_at for s in arrived], default=start)
     busy = sum(w.end - w.start for w in totals.work)
     order = tuple(s.rollout.index for s in arrived)
-    return totals, BatchTiming(start, rollout_end, busy, barrier, arrival_order=order, turns_held=held)
+    return totals, BatchTiming(start, rollout_end, busy, barrier, arrival_order=order)
 
 
 def _stream_batch(
@@ -224,7 +213,6 @@ def _stream_batch(
     delivered: list[int],
     coalesce: bool = True,
     batch_members: bool = True,
-    hold_turns: bool = False,
 ) -> list:
     """Run the batch's rollouts on the producer thread and hand each item to the learner as it arrives (under
     "thundersync"); returns every item in arrival order. `delivered` collects the indices the engine delivered."""
@@ -261,9 +249,7 @@ def _stream_batch(
         gather = None
         if schedule == "thundersync" and not per_turn and batch_members and learner.group_backward is not None:
             gather = tail_gather(learner, delivered, len(requests))
-        if per_turn and coalesce:
-            return drain(inbox, stop, on_item, coalesce_turns, next_unheld if hold_turns else None)
-        return drain(inbox, stop, on_item, gather)
+        return drain(inbox, stop, on_item, coalesce_turns if per_turn and coalesce else gather)
     except BaseException:
         learner.abort()
         raise

@@ -18,20 +18,41 @@ Admission: at most `max_buffered_trajectories` trajectories hold a buffer (or pe
 memory is ≤ 4·m·P bytes of buffers (m the cap, P trainable parameters; ×2 with β ≠ 0 under `"turn"`, whose KL term
 also waits for the last turn) plus, under `"turn"`, the retained per-turn graphs of open trajectories. A trajectory
 that finds no slot is released at its reward, as under `"reward"`. Every path computes the same numbers.
+
+Adaptive turn release (`adaptive_turn_release`, `step_release`): a turn learned as it ends costs more than its share
+of one whole-trajectory pass (its segment is back-propagated again at the trajectory's close, and every call has a
+fixed cost: ~1.2–2× the learner time on `--preset quick-grading`), which pays only where the learner would otherwise
+idle. A step after one whose learner was busy for at least `LEARNER_BOUND` of its rollout runs as `"content"`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, get_args
+from typing import TYPE_CHECKING, Protocol, get_args
 
 import torch
 
 from ..types import ReleasePoint, Rollout, TurnEvent
 from .learner_records import SourceGradients
 
+if TYPE_CHECKING:
+    from .learner_records import BatchTiming
+
 RELEASE_POINTS: tuple[ReleasePoint, ...] = get_args(ReleasePoint)
+# adaptive turn release: the learner bounded a step whose learner was busy for at least this fraction of its rollout
+# (start to the last reward). Learned as they end, turns cost up to ~1.25× the learner time of content release on
+# quick-grading: above ~3/4 of the rollout that extra no longer fits in it; below, the learner idles anyway.
+LEARNER_BOUND = 0.75
+
+
+def step_release(release: str, adaptive: bool, previous: BatchTiming | None) -> str:
+    """The release point of one step: `"content"` instead of `"turn"` where `adaptive` and the previous step's
+    learner bounded it (busy ≥ `LEARNER_BOUND` of its rollout); the first step releases per turn."""
+    if release != "turn" or not adaptive or previous is None:
+        return release
+    rollout = previous.rollout_end - previous.start
+    return "content" if rollout > 0 and previous.learner_busy >= LEARNER_BOUND * rollout else release
 
 
 class TurnSource(Protocol):

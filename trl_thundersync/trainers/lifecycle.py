@@ -55,8 +55,8 @@ def step_timing_metrics(timing: BatchTiming) -> dict[str, float]:
         "thundersync/learner_tail_seconds": timing.tail,
         "thundersync/learner_idle_fraction": max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0,
     }
-    if timing.turns_held is not None:  # GRPO turn release: 1 where turns waited for their content (turn_hold)
-        out["thundersync/turns_held"] = float(timing.turns_held)
+    if timing.turns_released is not None:  # GRPO turn release: 0 where the step ran as content release (adaptive)
+        out["thundersync/turns_released"] = float(timing.turns_released)
     return out
 
 

@@ -7,17 +7,9 @@ import threading
 
 import pytest
 
-from trl_thundersync.streaming.coalesce import (
-    LEARNER_BOUND,
-    CoalescedTurns,
-    coalesce_turns,
-    holds_turns,
-    next_unheld,
-    take_ready,
-)
-from trl_thundersync.streaming.learner_records import BatchTiming
+from trl_thundersync.streaming.coalesce import CoalescedTurns, coalesce_turns, take_ready
 from trl_thundersync.streaming.pipeline import DONE, drain
-from trl_thundersync.types import Rollout, ScoredRollout, TurnEvent
+from trl_thundersync.types import Rollout, TurnEvent
 
 
 def _turn(index: int, turn: int) -> TurnEvent:
@@ -93,55 +85,3 @@ def test_drain_raises_a_producer_failure_in_its_place():
     with pytest.raises(RuntimeError, match="engine died"):
         drain(inbox, stop, seen.append, coalesce_turns)
     assert seen == [_turn(0, 0)] and stop.is_set()
-
-
-def _scored(index: int) -> ScoredRollout:
-    return ScoredRollout(_content(index), (1.0,), 1.0, 0.0)
-
-
-def test_held_turns_wait_for_their_content_and_everything_else_goes_first():
-    merged = CoalescedTurns((_turn(1, 0), _turn(1, 1)))
-    assert next_unheld([_turn(0, 0), merged, _scored(5)]) == 2  # a reward of another trajectory overtakes
-    assert next_unheld([_turn(0, 0), merged, _content(1)]) == 1  # trajectory 1's turns, then its content
-    assert next_unheld([_turn(0, 0), merged]) is None  # only turns whose content has not arrived: wait
-    assert next_unheld([_turn(0, 0), DONE]) == 0  # the end of the queue, or a failure, releases every hold
-    assert next_unheld([_turn(0, 0), RuntimeError("engine died")]) == 0
-    assert next_unheld([]) is None
-
-
-def test_drain_with_held_turns_learns_each_trajectory_as_one_segment_with_its_content():
-    """Trajectory 0's turns arrive one at a time; held, they wait for its content (the drain blocks meanwhile),
-    while trajectory 1's reward goes ahead of them."""
-    inbox: queue.Queue = queue.Queue()
-    later = [[_turn(0, 1), _scored(1)], [_turn(0, 2)], [_content(0), DONE]]
-    inbox.put(_turn(0, 0))
-    seen: list = []
-
-    def feed():  # each batch of arrivals after the drain found only held turns
-        for batch in later:
-            while inbox.qsize():
-                threading.Event().wait(0.001)
-            threading.Event().wait(0.02)
-            for item in batch:
-                inbox.put(item)
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    arrived = drain(inbox, threading.Event(), seen.append, coalesce_turns, next_unheld)
-    feeder.join()
-    assert seen == [_scored(1), CoalescedTurns((_turn(0, 0), _turn(0, 1), _turn(0, 2))), _content(0)]
-    assert arrived == [_scored(1), _turn(0, 0), _turn(0, 1), _turn(0, 2), _content(0)]  # the order handed over
-
-
-def _timing(busy: float, rollout: float = 4.0) -> BatchTiming:
-    return BatchTiming(start=10.0, rollout_end=10.0 + rollout, learner_busy=busy, barrier=10.0 + rollout + 0.1)
-
-
-def test_turns_are_held_after_a_step_whose_learner_bounded_it():
-    assert not holds_turns("auto", None)  # the first step learns turns as they end
-    assert holds_turns("auto", _timing(busy=LEARNER_BOUND * 4.0))
-    assert holds_turns("auto", _timing(busy=5.0))
-    assert not holds_turns("auto", _timing(busy=LEARNER_BOUND * 4.0 - 0.01))
-    assert not holds_turns("auto", _timing(busy=0.0, rollout=0.0))
-    assert holds_turns("always", None) and holds_turns("always", _timing(busy=0.0))
-    assert not holds_turns("never", _timing(busy=5.0))

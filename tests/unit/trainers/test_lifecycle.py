@@ -60,9 +60,9 @@ class Trainer(StreamingLifecycle):
                          barrier_end=optimizer_end, publish_end=publish_end, events=())
 
 
-def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0, turns_held=None):
+def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0, turns_released=None):
     return SimpleNamespace(start=start, rollout_end=rollout_end, barrier=barrier, learner_busy=busy,
-                           tail=max(0.0, barrier - rollout_end), turns_held=turns_held)
+                           tail=max(0.0, barrier - rollout_end), turns_released=turns_released)
 
 
 def test_publish_then_record_closes_the_open_step_once():
@@ -101,9 +101,9 @@ def test_step_record_is_an_immutable_indexable_record_and_timing_metrics():
                        "thundersync/learner_busy_seconds": 2.0, "thundersync/learner_tail_seconds": 2.0,
                        "thundersync/learner_idle_fraction": 0.5}
     assert step_timing_metrics(timing(start=5.0))["thundersync/learner_idle_fraction"] == 0.0
-    # turn release: whether the step's turns waited for their content (`turn_hold`)
-    assert step_timing_metrics(timing(turns_held=True))["thundersync/turns_held"] == 1.0
-    assert step_timing_metrics(timing(turns_held=False))["thundersync/turns_held"] == 0.0
+    # turn release: whether the step learned turns as they ended (`adaptive_turn_release`)
+    assert step_timing_metrics(timing(turns_released=True))["thundersync/turns_released"] == 1.0
+    assert step_timing_metrics(timing(turns_released=False))["thundersync/turns_released"] == 0.0
 
 
 def test_both_trainers_share_the_lifecycle_and_grpo_re_exports_the_seed():

@@ -9,7 +9,7 @@ from trl import GRPOConfig
 
 from ...errors import ConfigurationError, UnsupportedOptionError
 from ...streaming.loss_types import SUPPORTED_LOSS_TYPES, loss_type
-from ...types import AgentProtocol, ReleasePoint, RewardScope, Schedule, TurnHold
+from ...types import AgentProtocol, ReleasePoint, RewardScope, Schedule
 from ..agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
 from ..agent_config import AgentLoopFields, GenerationBudget
 from ..config_checks import converted_config, require_choice, require_counts
@@ -43,9 +43,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
-        turn_hold (`str`, *optional*, defaults to `"auto"`):
-            Under `release="turn"`, whether turns wait for their trajectory's content: `"auto"` (after a step whose
-            learner bounded it), `"never"` or `"always"`.
+        adaptive_turn_release (`bool`, *optional*, defaults to `True`):
+            Whether, under `release="turn"`, a step after one whose learner bounded it runs as `release="content"`.
         batch_group_members (`bool`, *optional*, defaults to `True`):
             Whether the last members of a group, ready together, are learned as one padded pass.
         batch_group_max_tokens (`int`, *optional*, defaults to `2048`):
@@ -168,13 +167,12 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "update up to FP32 rounding. A free learner still takes each turn as it ends."
         },
     )
-    turn_hold: TurnHold = field(
-        default="auto",
+    adaptive_turn_release: bool = field(
+        default=True,
         metadata={
-            "help": "release='turn' with coalesce_turns: 'auto' lets turns wait for their trajectory's content, to be "
-            "learned with it as one pass (the cost of release='content'), in a step after one whose learner was busy "
-            "≥ 3/4 of its rollout: a turn learned alone costs ~2×, which pays only when the learner would idle. "
-            "'never': each turn as it ends when the learner is free; 'always': every step. Same update."
+            "help": "release='turn': a step after one whose learner was busy for ≥ 3/4 of its rollout runs as "
+            "release='content' (one pass per trajectory at its end): a turn learned as it ends costs up to ~2× its "
+            "share, which pays only where the learner would idle. Same update; logged as thundersync/turns_released."
         },
     )
     batch_group_members: bool = field(
@@ -221,7 +219,6 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             raise ConfigurationError(f"grading_workers={self.grading_workers} must be ≥ 1 (1 = serial grading, None = "
                                      "min(2 × CPU cores, 8))")
         require_choice(self, "release", ReleasePoint)
-        require_choice(self, "turn_hold", TurnHold)
         if self.release == "turn" and self.gradient_checkpointing:
             raise ConfigurationError(
                 "release='turn' with gradient_checkpointing=True (TRL's default): the per-turn backward keeps each "

@@ -28,12 +28,12 @@ from ...rollout.batches import as_rollout_engine
 from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ...rollout.trl_batch import TRLBatchEngine
 from ...streaming.barrier import close_grpo_batch
-from ...streaming.coalesce import holds_turns
 from ...streaming.grading import grading_workers
 from ...streaming.learner import BatchTotals, GRPOBatchLearner
 from ...streaming.learner_records import BatchTiming
 from ...streaming.normalization import micro_batch_of
 from ...streaming.pipeline import TurnRouter, run_logical_batch
+from ...streaming.release import step_release
 from ...streaming.reward_scope import RewardStage, ScopeProbe, plain_reward_functions
 from ...streaming.rewards import RewardContext, ScoringInput
 from ...streaming.unscorable import unscorable_warning
@@ -199,8 +199,11 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         self._trainable = target.params
         entropy = entropy_batch(self.settings.entropy, self.entropy_coef, self._last_world_entropy, permutation,
                                 self.args.steps_per_generation)  # TRL's entropy bonus (None: off)
+        # adaptive turn release: after a step the learner bounded, this one runs as content release
+        release = step_release(self.settings.release, self.args.adaptive_turn_release,
+                               self.last_batch[1] if self.last_batch is not None else None)
         learner, recorded = self._batch_learner(self._batch_models(target), version, len(rows), normalization,
-                                                buckets, permutation, entropy)
+                                                buckets, permutation, entropy, release)
 
         def prepare(rollout: Rollout) -> ScoringInput:
             if rollout.completion is None:  # engines that return tokens only: decode exactly as TRL does
@@ -227,17 +230,17 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             scored.append(source)
             progress.update(source)
 
-        previous = self.last_batch[1] if self.last_batch is not None else None  # (turn_hold="auto" reads it)
         try:
             totals, timing = run_logical_batch(engine, requests, version, rewards.add, learner, self.args.schedule,
                                                on_source=on_source, turns=self._turns,
                                                grade=rewards.start if rewards.grades_ahead else None,
                                                coalesce=self.args.coalesce_turns,
-                                               batch_members=self.args.batch_group_members,
-                                               hold_turns=holds_turns(self.args.turn_hold, previous))
+                                               batch_members=self.args.batch_group_members)
         finally:
             rewards.close()
             progress.close()
+        if self.settings.release == "turn":
+            timing = replace(timing, turns_released=release == "turn")
         self.last_batch = (totals, timing)
         ordered = sorted(scored, key=lambda s: s.rollout.index)
         warning = unscorable_warning([prepare(s.rollout) for s in ordered], ordered)
@@ -261,9 +264,11 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
 
     def _batch_learner(self, models: BatchModels, version: int, batch_size: int, normalization, buckets,
                        permutation: list[int],
-                       entropy: EntropyBatch | None) -> tuple[GRPOBatchLearner, RecordedLogProbs | None]:
-        """The learner of one logical batch, with this run's per-source backward passes (`backward.py`), and the
-        θ_k log-probs it records for passes 2..μ (None with one iteration)."""
+                       entropy: EntropyBatch | None,
+                       release: str) -> tuple[GRPOBatchLearner, RecordedLogProbs | None]:
+        """The learner of one logical batch at `release` (this step's, `release.step_release`), with this run's
+        per-source backward passes (`backward.py`), and the θ_k log-probs it records for passes 2..μ (None with one
+        iteration)."""
         settings = self.settings
         entropy_coef = entropy.coef if entropy is not None else None
         prefixes = prefix_groups(settings, models, self.args.max_open_groups or batch_size // self.num_generations,
@@ -273,7 +278,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         if self.args.num_iterations > 1:  # θ_k's log-probs for passes 2..μ, kept from the streamed forwards
             recorded = RecordedLogProbs().wrap(backward)
         turns = None
-        if settings.release == "turn":
+        if release == "turn":
             turns = turn_backward(settings, models, normalization, entropy_coef, prefixes)
         aux = router_aux_loss(settings, models, permutation, self.current_gradient_accumulation_steps)
         learner = GRPOBatchLearner(
@@ -283,7 +288,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             bucket_of=(lambda i: buckets[i]) if buckets else (lambda i: 0),
             max_open_groups=self.args.max_open_groups,
             allow_unscorable_groups=self.args.allow_unscorable_groups, device=settings.device,
-            release=settings.release, content_backward=backward.content, turn_source=turns,
+            release=release, content_backward=backward.content, turn_source=turns,
             max_buffered=self.args.max_buffered_trajectories, router_aux=aux,
             entropy_micro_batch_of=entropy.micro_batch.__getitem__ if entropy is not None else None,
             off_policy_threshold=self.args.off_policy_mask_threshold, objective_weights=settings.objective_weights,
