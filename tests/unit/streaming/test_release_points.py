@@ -12,7 +12,9 @@ import torch
 
 from trl_thundersync.errors import BatchIncompleteError
 from trl_thundersync.streaming.learner import GRPOBatchLearner, SourceGradients
+from trl_thundersync.streaming.learner_records import BatchTiming
 from trl_thundersync.streaming.pipeline import TurnRouter, run_logical_batch
+from trl_thundersync.streaming.release import LEARNER_BOUND, step_release
 from trl_thundersync.types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
 
 P = 6
@@ -269,3 +271,18 @@ def test_a_rollout_without_a_finish_time_is_ready_when_it_reaches_the_learner():
     learner.submit_content(rollout(0))  # finished_at = 0.0: an engine that does not stamp its rollouts
     item = learner.work[-1]
     assert item.ready == item.content_ready >= before and learner.buffered[0].content_ready == item.ready
+
+
+def _timing(busy: float, rollout: float = 4.0) -> BatchTiming:
+    return BatchTiming(start=10.0, rollout_end=10.0 + rollout, learner_busy=busy, barrier=10.0 + rollout + 0.5)
+
+
+def test_adaptive_turn_release_runs_a_step_after_a_learner_bound_one_as_content_release():
+    assert step_release("turn", True, None) == "turn"  # the first step releases per turn
+    assert step_release("turn", True, _timing(busy=LEARNER_BOUND * 4.0)) == "content"
+    assert step_release("turn", True, _timing(busy=6.0)) == "content"
+    assert step_release("turn", True, _timing(busy=LEARNER_BOUND * 4.0 - 0.01)) == "turn"
+    assert step_release("turn", True, _timing(busy=0.0, rollout=0.0)) == "turn"
+    assert step_release("turn", False, _timing(busy=6.0)) == "turn"  # adaptive_turn_release=False
+    for release in ("reward", "content"):  # only turn release adapts
+        assert step_release(release, True, _timing(busy=6.0)) == release
