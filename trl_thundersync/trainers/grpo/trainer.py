@@ -239,7 +239,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         finally:
             rewards.close()
             progress.close()
-        if self.settings.release == "turn":
+        if self.settings.release == "turn" and self.args.schedule == "thundersync":  # (sync learns no turns)
             timing = replace(timing, turns_released=release == "turn")
         self.last_batch = (totals, timing)
         ordered = sorted(scored, key=lambda s: s.rollout.index)
