@@ -105,6 +105,24 @@ def release_lines(stats: dict[str, ScheduleSummary], cmp: Comparison) -> list[st
     return lines
 
 
+def learner_thread_lines(stats: dict[str, ScheduleSummary]) -> list[str]:
+    """Per schedule that recorded it: the CPU seconds and preemptions per step of the thread that runs
+    `training_step`, next to L. CPU above sync's means the learner computed longer (smaller passes, colder caches);
+    L above its CPU means it waited for its core. Stock TRL's thread also generates, so its CPU is not the learner's."""
+    sync = stats.get("sync")
+    lines = []
+    for name, s in stats.items():
+        if s.learner_cpu_s is None:
+            continue
+        vs = ""
+        if sync is not None and sync.learner_cpu_s and name != "sync":
+            vs = (f", {s.learner_cpu_s / sync.learner_cpu_s - 1:+.0%} vs sync "
+                  f"(L {s.learner_busy_s / sync.learner_busy_s - 1:+.0%})")
+        lines.append(f"learner thread {name}: CPU {s.learner_cpu_s:.2f} s/step{vs}, L {s.learner_busy_s:.2f} s, "
+                     f"{s.learner_preemptions:.0f} preemptions/step")
+    return lines
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -117,7 +135,7 @@ def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], 
     line = prediction_line(stats, cmp)
     if line is not None:
         print(line)
-    for line in release_lines(stats, cmp):
+    for line in release_lines(stats, cmp) + learner_thread_lines(stats):
         print(line)
     print("columns: R rollout, L learner service, idle = 1 − L/step, tail = learner time after R, stats = gradient "
           "statistics memory, cores = CPU this run used, other = CPU other processes used meanwhile (machine noise)")

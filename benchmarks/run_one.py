@@ -43,19 +43,32 @@ from .workload import Workload, bench_dataset, bench_delay, bench_script, env_fa
 TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"
 
 
+def thread_usage() -> tuple[float, int]:
+    """The calling thread's CPU seconds so far and its involuntary context switches (times the scheduler took its
+    core away while it could run)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+
+
 class StepTimer(TrainerCallback):
-    """Wall time of every optimizer step: on_step_begin → on_step_end (added last, so after publication)."""
+    """Wall time of every optimizer step: on_step_begin → on_step_end (added last, so after publication), and the
+    CPU seconds and preemptions of the thread that runs the step (the learner's: `training_step` runs there)."""
 
     def __init__(self) -> None:
         self.begin = 0.0
+        self.usage0 = (0.0, 0)
         self.intervals: list[tuple[float, float]] = []
+        self.learner_cpu: list[tuple[float, int]] = []  # per step: (CPU seconds, involuntary context switches)
         self.on_end = None  # optional hook(begin, end)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.begin = time.perf_counter()
+        self.usage0 = thread_usage()
 
     def on_step_end(self, args, state, control, **kwargs):
         end = time.perf_counter()
+        cpu, switches = thread_usage()
+        self.learner_cpu.append((cpu - self.usage0[0], switches - self.usage0[1]))
         self.intervals.append((self.begin, end))
         if self.on_end is not None:
             self.on_end(self.begin, end)
@@ -259,8 +272,9 @@ class RunMeter:
         own = _own_cpu_seconds() - self.own0
         # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
         foreign = max(0.0, _busy_cpu_seconds() - self.busy0 - own) / wall
-        return {"step_intervals": timer.intervals, "peak_rss_mb": peak_rss_mb(),
-                "num_params": sum(p.numel() for p in trainer.model.parameters()), "run_seconds": wall,
+        return {"step_intervals": timer.intervals, "learner_thread_cpu": timer.learner_cpu,
+                "peak_rss_mb": peak_rss_mb(), "num_params": sum(p.numel() for p in trainer.model.parameters()),
+                "run_seconds": wall,
                 "cpu_cores_used": own / wall, "foreign_cpu_cores": foreign}
 
 

@@ -46,6 +46,11 @@ class RunSteps:
     peak_rss_with_children_mb: float  # + its largest finished child process (sandboxes), MiB
     cpu_cores_used: float  # CPU seconds of the run (process + children) ÷ run wall seconds
     foreign_cpu_cores: float  # CPU other processes on the machine used meanwhile, in cores
+    # per measured step, the thread that runs `training_step` (the learner's; stock TRL generates there too): its CPU
+    # seconds and involuntary context switches (the scheduler took its core while it could run); empty when the run
+    # did not record them
+    learner_cpu_s: tuple[float, ...] = ()
+    learner_preemptions: tuple[int, ...] = ()
 
 
 def measured_run(walls: Sequence[float], traces: Sequence[StepTrace], result: dict[str, Any]) -> RunSteps:
@@ -54,9 +59,14 @@ def measured_run(walls: Sequence[float], traces: Sequence[StepTrace], result: di
         raise ValueError(f"{len(walls)} steps timed but {len(traces)} traced")
     if len(walls) < 2:
         raise ValueError(f"a run needs ≥ 2 steps (the first is warm-up); got {len(walls)}")
+    usage = result.get("learner_thread_cpu") or []
+    if usage and len(usage) != len(walls):
+        raise ValueError(f"{len(walls)} steps timed but the learner thread's CPU recorded for {len(usage)}")
     return RunSteps(walls=tuple(walls[1:]), traces=tuple(traces[1:]), peak_rss_mb=result["peak_rss_mb"]["self"],
                     peak_rss_with_children_mb=result["peak_rss_mb"]["total"],
-                    cpu_cores_used=result["cpu_cores_used"], foreign_cpu_cores=result["foreign_cpu_cores"])
+                    cpu_cores_used=result["cpu_cores_used"], foreign_cpu_cores=result["foreign_cpu_cores"],
+                    learner_cpu_s=tuple(float(cpu) for cpu, _ in usage[1:]),
+                    learner_preemptions=tuple(int(n) for _, n in usage[1:]))
 
 
 def predict_thundersync(step: StepTrace) -> Replay:
@@ -234,6 +244,9 @@ class ScheduleSummary:
     tool_idle_s: float | None = None  # median tool call while the learner was idle
     tool_busy_n: int = 0
     tool_idle_n: int = 0
+    learner_cpu_s: float | None = None  # mean CPU seconds per step of the thread running training_step (None: not
+    # recorded); next to L it separates a learner that computed longer from one that waited for its core
+    learner_preemptions: float | None = None  # mean involuntary context switches of that thread per step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,6 +254,10 @@ class ScheduleSummary:
 
 def _mean(xs: Sequence[float]) -> float:
     return statistics.fmean(xs) if xs else math.nan
+
+
+def _mean_or_none(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
 
 
 def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> ScheduleSummary:
@@ -278,6 +295,8 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
         turn_busy_s=_median(turn_busy), turn_idle_s=_median(turn_idle), turn_busy_n=len(turn_busy),
         turn_idle_n=len(turn_idle), tool_busy_s=_median(tool_busy), tool_idle_s=_median(tool_idle),
         tool_busy_n=len(tool_busy), tool_idle_n=len(tool_idle),
+        learner_cpu_s=_mean_or_none([c for r in runs for c in r.learner_cpu_s]),
+        learner_preemptions=_mean_or_none([n for r in runs for n in r.learner_preemptions]),
     )
 
 

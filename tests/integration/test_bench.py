@@ -40,6 +40,11 @@ def test_smoke_preset_runs_three_schedules_and_writes_reports(tmp_path, capsys):
     for schedule, stats in point["schedules"].items():
         assert stats["steps"] >= 1 and stats["step_wall_s"] > 0, schedule
         assert stats["peak_rss_mb"] > 0 and stats["learner_busy_s"] > 0
+        # the training_step thread's CPU, one record per step (warm-up included in the run's record)
+        run = point["runs"][schedule][0]
+        assert len(run["learner_thread_cpu"]) == len(run["step_intervals"]), schedule
+        assert stats["learner_cpu_s"] > 0 and stats["learner_preemptions"] >= 0, schedule
+        assert f"learner thread {schedule}: CPU" in printed
     assert point["schedules"]["thundersync"]["stats_peak_mb"] > 0
     assert point["compare"]["predicted_speedup"] > 0 and point["compare"]["measured_speedup_step"] > 0
     assert data["machine"]["nproc"] >= 1

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.affinity import split_cores
 from benchmarks.calibration import calibrated_latency_mean, calibration_from_probe, makespan, predicted_rollout
+from benchmarks.report import learner_thread_lines
 from benchmarks.stats import RunSteps, compare, measured_run, predict_thundersync, side_by_side, summarize
 from benchmarks.workload import Workload, _lognormal, command_for, tool_latency, trajectory_latency_units
 from trl_thundersync.trace.records import StepTrace, TraceEvent
@@ -146,6 +147,33 @@ def test_summaries_drop_warm_up_and_compare_with_the_prediction():
     with pytest.raises(ValueError, match="timed"):
         measured_run([1.0], [warm, warm], result)
     assert compare({"thundersync": stats["thundersync"]}).speedup == {}
+    assert s.learner_cpu_s is None and learner_thread_lines(stats) == []  # runs that did not record it
+
+
+def test_learner_thread_cpu_drops_warm_up_and_is_reported_against_sync():
+    """run_one records (CPU s, preemptions) of the training_step thread per step; the summary averages the
+    measured steps and the report sets each schedule's CPU beside sync's and beside its own L."""
+    warm = _step(0, "sync", 0.0, 9.0, [("source_backward", 1.0, 9.0, 20.0)])
+    steps = {name: [_step(k, name, 10.0 * k, 10.0 * k + 4.0,
+                          [("source_backward", 10.0 * k + 2.0, 10.0 * k + 4.0, 10.0 * k + 4.0 + busy)])
+                    for k in (1, 2)] for name, busy in (("sync", 2.0), ("thundersync", 3.0))}
+    usage = {"sync": [[9.0, 99], [2.0, 10], [2.0, 30]], "thundersync": [[9.0, 99], [2.5, 100], [2.5, 300]]}
+    runs = {}
+    for name in steps:
+        result = {"peak_rss_mb": {"self": 1.0, "total": 1.0}, "cpu_cores_used": 1.0, "foreign_cpu_cores": 0.0,
+                  "learner_thread_cpu": usage[name]}
+        runs[name] = measured_run([99.0, 8.0, 8.0], [warm, *steps[name]], result)
+    assert runs["thundersync"].learner_cpu_s == (2.5, 2.5) and runs["thundersync"].learner_preemptions == (100, 300)
+    stats = {name: summarize([run]) for name, run in runs.items()}
+    assert (stats["thundersync"].learner_cpu_s, stats["thundersync"].learner_preemptions) == (2.5, 200.0)
+    lines = learner_thread_lines(stats)
+    assert lines[0] == "learner thread sync: CPU 2.00 s/step, L 2.00 s, 20 preemptions/step"
+    assert lines[1] == ("learner thread thundersync: CPU 2.50 s/step, +25% vs sync (L +50%), L 3.00 s, "
+                        "200 preemptions/step")
+    bad = {"peak_rss_mb": {"self": 1.0, "total": 1.0}, "cpu_cores_used": 1.0, "foreign_cpu_cores": 0.0,
+           "learner_thread_cpu": [[1.0, 1]]}
+    with pytest.raises(ValueError, match="learner thread's CPU recorded for 1"):
+        measured_run([99.0, 8.0, 8.0], [warm, *steps["sync"]], bad)
 
 
 def test_side_by_side_places_steps_one_after_another():
