@@ -200,7 +200,9 @@ class TrajectoryBackward:
         member runs its full pass (no prefix for its group, or a mismatch)."""
         found: dict[str, float | torch.Tensor] = {}
         objective = self._row_objective(rollout, mask, weight, needs, found)
-        sinks = {c: FlatGradient(self.params, self.device) for c in ("score", "free", "entropy")}
+        # a zeroed parameter-sized vector per channel the objective produces, none for the others
+        sinks = {c: FlatGradient(self.params, self.device)
+                 for c, need in zip(("score", "free", "entropy"), needs, strict=True) if need}
         shared = self.prefixes.member(rollout, objective, sinks)
         if shared is None:
             return None
