@@ -25,12 +25,13 @@ knobs: `benchmarks/workload.py`. With `--balance ρ` the tool-latency mean is ca
 
 Prints a table per point (mean step wall ± stdev, speedup vs sync, R, L, realized ρ, learner idle fraction, learner
 tail, learner TFLOP/s and MFU with `--peak-flops`, peak RSS, gradient-statistics memory, CPU used by this run and by
-other processes meanwhile), the CPU seconds and preemptions per step of the thread that runs `training_step` beside L
-(a learner that computed longer vs one that waited for its core), the measured speedup of every ThunderSync schedule next to the trace-replay prediction of
-its release point (paper Eq. 14 on the *sync* traces, and on the reward-release traces), and the overlap cost per
-side (backward during vs after R, rollout turns and tool calls with the learner busy vs idle, and vs sync). Writes
-`<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side), `<stem>-trace.json` (the same steps
-for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep, `<stem>-spread.png`.
+other processes meanwhile), the CPU seconds and preemptions per step of the thread that runs `training_step` beside L (a
+learner that computed longer vs one that waited for its core), the measured speedup of every ThunderSync schedule next
+to the trace-replay prediction of its release point (paper Eq. 14 on the *sync* traces, and on the reward-release
+traces), and the overlap cost per side (backward during vs after R, rollout turns and tool calls with the learner busy
+vs idle, and vs sync). Writes `<out>.json`, `<stem>-timeline.png` (one step of each schedule, side by side),
+`<stem>-trace.json` (the same steps for https://ui.perfetto.dev), `<stem>-speedup.png` and, for the spread sweep,
+`<stem>-spread.png`.
 """
 
 from __future__ import annotations
