@@ -67,6 +67,10 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, optio
                   if "thundersync/turns_released" in h]
         assert logged == [1.0, 1.0]
     assert generator.publications == [1, 2]
+    # the learner thread's CPU per step: positive, and within the step's wall time
+    steps = [h for h in trainer.state.log_history if "thundersync/step_wall_seconds" in h]
+    assert len(steps) == 2 and all(
+        0 < h["thundersync/learner_cpu_seconds"] <= h["thundersync/step_wall_seconds"] + 0.05 for h in steps)
     rollouts = [r for r, _ in captured[0]]
     assert any(0 in r.env_mask for r in rollouts), "observations must be in the context with mask 0"
     assert {r.agent.stop_reason for r in rollouts} == {"answered"}

@@ -62,6 +62,9 @@ def test_drop_in_gkd_script_mixes_on_and_off_policy(tmp_path, tokenizer, tiny_mo
     on_policy = [entry for entry in logs if "thundersync/on_policy" in entry]
     assert 0 < len(on_policy) < 4  # lmbda=0.5 with seed 0 draws both kinds of steps
     assert all(entry["thundersync/teacher_scoring_seconds"] > 0 for entry in on_policy)
+    # the learner thread's CPU in each streamed step: positive, and within the step's wall time
+    assert all(0 < e["thundersync/learner_cpu_seconds"] <= e["thundersync/step_wall_seconds"] + 0.05
+               for e in on_policy)
     assert not torch.equal(before, params(trainer))
     lines = (tmp_path / "thundersync_trace" / "steps.jsonl").read_text().splitlines()
     lanes = {event["lane"] for event in json.loads(lines[-1])["events"]}

@@ -107,7 +107,7 @@ def run_distill_batch(
     """`router`: the `TurnRouter` a multi-turn engine emits through (None: the engine is single-turn).
     `logits_vocab_size`: require full-vocabulary teacher logits of this width (generalized JSD).
     `teacher_scoring`: one teacher request per turn, or per trajectory at its close (`teacher_schedule`)."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     to_teacher: queue.Queue = queue.Queue()
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
@@ -151,5 +151,5 @@ def run_distill_batch(
     return totals, BatchTiming(
         start=start, rollout_end=rollout_end, learner_busy=sum(w.end - w.start for w in totals.work),
         barrier=barrier, teacher_wait=sum(w.teacher.wait for w in totals.work if w.teacher is not None),
-        teacher=ledger.load(),
+        teacher=ledger.load(), learner_cpu=time.thread_time() - cpu_start,
     )

@@ -154,6 +154,8 @@ class BatchTiming:
     teacher: TeacherLoad | None = None  # distillation: the teacher's requests, prefill and busy time (None: GRPO)
     turns_released: bool | None = None  # GRPO, release="turn": this step learned turns as they ended (False: it ran as
     # "content", `release.step_release`); None otherwise
+    learner_cpu: float | None = None  # CPU seconds of the learner's thread (the one that drains the batch and runs its
+    # passes) from admission to the barrier; on CPU training, learner_busy − learner_cpu is time it waited for a core
 
     @property
     def tail(self) -> float:

@@ -178,7 +178,7 @@ def run_logical_batch(
     `batch_members`: the last members of a group, ready together, are learned in padded passes (`ready_groups.py`):
     under "sync" the whole batch, under "thundersync" the learner's backlog once every trajectory is delivered
     (`coalesce.gather_members`)."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     delivered: list[int] = []
     items = _stream_batch(engine, requests, policy_version, score, learner, schedule, on_source, turns, grade,
                           delivered, coalesce, batch_members)
@@ -197,7 +197,8 @@ def run_logical_batch(
     rollout_end = max([s.scored_at for s in arrived], default=start)
     busy = sum(w.end - w.start for w in totals.work)
     order = tuple(s.rollout.index for s in arrived)
-    return totals, BatchTiming(start, rollout_end, busy, barrier, arrival_order=order)
+    return totals, BatchTiming(start, rollout_end, busy, barrier, arrival_order=order,
+                               learner_cpu=time.thread_time() - cpu_start)
 
 
 def _stream_batch(

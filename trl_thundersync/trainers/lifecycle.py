@@ -55,6 +55,8 @@ def step_timing_metrics(timing: BatchTiming) -> dict[str, float]:
         "thundersync/learner_tail_seconds": timing.tail,
         "thundersync/learner_idle_fraction": max(0.0, 1.0 - timing.learner_busy / wall) if wall else 0.0,
     }
+    if timing.learner_cpu is not None:  # CPU of the learner's thread: busy minus this is waiting for a core (on CPU)
+        out["thundersync/learner_cpu_seconds"] = timing.learner_cpu
     if timing.turns_released is not None:  # GRPO turn release: 0 where the step ran as content release (adaptive)
         out["thundersync/turns_released"] = float(timing.turns_released)
     return out

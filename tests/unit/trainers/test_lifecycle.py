@@ -60,9 +60,10 @@ class Trainer(StreamingLifecycle):
                          barrier_end=optimizer_end, publish_end=publish_end, events=())
 
 
-def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0, turns_released=None):
+def timing(start=1.0, rollout_end=3.0, barrier=5.0, busy=2.0, turns_released=None, learner_cpu=None):
     return SimpleNamespace(start=start, rollout_end=rollout_end, barrier=barrier, learner_busy=busy,
-                           tail=max(0.0, barrier - rollout_end), turns_released=turns_released)
+                           tail=max(0.0, barrier - rollout_end), turns_released=turns_released,
+                           learner_cpu=learner_cpu)
 
 
 def test_publish_then_record_closes_the_open_step_once():
@@ -104,6 +105,8 @@ def test_step_record_is_an_immutable_indexable_record_and_timing_metrics():
     # turn release: whether the step learned turns as they ended (`adaptive_turn_release`)
     assert step_timing_metrics(timing(turns_released=True))["thundersync/turns_released"] == 1.0
     assert step_timing_metrics(timing(turns_released=False))["thundersync/turns_released"] == 0.0
+    # the learner thread's CPU, logged where the pipeline measured it
+    assert step_timing_metrics(timing(learner_cpu=1.5))["thundersync/learner_cpu_seconds"] == 1.5
 
 
 def test_both_trainers_share_the_lifecycle_and_grpo_re_exports_the_seed():
