@@ -22,7 +22,9 @@ that finds no slot is released at its reward, as under `"reward"`. Every path co
 Adaptive turn release (`adaptive_turn_release`, `step_release`): a turn learned as it ends costs more than its share
 of one whole-trajectory pass (its segment is back-propagated again at the trajectory's close, and every call has a
 fixed cost: ~1.2–2× the learner time on `--preset quick-grading`), which pays only where the learner would otherwise
-idle. A step after one whose learner was busy for at least `LEARNER_BOUND` of its rollout runs as `"content"`.
+idle. A step after one whose learner was busy for at least `LEARNER_BOUND` of its rollout runs as `"content"`; after
+a step that ran as `"content"`, per-turn release resumes only below `TURN_ENTRY` of the rollout (a band: released per
+turn, that step's learner would cost ~1.3× more and cross `LEARNER_BOUND` again, alternating the two).
 """
 
 from __future__ import annotations
@@ -44,15 +46,21 @@ RELEASE_POINTS: tuple[ReleasePoint, ...] = get_args(ReleasePoint)
 # (start to the last reward). Learned as they end, turns cost up to ~1.25× the learner time of content release on
 # quick-grading: above ~3/4 of the rollout that extra no longer fits in it; below, the learner idles anyway.
 LEARNER_BOUND = 0.75
+# ... and after a step that ran as content release, per-turn release resumes only where that step's learner was busy
+# for less than this fraction: released per turn, a step's learner is busy ~1.3× longer (quick-grading: 1.13–1.19 of
+# the rollout against 0.81–0.97 for content release in the same runs), so from 0.55 it would cross LEARNER_BOUND again
+TURN_ENTRY = 0.55
 
 
 def step_release(release: str, adaptive: bool, previous: BatchTiming | None) -> str:
     """The release point of one step: `"content"` instead of `"turn"` where `adaptive` and the previous step's
-    learner bounded it (busy ≥ `LEARNER_BOUND` of its rollout); the first step releases per turn."""
+    learner bounded it (busy ≥ `LEARNER_BOUND` of its rollout, or ≥ `TURN_ENTRY` when that step already ran as
+    content release); the first step releases per turn."""
     if release != "turn" or not adaptive or previous is None:
         return release
     rollout = previous.rollout_end - previous.start
-    return "content" if rollout > 0 and previous.learner_busy >= LEARNER_BOUND * rollout else release
+    bound = TURN_ENTRY if previous.turns_released is False else LEARNER_BOUND
+    return "content" if rollout > 0 and previous.learner_busy >= bound * rollout else release
 
 
 class TurnSource(Protocol):

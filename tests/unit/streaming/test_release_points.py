@@ -6,6 +6,7 @@ import math
 import queue
 import threading
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from trl_thundersync.errors import BatchIncompleteError
 from trl_thundersync.streaming.learner import GRPOBatchLearner, SourceGradients
 from trl_thundersync.streaming.learner_records import BatchTiming
 from trl_thundersync.streaming.pipeline import TurnRouter, run_logical_batch
-from trl_thundersync.streaming.release import LEARNER_BOUND, step_release
+from trl_thundersync.streaming.release import LEARNER_BOUND, TURN_ENTRY, step_release
 from trl_thundersync.types import Rollout, RolloutRequest, ScoredRollout, TurnEvent
 
 P = 6
@@ -273,8 +274,9 @@ def test_a_rollout_without_a_finish_time_is_ready_when_it_reaches_the_learner():
     assert item.ready == item.content_ready >= before and learner.buffered[0].content_ready == item.ready
 
 
-def _timing(busy: float, rollout: float = 4.0) -> BatchTiming:
-    return BatchTiming(start=10.0, rollout_end=10.0 + rollout, learner_busy=busy, barrier=10.0 + rollout + 0.5)
+def _timing(busy: float, rollout: float = 4.0, turns_released: bool | None = True) -> BatchTiming:
+    return BatchTiming(start=10.0, rollout_end=10.0 + rollout, learner_busy=busy, barrier=10.0 + rollout + 0.5,
+                       turns_released=turns_released)
 
 
 def test_adaptive_turn_release_runs_a_step_after_a_learner_bound_one_as_content_release():
@@ -286,3 +288,17 @@ def test_adaptive_turn_release_runs_a_step_after_a_learner_bound_one_as_content_
     assert step_release("turn", False, _timing(busy=6.0)) == "turn"  # adaptive_turn_release=False
     for release in ("reward", "content"):  # only turn release adapts
         assert step_release(release, True, _timing(busy=6.0)) == release
+
+
+def test_adaptive_turn_release_resumes_per_turn_only_well_below_the_bound():
+    """After a step that ran as content release the bound is TURN_ENTRY (< LEARNER_BOUND): a content step busy for
+    0.75 of its rollout stays content (released per turn it would cost ~1.3× and bound the step again)."""
+    assert TURN_ENTRY < LEARNER_BOUND
+    content_step = partial(_timing, turns_released=False)
+    assert step_release("turn", True, content_step(busy=LEARNER_BOUND * 4.0)) == "content"
+    assert step_release("turn", True, content_step(busy=TURN_ENTRY * 4.0)) == "content"
+    assert step_release("turn", True, content_step(busy=TURN_ENTRY * 4.0 - 0.01)) == "turn"
+    # a step that released per turn keeps doing so up to LEARNER_BOUND, as before
+    assert step_release("turn", True, _timing(busy=(TURN_ENTRY + LEARNER_BOUND) / 2 * 4.0)) == "turn"
+    # a timing that does not say (None) is read as a per-turn step
+    assert step_release("turn", True, _timing(busy=LEARNER_BOUND * 4.0 - 0.01, turns_released=None)) == "turn"

@@ -44,7 +44,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
         adaptive_turn_release (`bool`, *optional*, defaults to `True`):
-            Whether, under `release="turn"`, a step after one whose learner bounded it runs as `release="content"`.
+            Whether, under `release="turn"`, a step after one whose learner bounded it runs as `release="content"`
+            (busy for ≥ 3/4 of its rollout; after a content step, per-turn release resumes below 0.55).
         batch_group_members (`bool`, *optional*, defaults to `True`):
             Whether the last members of a group, ready together, are learned as one padded pass.
         batch_group_max_tokens (`int`, *optional*, defaults to `2048`):
@@ -171,8 +172,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         default=True,
         metadata={
             "help": "release='turn': a step after one whose learner was busy for ≥ 3/4 of its rollout runs as "
-            "release='content' (one pass per trajectory at its end): a turn learned as it ends costs up to ~2× its "
-            "share, which pays only where the learner would idle. Same update; logged as thundersync/turns_released."
+            "release='content' (one pass per trajectory at its end); after such a step, per turn again below 0.55. "
+            "A turn learned as it ends costs more, which pays only where the learner would idle. Same update; "
+            "logged as thundersync/turns_released."
         },
     )
     batch_group_members: bool = field(
