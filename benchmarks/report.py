@@ -123,6 +123,17 @@ def learner_thread_lines(stats: dict[str, ScheduleSummary]) -> list[str]:
     return lines
 
 
+def gap_lines(cmp: Comparison) -> list[str]:
+    """Per ThunderSync schedule, its traced step against its release point's replay on the sync traces, split by
+    phase (`gap_split.py`): where the overlap cost (or saved) time, in seconds per step."""
+    lines = []
+    for name, g in (cmp.gap_splits or {}).items():
+        lines.append(f"{name:<19} traced step {g.measured_s:.2f} s vs replay {g.predicted_s:.2f} s "
+                     f"({g.measured_s - g.predicted_s:+.2f}) = rollout {g.rollout_s:+.2f} + learner tail "
+                     f"{g.tail_s:+.2f} + barrier/publish {g.suffix_s:+.2f}; learner busy {g.learner_s:+.2f} s vs sync")
+    return lines
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -135,7 +146,7 @@ def print_point(name: str, description: str, stats: dict[str, ScheduleSummary], 
     line = prediction_line(stats, cmp)
     if line is not None:
         print(line)
-    for line in release_lines(stats, cmp) + learner_thread_lines(stats):
+    for line in release_lines(stats, cmp) + gap_lines(cmp) + learner_thread_lines(stats):
         print(line)
     print("columns: R rollout, L learner service, idle = 1 − L/step, tail = learner time after R, stats = gradient "
           "statistics memory, cores = CPU this run used, other = CPU other processes used meanwhile (machine noise)")

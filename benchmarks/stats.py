@@ -30,6 +30,7 @@ from typing import Any
 from trl_thundersync.trace.model import RELEASE_MODES, Replay, predict_release, predicted_vs_measured, replay
 from trl_thundersync.trace.records import StepTrace, TraceEvent
 
+from .gap_split import GapSplit, gap_split
 from .workload import split_schedule
 
 WHOLE_BACKWARD_KINDS = ("source_backward", "content_backward")  # one trajectory's full forward + backward
@@ -236,6 +237,7 @@ class ScheduleSummary:
     backward_during_rollout_s: float | None  # median backward that ran before R (None: no such item)
     backward_after_rollout_s: float | None  # median backward that ran after R
     replay_release_s: dict[str, float] | None = None  # release mode → mean predicted T (`predict_release`)
+    replay_release_tail_s: dict[str, float] | None = None  # release mode → mean predicted learner tail [c_n − R]⁺
     turn_busy_s: float | None = None  # median rollout turn while the learner was busy (`overlap_split`)
     turn_idle_s: float | None = None  # median rollout turn while the learner was idle
     turn_busy_n: int = 0
@@ -272,7 +274,8 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
     during, after = backward_medians(traces)
     turn_busy, turn_idle = overlap_split(traces, "rollout", "turn")
     tool_busy, tool_idle = overlap_split(traces, "tool", "tool_call")
-    release = {mode: _mean([predict_release(t, mode).thundersync_time for t in traces]) for mode in RELEASE_MODES}
+    predicted = {mode: [predict_release(t, mode) for t in traces] for mode in RELEASE_MODES}
+    release = {mode: _mean([r.thundersync_time for r in rs]) for mode, rs in predicted.items()}
     return ScheduleSummary(
         steps=len(traces), step_wall_s=_mean(walls), step_wall_stdev_s=statistics.stdev(walls) if len(walls) > 1
         else 0.0, step_walls_s=tuple(walls), trace_wall_s=_mean([t.wall for t in traces]),
@@ -292,6 +295,7 @@ def summarize(runs: Sequence[RunSteps], peak_flops: float | None = None) -> Sche
         replay_sync_s=_mean([r.sync_time for r in reps]),
         replay_abs_error=predicted_vs_measured(traces).mean_abs_relative_error if own_schedule else None,
         backward_during_rollout_s=during, backward_after_rollout_s=after, replay_release_s=release,
+        replay_release_tail_s={mode: _mean([r.learner_tail for r in rs]) for mode, rs in predicted.items()},
         turn_busy_s=_median(turn_busy), turn_idle_s=_median(turn_idle), turn_busy_n=len(turn_busy),
         turn_idle_n=len(turn_idle), tool_busy_s=_median(tool_busy), tool_idle_s=_median(tool_idle),
         tool_busy_n=len(tool_busy), tool_idle_n=len(tool_idle),
@@ -316,6 +320,7 @@ class Comparison:
     predicted_from_reward: dict[str, float] | None = None  # ... replayed on the reward-release schedule's traces
     prediction_gaps: dict[str, float] | None = None  # measured ÷ predicted_from_sync − 1
     overlap_vs_sync: dict[str, dict[str, Any]] | None = None  # schedule → paired slowdowns vs the sync runs
+    gap_splits: dict[str, GapSplit] | None = None  # thundersync schedule → its step vs its replay, by phase
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -354,13 +359,16 @@ def compare(stats: dict[str, ScheduleSummary], traces: dict[str, Sequence[StepTr
     predicted = sync.replay_sync_s / sync.replay_thundersync_s
     measured = speedup[primary]
     reward_name = next((n for n in ("thundersync:reward", "thundersync") if n in stats), None)
-    from_sync, from_reward, gaps = {}, {}, {}
+    from_sync, from_reward, gaps, splits = {}, {}, {}, {}
     for name in thundersync_schedules(list(stats)):
         mode = split_schedule(name)[1]
         p = _speedup_of(sync, mode)
         if p is not None:
             from_sync[name] = p
             gaps[name] = speedup[name] / p - 1.0
+        split = gap_split(stats[name], sync, mode)
+        if split is not None:
+            splits[name] = split
         if reward_name is not None:
             q = _speedup_of(stats[reward_name], mode)
             if q is not None:
@@ -378,7 +386,7 @@ def compare(stats: dict[str, ScheduleSummary], traces: dict[str, Sequence[StepTr
             }
     return Comparison(speedup, predicted, measured, sync.trace_wall_s / ts.trace_wall_s, measured / predicted - 1.0,
                       primary=primary, predicted_from_sync=from_sync, predicted_from_reward=from_reward,
-                      prediction_gaps=gaps, overlap_vs_sync=overlap)
+                      prediction_gaps=gaps, overlap_vs_sync=overlap, gap_splits=splits)
 
 
 def shift(step: StepTrace, delta: float) -> StepTrace:

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.affinity import split_cores
 from benchmarks.calibration import calibrated_latency_mean, calibration_from_probe, makespan, predicted_rollout
-from benchmarks.report import learner_thread_lines
+from benchmarks.report import gap_lines, learner_thread_lines
 from benchmarks.stats import RunSteps, compare, measured_run, predict_thundersync, side_by_side, summarize
 from benchmarks.workload import Workload, _lognormal, command_for, tool_latency, trajectory_latency_units
 from trl_thundersync.trace.records import StepTrace, TraceEvent
@@ -174,6 +174,35 @@ def test_learner_thread_cpu_drops_warm_up_and_is_reported_against_sync():
            "learner_thread_cpu": [[1.0, 1]]}
     with pytest.raises(ValueError, match="learner thread's CPU recorded for 1"):
         measured_run([99.0, 8.0, 8.0], [warm, *steps["sync"]], bad)
+
+
+def test_gap_split_attributes_the_step_against_its_replay_to_rollout_tail_and_suffix():
+    """Sync: R = 4, two backwards of 1 s ready at 1 and 3, P = 0.5; the content replay (the trace has no content
+    times: content = reward) serves them 1→2, 3→4: tail 0, T = 4.5. ThunderSync: R = 4.3 (the rollout slowed by
+    0.3), backwards of 1.5 s each running 1→2.5, 3→4.5 and on to 4.8 after a 0.3 s fold, P = 0.6: T = 5.4."""
+    result = {"peak_rss_mb": {"self": 1.0, "total": 1.0}, "cpu_cores_used": 1.0, "foreign_cpu_cores": 0.0}
+    warm = _step(0, "sync", 0.0, 9.0, [("source_backward", 1.0, 9.0, 20.0)])
+    sync = [_step(k, "sync", 10.0 * k, 10.0 * k + 4.0,
+                  [("source_backward", 10.0 * k + 1.0, 10.0 * k + 4.0, 10.0 * k + 5.0),
+                   ("source_backward", 10.0 * k + 3.0, 10.0 * k + 5.0, 10.0 * k + 6.0)], publish_gap=0.5)
+            for k in (1, 2)]
+    ts = [_step(k, "thundersync:content", 10.0 * k, 10.0 * k + 4.3,
+                [("content_backward", 10.0 * k + 1.0, 10.0 * k + 1.0, 10.0 * k + 2.5),
+                 ("content_backward", 10.0 * k + 3.0, 10.0 * k + 3.0, 10.0 * k + 4.5),
+                 ("group_fold", 10.0 * k + 4.5, 10.0 * k + 4.5, 10.0 * k + 4.8)], publish_gap=0.6)
+          for k in (1, 2)]
+    stats = {"sync": summarize([measured_run([99.0, 6.5, 6.5], [warm, *sync], result)]),
+             "thundersync:content": summarize([measured_run([99.0, 5.4, 5.4], [warm, *ts], result)])}
+    assert stats["sync"].replay_release_tail_s["content"] == pytest.approx(0.0)
+    g = compare(stats).gap_splits["thundersync:content"]
+    assert (g.measured_s, g.predicted_s) == (pytest.approx(5.4), pytest.approx(4.5))
+    assert (g.rollout_s, g.tail_s, g.suffix_s) == (pytest.approx(0.3), pytest.approx(0.5), pytest.approx(0.1))
+    assert g.measured_s - g.predicted_s == pytest.approx(g.rollout_s + g.tail_s + g.suffix_s)
+    assert g.learner_s == pytest.approx(3.3 - 2.0)
+    assert gap_lines(compare(stats)) == [
+        "thundersync:content traced step 5.40 s vs replay 4.50 s (+0.90) = rollout +0.30 + learner tail +0.50 + "
+        "barrier/publish +0.10; learner busy +1.30 s vs sync"]
+    assert gap_lines(compare({"sync": stats["sync"]})) == []
 
 
 def test_side_by_side_places_steps_one_after_another():

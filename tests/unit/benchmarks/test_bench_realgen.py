@@ -186,7 +186,8 @@ def test_engine_groups_compare_each_engine_with_its_own_sync_runs():
         return SimpleNamespace(step_wall_s=wall, rollout_s=4.0, learner_busy_s=2.0, balance_ratio=0.5,
                                learner_tail_s=0.5, turn_busy_s=None, turn_idle_s=None, replay_sync_s=wall,
                                replay_thundersync_s=replay_content or wall, trace_wall_s=wall,
-                               replay_release_s={"content": replay_content or wall})
+                               replay_release_s={"content": replay_content or wall}, suffix_s=0.0,
+                               replay_release_tail_s={"content": 0.0})
 
     stats = {"trl": summary(12.0), "sync@vllm": summary(6.0, 4.5), "thundersync:content@vllm": summary(4.0),
              "sync@embedded": summary(10.0, 8.0), "thundersync:content@embedded": summary(8.0)}
