@@ -222,7 +222,7 @@ def write_plots(points: list[dict[str, Any]], out: Path, name: str, preset: str)
 
 _KNOBS = ("steps", "batch", "group", "turns", "concurrency", "balance", "latency_mean", "latency_cv", "turn_jitter",
           "gen_delay", "grading_latency", "grading_cv", "reward_scope", "shared_prefix", "batch_members",
-          "adaptive_turns", "hidden", "layers", "seed")
+          "adaptive_turns", "sandbox", "hidden", "layers", "seed")
 
 
 def with_releases(schedules: tuple[str, ...], releases: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -287,6 +287,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     knobs.add_argument("--adaptive-turns", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
                        help="thundersync:turn: adaptive_turn_release (a step after one the learner bounded runs as "
                             "content release; default: the config's, on)")
+    knobs.add_argument("--sandbox", type=lambda v: {"on": True, "off": False}[v], metavar="{on,off}",
+                       help="'off': tool calls sleep their latency in-process and return what the sandboxed command "
+                            "prints, so no CPU goes to sandboxes (their share of the overlap's cost; default on)")
     knobs.add_argument("--hidden", type=int, help="tiny model width (learner cost)")
     knobs.add_argument("--layers", type=int, help="tiny model depth (learner cost)")
     knobs.add_argument("--seed", type=int)

@@ -31,7 +31,8 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def describe(w: Workload, calibrated: bool, pinned: bool) -> str:
     """One line: the workload of a point."""
-    rollout = (f"{w.turns} sandboxed tool calls/trajectory, latency mean {w.latency_mean:.3f} s, CV "
+    calls = "sandboxed tool calls" if w.sandbox else "tool calls (in-process sleeps, no sandbox)"
+    rollout = (f"{w.turns} {calls}/trajectory, latency mean {w.latency_mean:.3f} s, CV "
                f"{w.latency_cv:g}, {w.concurrency} slots")
     if w.grading_latency > 0:
         rollout += f", grading {w.grading_latency:g} s mean after the last turn"

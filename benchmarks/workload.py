@@ -67,6 +67,8 @@ class Workload:
     # False: none, None: the config's default (groups with prompts of shared_prefix_min_prompt_tokens or more)
     batch_members: bool | None = None  # sync/ThunderSync: batch_group_members (None: the config's default, on)
     adaptive_turns: bool | None = None  # ThunderSync turn release: adaptive_turn_release (None: the config's, on)
+    sandbox: bool = True  # False: each tool call sleeps its latency in-process and returns what the sandboxed command
+    # prints (the same tokens), so the rollout side spends no CPU on sandboxes (isolates their share of the overlap)
     balance: float | None = 1.0  # target ρ = L/R used by calibration
     hidden: int = 256  # tiny model width
     layers: int = 4  # tiny model depth
@@ -150,6 +152,7 @@ def split_schedule(name: str) -> tuple[str, str]:
 
 
 _TRAJECTORY_KEY = re.compile(r"traj %d turn %d\\n' (\d+) (\d+) (\d+)")  # command_for's printf arguments
+_COMMAND = re.compile(r"sleep ([0-9.]+) && printf 'step %d traj %d turn %d\\n' (\d+) (\d+) (\d+) && ls")
 
 
 def command_for(w: Workload, step: int, index: int, turn: int) -> str:
@@ -187,7 +190,9 @@ class ShellBenchEnv:
         _WORKSPACES.append(workspace)
         (workspace / "README.md").write_text("benchmark workspace\n")
         (workspace / "data.txt").write_text("1 2 3\n")
-        self.sandbox = make_sandbox(workspace, SandboxLimits(timeout_s=120.0, cpu_time_s=60))
+        self.workspace = workspace
+        sandboxed = self.workload is None or self.workload.sandbox
+        self.sandbox = make_sandbox(workspace, SandboxLimits(timeout_s=120.0, cpu_time_s=60)) if sandboxed else None
         self.transcript: list[str] = []
         self._key: tuple[int, int] | None = None  # (step, trajectory index) of the episode
         self._last_tool_end = 0.0
@@ -203,14 +208,26 @@ class ShellBenchEnv:
         Args:
             command: The shell command to run.
         """
-        result = self.sandbox.run(command)
-        observation = f"exit code: {result.exit_code}\n{result.stdout}{result.stderr}"
+        if self.sandbox is None:
+            observation = self._in_process(command)
+        else:
+            result = self.sandbox.run(command)
+            observation = f"exit code: {result.exit_code}\n{result.stdout}{result.stderr}"
         self.transcript.append(command + "\n" + observation)
         key = _TRAJECTORY_KEY.search(command)
         if key is not None:
             self._key = (int(key.group(1)), int(key.group(2)))
         self._last_tool_end = time.perf_counter()
         return observation
+
+    def _in_process(self, command: str) -> str:
+        """`Workload.sandbox=False`: what `command_for`'s command prints, after its sleep, without a sandbox."""
+        match = _COMMAND.fullmatch(command)
+        if match is None:
+            raise ValueError(f"not a benchmark command (sandbox=False runs only command_for's): {command!r}")
+        time.sleep(float(match.group(1)))
+        listing = "".join(f"{name}\n" for name in sorted(p.name for p in self.workspace.iterdir()))
+        return f"exit code: 0\nstep {match.group(2)} traj {match.group(3)} turn {match.group(4)}\n{listing}"
 
     def _grading_deadline(self) -> float | None:
         w = self.workload

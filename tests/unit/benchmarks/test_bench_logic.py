@@ -10,6 +10,7 @@ import statistics
 
 import pytest
 
+from benchmarks.__main__ import parse_args
 from benchmarks.affinity import split_cores
 from benchmarks.calibration import calibrated_latency_mean, calibration_from_probe, makespan, predicted_rollout
 from benchmarks.report import gap_lines, learner_thread_lines
@@ -239,3 +240,19 @@ def test_markdown_tables_render_every_schedule_and_the_prediction():
     assert "| quick | thundersync | 4.40 ± 0.10 | 1.82× |" in text
     assert "| quick | trl | 9.00 ± 0.10 | 0.89× |" in text and "| 600 | – |" in text
     assert "| quick | 1.00 | 0.60 | 8.00 | 4.40 | 1.82× | 1.90× | -4.3% | 9% | +0%, +0% | – / – | 0.20 |" in text
+
+
+def test_tool_calls_without_the_sandbox_print_what_the_sandboxed_command_prints():
+    """`--sandbox off`: the same observation (so the same tokens), after the same sleep, without a sandbox."""
+    from benchmarks.workload import env_factory
+
+    w = Workload(latency_mean=0.01)
+    command = command_for(w, 2, 5, 1)
+    sandboxed = env_factory(w)()
+    bare = env_factory(w.with_(sandbox=False))()
+    assert sandboxed.sandbox is not None and bare.sandbox is None
+    assert bare.run_shell(command) == sandboxed.run_shell(command) == (
+        "exit code: 0\nstep 2 traj 5 turn 1\nREADME.md\ndata.txt\n")
+    with pytest.raises(ValueError, match="not a benchmark command"):
+        bare.run_shell("rm -rf /")
+    assert parse_args(["--sandbox", "off"]).sandbox is False
