@@ -4,8 +4,8 @@
 `runtimes.make_sandbox()` picks a backend by name. Every `run()` builds a fresh sandbox:
 
     [as root: /bin/sh joins the command's pids and memory cgroups] → bwrap (namespaces, mounts)
-        → launcher (`runtimes/launcher.py`, `sys.executable -I -S`: rlimits, reads the command from a memfd,
-          "started" handshake)
+        → launcher (`runtimes/launcher.py`: `prlimit` + bash, or `sys.executable -I -S` for a command with a NUL
+          byte or over 128 KiB: rlimits, "started" handshake, reads the command from a memfd)
         → /bin/sh -c COMMAND   (a command over 128 KiB or with a NUL byte: evaluated by /bin/sh from the memfd)
 
 Commands run as uid/gid 1000 without capabilities in new user, pid, ipc, uts, cgroup and (unless `limits.network`)
@@ -253,11 +253,13 @@ class BwrapSandbox:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _argv(self, ready_fd: int, command_fd: int, env: dict[str, str] | None) -> list[str]:
+    def _argv(self, ready_fd: int, command_fd: int, env: dict[str, str] | None,
+              command: bytes | None = None) -> list[str]:
         argv = [self._bwrap, *self._mount_args]
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
         defaults = {"PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **self._user_env}
-        for key, value in {**defaults, **(env or {})}.items():
+        environment = {**defaults, **(env or {})}
+        for key, value in environment.items():
             argv += ["--setenv", key, value]
         limits = self.limits
         rlimits = (
@@ -267,7 +269,7 @@ class BwrapSandbox:
             (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
             (resource.RLIMIT_CORE, 0, 0),
         )
-        return [*argv, "--", *launcher_argv(ready_fd, command_fd, rlimits)]
+        return [*argv, "--", *launcher_argv(ready_fd, command_fd, rlimits, command, environment)]
 
     def run(
         self, command: str, *, timeout_s: float | None = None, env: dict[str, str] | None = None,
@@ -295,7 +297,7 @@ class BwrapSandbox:
             cleanup.callback(os.close, ready_read)
             start = time.monotonic()
             try:
-                argv = [*prefix, *self._argv(ready_write, command_fd, env)]
+                argv = [*prefix, *self._argv(ready_write, command_fd, env, data)]
                 proc = self._start(argv, (ready_write, command_fd), stdin is not None)
             finally:
                 os.close(ready_write)  # bwrap holds its copy; ours must go so the handshake pipe can reach EOF

@@ -48,13 +48,16 @@ class LocalSubprocessSandbox:
             raise SandboxError(f"workspace {self.workspace} is gone")
         timeout = self.limits.timeout_s if timeout_s is None else timeout_s
         start = time.perf_counter()
-        command_fd = command_memfd(command.encode("utf-8", "surrogatepass"))
+        data = command.encode("utf-8", "surrogatepass")
+        command_fd = command_memfd(data)
         try:
             with tempfile.TemporaryFile() as inp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
                 inp.write(stdin or b"")
                 inp.seek(0)
-                proc = subprocess.Popen(self._argv(command_fd), cwd=self.workspace, stdin=inp, stdout=out, stderr=err,
-                                        env=self._env(env), pass_fds=(command_fd,), start_new_session=True)
+                environment = self._env(env)
+                proc = subprocess.Popen(self._argv(command_fd, data, environment), cwd=self.workspace, stdin=inp,
+                                        stdout=out, stderr=err, env=environment, pass_fds=(command_fd,),
+                                        start_new_session=True)
                 timed_out = not wait_for_exit(proc, timeout)
                 kill_group(proc, after_exit=True)  # also ends background children left behind by a finished command
                 proc.wait()
@@ -73,14 +76,14 @@ class LocalSubprocessSandbox:
     def close(self) -> None:
         self._closed = True
 
-    def _argv(self, command_fd: int) -> list[str]:
+    def _argv(self, command_fd: int, command: bytes | None = None, env: dict[str, str] | None = None) -> list[str]:
         limits = self.limits
         rlimits = (
             (resource.RLIMIT_CPU, limits.cpu_time_s, limits.cpu_time_s),
             (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
             (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
         )
-        return launcher_argv(-1, command_fd, rlimits)
+        return launcher_argv(-1, command_fd, rlimits, command, env)
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         path = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from trl_thundersync.envs.runtimes import launcher
 from trl_thundersync.envs.runtimes.api import SandboxLimits
 from trl_thundersync.envs.runtimes.launcher import LAUNCHER
 from trl_thundersync.envs.runtimes.local import LocalSubprocessSandbox
@@ -93,3 +94,62 @@ def test_commands_run_with_sigpipe_at_its_default_action(tmp_path: Path) -> None
 
     sandboxed = BwrapSandbox(tmp_path).run("yes | head -n 1")
     assert (sandboxed.exit_code, sandboxed.stdout, sandboxed.stderr) == (0, "y\n", "")
+
+
+# -- the shell launcher (prlimit + bash) ------------------------------------------------------------------------------
+
+_PROBE = ("env | sort; echo \"0=$0 #=$#\"; ulimit -a; grep -E 'Sig(Ign|Blk|Cgt)' /proc/self/status; ls /proc/self/fd;"
+          " printf '%s|' 'a\\b' \"$(printf 'x\\n\\n')\" 'é'; printf 'tail\\n\\n\\n'")
+
+
+def _backends(tmp_path: Path) -> list:
+    boxes = [LocalSubprocessSandbox(tmp_path)]
+    if shutil.which("bwrap") is not None:
+        from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+
+        boxes.append(BwrapSandbox(tmp_path))
+    return boxes
+
+
+@pytest.mark.skipif(not launcher.shell_launcher_available(), reason="no /usr/bin/prlimit or bash >= 4.1 here")
+@pytest.mark.parametrize("env", [None, {"SHLVL": "3", "BASH_ENV": "/etc/passwd"}], ids=["plain", "caller-shlvl"])
+def test_the_shell_launcher_gives_a_command_what_the_python_launcher_gives(tmp_path: Path, env, monkeypatch) -> None:
+    """Environment (no SHLVL of bash's own, the caller's kept, BASH_ENV not read), rlimits, signal dispositions
+    (SIGPIPE default, SIGXFSZ ignored), open fds, $0 and the command's bytes: the same through either launcher."""
+    for box in _backends(tmp_path):
+        fast = box.run(_PROBE, env=env)
+        with monkeypatch.context() as patch:
+            patch.setattr(launcher, "shell_launcher_argv", lambda *args: None)
+            slow = box.run(_PROBE, env=env)
+        assert fast.exit_code == slow.exit_code == 0 and fast.stderr == slow.stderr == ""
+        assert fast.stdout == slow.stdout, type(box).__name__
+        assert "SHLVL=3" in fast.stdout if env else "SHLVL" not in fast.stdout
+
+
+@pytest.mark.skipif(not launcher.shell_launcher_available(), reason="no /usr/bin/prlimit or bash >= 4.1 here")
+def test_commands_take_the_shell_launcher_unless_only_the_python_one_can_run_them(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    limits = [(resource.RLIMIT_CPU, 7, 8), (resource.RLIMIT_CORE, 0, 0)]
+    fast = launcher.launcher_argv(4, 5, limits, b"echo hi", {"PATH": "/bin"})
+    assert fast[:3] == [launcher.PRLIMIT, "--cpu=7:8", "--core=0:0"]
+    assert fast[-4:] == ["launcher", "4", "5", "0"] and LAUNCHER not in fast
+    assert launcher.launcher_argv(4, 5, limits, b"echo hi", {"SHLVL": "2"})[-1] == "1"
+    for command in (b"echo a\0b", b"x" * launcher.MAX_ARG_STRLEN):  # only the Python launcher runs these
+        assert LAUNCHER in launcher.launcher_argv(4, 5, limits, command)
+    assert LAUNCHER in launcher.launcher_argv(4, 5, [(resource.RLIMIT_NOFILE, 9, 9)], b"echo hi")
+    assert LAUNCHER in launcher.launcher_argv(4, 5, limits)  # no command bytes: the Python launcher
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (5, 6))  # a ceiling below the request: capped
+    assert launcher.shell_launcher_argv(-1, 5, limits, b"true")[1] == "--cpu=6:6"
+    monkeypatch.setattr(launcher, "shell_launcher_available", lambda: False)
+    assert LAUNCHER in launcher.launcher_argv(4, 5, limits, b"echo hi")
+
+
+@pytest.mark.skipif(not launcher.shell_launcher_available() or shutil.which("bwrap") is None,
+                    reason="needs prlimit, bash >= 4.1 and bubblewrap")
+def test_a_limit_prlimit_refuses_is_a_sandbox_failure_not_the_commands_exit(tmp_path: Path, monkeypatch) -> None:
+    from trl_thundersync.envs.errors import SandboxError
+    from trl_thundersync.envs.runtimes.bwrap import BwrapSandbox
+
+    monkeypatch.setitem(launcher._PRLIMIT_OPTIONS, resource.RLIMIT_CORE, "--no-such-limit")
+    with pytest.raises(SandboxError, match="failed before running the command"):
+        BwrapSandbox(tmp_path).run("echo never")
