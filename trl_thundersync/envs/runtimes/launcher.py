@@ -108,12 +108,13 @@ _PRLIMIT_OPTIONS = {resource.RLIMIT_CPU: "--cpu", resource.RLIMIT_AS: "--as", re
 
 @functools.cache
 def shell_launcher_available() -> bool:
-    """`prlimit` and a bash with `{var}>&-` (bash >= 4.1) on this host (checked once: both backends bind /usr and
-    /bin, so the sandbox sees the same programs)."""
+    """`prlimit`, a bash with `{var}>&-` (bash >= 4.1) and an `env -u` on this host: `SHELL_LAUNCHER`'s steps, run
+    once (both backends bind /usr and /bin, so the sandbox sees the same programs)."""
     if not (os.access(PRLIMIT, os.X_OK) and os.access(BASH, os.X_OK)):
         return False
+    steps = "exec {f}</dev/null; exec {f}<&-; exec /usr/bin/env -u SHLVL /bin/sh -c :"
     try:
-        probe = subprocess.run([PRLIMIT, "--core=0:0", "--", BASH, "-p", "-c", "exec {f}</dev/null; exec {f}<&-"],
+        probe = subprocess.run([PRLIMIT, "--core=0:0", "--", BASH, "-p", "-c", steps],
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
