@@ -45,3 +45,11 @@ def pinned_pool(max_workers: int, cores: frozenset[int], name: str) -> ThreadPoo
     """A thread pool whose workers pin themselves to `cores` when they start."""
     return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name, initializer=pin_thread,
                               initargs=(cores,))
+
+
+def busy_cpu_seconds() -> float:
+    """Machine-wide busy CPU seconds so far (/proc/stat: everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")

@@ -37,7 +37,7 @@ from trl_thundersync.tiny.model import save_tiny_model  # noqa: E402
 from trl_thundersync.trace.recorder import TraceWriter  # noqa: E402
 from trl_thundersync.trace.records import StepTrace, TraceEvent  # noqa: E402
 
-from .affinity import CorePlan, current_plan, pin_thread, pinned_pool  # noqa: E402
+from .affinity import CorePlan, busy_cpu_seconds, current_plan, pin_thread, pinned_pool  # noqa: E402
 from .workload import Workload, bench_dataset, bench_delay, bench_script, env_factory, split_schedule  # noqa: E402
 
 TRACE_FILE = Path("thundersync_trace") / "steps.jsonl"
@@ -243,14 +243,6 @@ def peak_rss_mb() -> dict[str, float]:
     return {"self": own, "children": children, "total": own + children}
 
 
-def _busy_cpu_seconds() -> float:
-    """Machine-wide busy CPU seconds so far (/proc/stat: everything but idle and iowait)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu_seconds() -> float:
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return sum(u.ru_utime + u.ru_stime for u in usage)
@@ -260,7 +252,7 @@ class RunMeter:
     """Wall time and CPU accounting of one benchmark run: started before the trainer is built."""
 
     def __init__(self) -> None:
-        self.started, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+        self.started, self.busy0, self.own0 = time.perf_counter(), busy_cpu_seconds(), _own_cpu_seconds()
 
     def train(self, trainer, timer: StepTimer) -> dict:
         """Train with `timer` attached, close the trainer, and return the result fields every benchmark run has."""
@@ -271,7 +263,7 @@ class RunMeter:
         wall = time.perf_counter() - self.started
         own = _own_cpu_seconds() - self.own0
         # CPU other processes on the machine used meanwhile, in cores (a benchmark on a shared machine must say so).
-        foreign = max(0.0, _busy_cpu_seconds() - self.busy0 - own) / wall
+        foreign = max(0.0, busy_cpu_seconds() - self.busy0 - own) / wall
         return {"step_intervals": timer.intervals, "learner_thread_cpu": timer.learner_cpu,
                 "peak_rss_mb": peak_rss_mb(), "num_params": sum(p.numel() for p in trainer.model.parameters()),
                 "run_seconds": wall,

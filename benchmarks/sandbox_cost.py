@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -25,14 +24,9 @@ from pathlib import Path
 
 from trl_thundersync.envs.runtimes import launcher, make_sandbox
 
+from .affinity import busy_cpu_seconds
+
 LAUNCHERS = ("shell", "python")
-
-
-def busy_seconds() -> float:
-    """CPU seconds every core of the machine spent busy so far (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
 
 
 @contextmanager
@@ -59,10 +53,10 @@ def measure(calls: int, rounds: int, command: str) -> dict:
         for name in LAUNCHERS:
             with forced(name):
                 outputs[name] = sandbox.run(command)  # warm-up, and the output both must agree on
-                start_busy, start = busy_seconds(), time.perf_counter()
+                start_busy, start = busy_cpu_seconds(), time.perf_counter()
                 for _ in range(calls):
                     sandbox.run(command)
-                wall, cpu = time.perf_counter() - start, busy_seconds() - start_busy
+                wall, cpu = time.perf_counter() - start, busy_cpu_seconds() - start_busy
             per_round[name].append((wall / calls, cpu / calls))
     same = (outputs["shell"].stdout, outputs["shell"].exit_code) == (outputs["python"].stdout,
                                                                      outputs["python"].exit_code)
