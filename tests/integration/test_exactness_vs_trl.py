@@ -7,6 +7,8 @@ after three optimizer steps with clipping on.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -40,24 +42,54 @@ PREFIX_REFUSED = {"gradient_checkpointing", "normalize_then_sum"}
 @pytest.mark.parametrize("release", sorted(RELEASES))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_model_path):
+    check_batch_direction(case, release, tmp_path, tokenizer, tiny_model_path)
+
+
+@pytest.mark.parametrize("case", ["mask_truncated", "dapo"])
+def test_content_release_whose_members_all_wait_with_their_rewards_matches_trl(case, tmp_path, tokenizer,
+                                                                               tiny_model_path, monkeypatch):
+    """The learner starts late (as on a loaded machine, CI's once): every trajectory's content is still waiting when
+    its batch-scoped reward comes, so each group is one padded pass at its reward and no content pass runs."""
+    from trl_thundersync.streaming import pipeline
+
+    drain = pipeline.drain
+
+    def late(*args, **kwargs):
+        time.sleep(1.0)  # the scripted rollouts and TRL's batch reward call finish well within it
+        return drain(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "drain", late)
+    work = check_batch_direction(case, "content_batch_scope_shared_prefix", tmp_path, tokenizer, tiny_model_path)
+    assert not {"content", "bind"} & {w.kind for w in work}
+
+
+def check_batch_direction(case, release, tmp_path, tokenizer, tiny_model_path):
+    """One step of stock TRL and of ours on identical batches: the same clipped direction and reported loss; the
+    learner work the release point promises. Returns our step's work items."""
     overrides = dict(CASES[case], max_steps=1, max_grad_norm=0.0)
     rewards = (reward_len, reward_parity) if "reward_weights" in overrides else (reward_len,)
     ref, _, ref_trainer = run(GRPOTrainer, GRPOConfig, tmp_path, tokenizer, tiny_model_path, rewards=rewards,
                               **overrides)
     got, _, trainer = run(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path, tokenizer, tiny_model_path,
                           rewards=rewards, **overrides, **RELEASES[release])
-    kinds = {w.kind for w in trainer.last_batch[0].work}
+    work = trainer.last_batch[0].work
+    kinds = {w.kind for w in work}
     shared = release.endswith("shared_prefix") and case not in PREFIX_REFUSED
-    # content release: H_i before the reward and bound later, unless the group's last members waited together with
-    # their rewards (a batch-scoped reward call returns them at once): then one padded pass at the reward
-    batched = any(w.batched > 1 for w in trainer.last_batch[0].work if w.kind == "trajectory")
     if release.startswith("content"):
-        assert ("content" in kinds and "bind" in kinds) or batched, kinds
+        # content release: H_i before the reward and bound at it; or, where a group's members waited together with
+        # their rewards (a batch-scoped reward call returns them at once), one padded pass of the group at the reward:
+        # there a member with nothing to learn rides unforwarded (batched 0), a lone learnable row is its own pass
+        early = {w.index for w in work if w.kind == "content"}
+        assert early == {w.index for w in work if w.kind == "bind"}, kinds
+        pooled = {w.group for w in work if w.kind == "trajectory" and w.batched != 1}
+        late = {w.group for w in work if w.kind == "trajectory"}
+        assert early or pooled, kinds
+        assert late <= pooled, f"{case}: groups {sorted(late - pooled)} learned at their reward, one member at a time"
     else:
         assert "content" not in kinds
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds
     if release.startswith("sync_batched") and case not in BATCH_REFUSED:  # each group: one pass of its learnable rows
-        items = [w for w in trainer.last_batch[0].work if w.kind == "trajectory"]
+        items = [w for w in work if w.kind == "trajectory"]
         # (0: a member with nothing to learn, not forwarded)
         assert all(len({w.batched for w in items if w.group == g} - {0}) <= 1 for g in {w.group for w in items}), case
         assert case == "mask_truncated" or max(w.batched for w in items) > 1, case  # (there: one learnable row)
@@ -67,6 +99,7 @@ def test_batch_direction_matches_trl(case, release, tmp_path, tokenizer, tiny_mo
     # the reported loss is TRL's value at ratio 1 (sapo's 2/τ_±, cispo's and vespo's log π), not the gradient's sign
     got_loss, ref_loss = trainer.state.log_history[0]["loss"], ref_trainer.state.log_history[0]["loss"]
     assert got_loss == pytest.approx(ref_loss, rel=TOL, abs=1e-7), f"{case}: loss {got_loss} vs TRL's {ref_loss}"
+    return work
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
