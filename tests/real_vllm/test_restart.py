@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from concurrent.futures import wait
 
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.real_vllm.conftest import restart_session_server, restore_base
 from trl_thundersync.rollout.vllm_api import http_call
@@ -17,12 +18,25 @@ from trl_thundersync.types import RolloutRequest, SamplingParams
 PROMPTS = ("What is 2 + 3?", "def add(a, b):", "$ pytest -q", "Count: 1, 2,")
 
 
+def prompt_ids(tokenizer, index: int) -> tuple[int, ...]:
+    return tuple(tokenizer(PROMPTS[index % 4])["input_ids"])
+
+
 def batch(engine: VLLMServerEngine, tokenizer) -> dict[int, tuple[tuple[int, ...], tuple[float, ...]]]:
-    requests = [RolloutRequest(index=i, group=i // 2, prompt_ids=tuple(tokenizer(PROMPTS[i % 4])["input_ids"]),
-                               seed=100 + i) for i in range(8)]
+    requests = [RolloutRequest(index=i, group=i // 2, prompt_ids=prompt_ids(tokenizer, i), seed=100 + i)
+                for i in range(8)]
     futures = [engine.submit(r) for r in requests]
     wait(futures)
     return {f.result().index: (f.result().completion_ids, f.result().sampling_logprobs) for f in futures}
+
+
+def largest_difference(learner, prompt_ids, completion_ids, logprobs) -> float:
+    """max |the server's sampled log-prob - the learner's FP32 one| over one completion (temperature 1)."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = learner(ids).logits[0, len(prompt_ids) - 1:-1].float()
+    ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]
+    return (ours - torch.tensor(logprobs)).abs().max().item()
 
 
 def test_a_restart_between_batches_gives_the_same_samples_and_trl_vllm_serve_is_a_drop_in(real_vllm, tmp_path):
@@ -38,6 +52,13 @@ def test_a_restart_between_batches_gives_the_same_samples_and_trl_vllm_serve_is_
     finally:
         engine.close()
     assert {i: ids for i, (ids, _) in after.items()} == {i: ids for i, (ids, _) in before.items()}
+    # each server against the folder's weights first, so a failure says which one is off (a CI run once had both
+    # servers disagree by 2e-4: the restored session server, or the fresh `trl vllm-serve`?)
+    learner = AutoModelForCausalLM.from_pretrained(real_vllm.model, dtype=torch.float32).eval()
+    for name, served in (("the restored session server", before), ("the restarted trl vllm-serve", after)):
+        worst = max(largest_difference(learner, prompt_ids(tokenizer, i), ids, logprobs)
+                    for i, (ids, logprobs) in served.items())
+        assert worst <= 1e-5, f"{name}'s log-probs are {worst:.2e} off the folder's FP32 weights"
     for i, (_, logprobs) in after.items():
         assert max(abs(a - b) for a, b in zip(logprobs, before[i][1], strict=True)) <= 1e-6
     assert http_call(real_vllm.url, "GET", "/weight_info", timeout=30).json()["weight_version"] == "default"
