@@ -8,6 +8,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import SHARED_PREFIX, CaptureGrads, cpu_config, load_model, relative_error
 from tests.fixtures.agentic_trainer import dataset, make_trainer
+from tests.fixtures.learner_work import assert_content_release
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.streaming import release as release_module
 
@@ -55,10 +56,10 @@ def test_multi_turn_training_matches_trl_on_the_same_trajectories(release, optio
     totals = trainer.last_batch[0]
     kinds = {w.kind for w in totals.work}
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == bool(prefix)
-    expected = {"reward": {"trajectory"}, "content": {"content", "bind"}, "turn": {"turn", "close", "bind"}}[release]
-    # (content release: a group's last members that waited together with their rewards ran as one pass at the reward)
-    assert expected <= kinds and (release == "reward" or all(
-        w.batched > 1 for w in totals.work if w.kind == "trajectory"))
+    if release == "content":
+        assert_content_release(totals.work, options)
+    else:
+        assert {"reward": {"trajectory"}, "turn": {"turn", "close", "bind"}}[release] <= kinds, kinds
     if release == "turn":  # every trajectory learned turn by turn, none recomputed whole
         assert totals.turn_fallbacks == 0 and "content" not in kinds
         # (ready turns of one trajectory may be learned as one item: `turns` counts them)

@@ -15,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.parity import PARITY_CASES, SHARED_PREFIX, load_model, reward_len, reward_parity
 from tests.fixtures.exactness import rel, run
+from tests.fixtures.learner_work import assert_content_release
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -76,15 +77,7 @@ def check_batch_direction(case, release, tmp_path, tokenizer, tiny_model_path):
     kinds = {w.kind for w in work}
     shared = release.endswith("shared_prefix") and case not in PREFIX_REFUSED
     if release.startswith("content"):
-        # content release: H_i before the reward and bound at it; or, where a group's members waited together with
-        # their rewards (a batch-scoped reward call returns them at once), one padded pass of the group at the reward:
-        # there a member with nothing to learn rides unforwarded (batched 0), a lone learnable row is its own pass
-        early = {w.index for w in work if w.kind == "content"}
-        assert early == {w.index for w in work if w.kind == "bind"}, kinds
-        pooled = {w.group for w in work if w.kind == "trajectory" and w.batched != 1}
-        late = {w.group for w in work if w.kind == "trajectory"}
-        assert early or pooled, kinds
-        assert late <= pooled, f"{case}: groups {sorted(late - pooled)} learned at their reward, one member at a time"
+        assert_content_release(work, case)
     else:
         assert "content" not in kinds
     assert ("prefix_forward" in kinds and "prefix_backward" in kinds) == shared, kinds

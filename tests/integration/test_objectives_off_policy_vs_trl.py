@@ -27,6 +27,7 @@ from benchmarks.parity import (
     reward_parity,
     run_trainer,
 )
+from tests.fixtures.learner_work import assert_content_release
 from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
@@ -225,9 +226,11 @@ def test_off_policy_mask_on_multi_turn_tool_trajectories_matches_trl(release, tm
 
     trainer._barrier = spy
     trainer.train()
-    kinds = {w.kind for w in trainer.last_batch[0].work}
-    assert ({"turn", "close"} <= kinds and trainer.last_batch[0].turn_fallbacks == 0) if release == "turn" \
-        else "content" in kinds
+    work = trainer.last_batch[0].work
+    if release == "turn":
+        assert {"turn", "close"} <= {w.kind for w in work} and trainer.last_batch[0].turn_fallbacks == 0
+    else:
+        assert_content_release(work, release)
     rollout_func = replay_rollout_func([captured])
 
     ref_capture = CaptureGrads()
