@@ -155,3 +155,12 @@ def restore_base(real_vllm, tmp: Path) -> None:
     assert http_call(real_vllm.url, "POST", "/reset_prefix_cache", timeout=60).status == 200
     reply = http_call(real_vllm.url, "POST", "/update_weight_version", {"new_version": "default"}, timeout=60)
     assert reply.status == 200, reply.body
+
+
+def learner_logprobs(model, prompt_ids, completion_ids, temperature: float = 1.0) -> torch.Tensor:
+    """The learner's FP32 log-prob of each sampled token (logits / temperature), to compare with vLLM's processed
+    sampling log-probs."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1:-1] / temperature
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.real_vllm.conftest import learner_logprobs
 from trl_thundersync.errors import ServerBaseWeightsError
 from trl_thundersync.rollout.server_acks import confirm_all, read_weight_version, set_weight_version
 from trl_thundersync.rollout.vllm_api import http_call
@@ -73,10 +74,7 @@ def largest_logprob_error(eng: VLLMServerEngine, learner, reqs) -> float:
     worst = 0.0
     for future in [eng.submit(r) for r in reqs]:
         rollout = future.result(timeout=120)
-        ids = torch.tensor([list(rollout.prompt_ids) + list(rollout.completion_ids)])
-        with torch.no_grad():
-            logits = learner(ids).logits[0, len(rollout.prompt_ids) - 1:-1].float()
-        ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(rollout.completion_ids)[:, None])[:, 0]
+        ours = learner_logprobs(learner, rollout.prompt_ids, rollout.completion_ids)
         worst = max(worst, (ours - torch.tensor(rollout.sampling_logprobs)).abs().max().item())
     return worst
 

@@ -10,7 +10,7 @@ from concurrent.futures import wait
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.real_vllm.conftest import restart_session_server, restore_base
+from tests.real_vllm.conftest import learner_logprobs, restart_session_server, restore_base
 from trl_thundersync.rollout.vllm_api import http_call
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
 from trl_thundersync.types import RolloutRequest, SamplingParams
@@ -30,15 +30,6 @@ def batch(engine: VLLMServerEngine, tokenizer) -> dict[int, tuple[tuple[int, ...
     return {f.result().index: (f.result().completion_ids, f.result().sampling_logprobs) for f in futures}
 
 
-def largest_difference(learner, prompt_ids, completion_ids, logprobs) -> float:
-    """max |the server's sampled log-prob - the learner's FP32 one| over one completion (temperature 1)."""
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    with torch.no_grad():
-        logits = learner(ids).logits[0, len(prompt_ids) - 1:-1].float()
-    ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]
-    return (ours - torch.tensor(logprobs)).abs().max().item()
-
-
 def test_a_restart_between_batches_gives_the_same_samples_and_trl_vllm_serve_is_a_drop_in(real_vllm, tmp_path):
     restore_base(real_vllm, tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(real_vllm.model)
@@ -56,8 +47,8 @@ def test_a_restart_between_batches_gives_the_same_samples_and_trl_vllm_serve_is_
     # servers disagree by 2e-4: the restored session server, or the fresh `trl vllm-serve`?)
     learner = AutoModelForCausalLM.from_pretrained(real_vllm.model, dtype=torch.float32).eval()
     for name, served in (("the restored session server", before), ("the restarted trl vllm-serve", after)):
-        worst = max(largest_difference(learner, prompt_ids(tokenizer, i), ids, logprobs)
-                    for i, (ids, logprobs) in served.items())
+        worst = max((learner_logprobs(learner, prompt_ids(tokenizer, i), ids) - torch.tensor(logprobs)).abs().max()
+                    .item() for i, (ids, logprobs) in served.items())
         assert worst <= 1e-5, f"{name}'s log-probs are {worst:.2e} off the folder's FP32 weights"
     for i, (_, logprobs) in after.items():
         assert max(abs(a - b) for a, b in zip(logprobs, before[i][1], strict=True)) <= 1e-6

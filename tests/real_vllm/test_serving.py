@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.real_vllm.conftest import learner_logprobs
 from trl_thundersync.errors import RolloutError
 from trl_thundersync.rollout.vllm_api import http_call
 from trl_thundersync.rollout.vllm_client import VLLMServerEngine
@@ -48,13 +49,6 @@ def sample(eng: VLLMServerEngine, reqs) -> dict:
     futures = [eng.submit(r) for r in reqs]
     wait(futures)
     return {f.result().index: f.result() for f in futures}
-
-
-def learner_logprobs(model, prompt_ids, completion_ids, temperature: float) -> torch.Tensor:
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1] / temperature
-    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
