@@ -7,8 +7,6 @@ after three optimizer steps with clipping on.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -16,6 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 from benchmarks.parity import PARITY_CASES, SHARED_PREFIX, load_model, reward_len, reward_parity
 from tests.fixtures.exactness import rel, run
 from tests.fixtures.learner_work import assert_content_release
+from tests.fixtures.timing_stress import delayed
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -53,13 +52,8 @@ def test_content_release_whose_members_all_wait_with_their_rewards_matches_trl(c
     its batch-scoped reward comes, so each group is one padded pass at its reward and no content pass runs."""
     from trl_thundersync.streaming import pipeline
 
-    drain = pipeline.drain
-
-    def late(*args, **kwargs):
-        time.sleep(1.0)  # the scripted rollouts and TRL's batch reward call finish well within it
-        return drain(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "drain", late)
+    # (1 s: the scripted rollouts and TRL's batch reward call finish well within it)
+    monkeypatch.setattr(pipeline, "drain", delayed(pipeline.drain, 1.0))
     work = check_batch_direction(case, "content_batch_scope_shared_prefix", tmp_path, tokenizer, tiny_model_path)
     assert not {"content", "bind"} & {w.kind for w in work}
 
