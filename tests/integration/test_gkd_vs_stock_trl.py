@@ -7,21 +7,33 @@ EOS/padding masking. Completions are of free length — shorter and longer than 
 `max_new_tokens` — so stock TRL's `num_items_in_batch` (the dataset answers' token count) differs from the scored
 tokens, which is what these tests are about (TRL #6452, #6478).
 
-The yardstick is the FP32 floor: stock TRL against itself with the rows of every batch permuted (same rows, same
-count, other summation order). ThunderSync must be within 2× that floor (3× for AdamW, whose 1/√v amplifies
-rounding), and the scored-token normalizer must be visibly off (so the comparison can fail).
+The yardstick is the FP32 floor (`tests/fixtures/floors.py`): stock TRL against itself with the rows of every batch
+reversed or rotated (same rows, same count, other summation order) or its completions padded to 16 columns (other
+shapes), the largest of these, never below FP32's spacing. ThunderSync must be within 2× that floor (3× for AdamW,
+whose 1/√v amplifies rounding), and the scored-token normalizer must be visibly off (so the comparison can fail).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import pytest
 import torch
 
 from benchmarks.parity import load_model
-from tests.fixtures.gkd_stock import CASES, Completions, fields, messages, relative_error, stock_run, thundersync_run
+from tests.fixtures.floors import assert_within_floor
+from tests.fixtures.gkd_stock import (
+    CASES,
+    FLOOR_RUNS,
+    Completions,
+    fields,
+    messages,
+    relative_error,
+    stock_run,
+    thundersync_run,
+)
 from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import NoScoredTokensError, TeacherScoringError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model
@@ -48,8 +60,13 @@ def test_gjsd_update_equals_stock_gkd_on_generated_completions(tmp_path, tokeniz
                                                                 case):
     overrides = CASES[case]
     stock = stock_run(tmp_path, "stock", tokenizer, tiny_model_path, teacher_path, **overrides)
-    floor_run = stock_run(tmp_path, "floor", tokenizer, tiny_model_path, teacher_path, permuted=True, **overrides)
     ours = thundersync_run(tmp_path, "ts", tokenizer, tiny_model_path, teacher_path, **overrides)
+
+    @functools.cache
+    def floor_run(name):
+        return stock_run(tmp_path, name.replace(" ", "_"), tokenizer, tiny_model_path, teacher_path,
+                         **FLOOR_RUNS[name], **overrides)
+
     factor = 3.0 if "adamw" in case else 2.0
     on_policy = [h for h in ours.logs if "thundersync/on_policy" in h]
     assert stock.update.norm() > 0 and on_policy
@@ -62,14 +79,16 @@ def test_gjsd_update_equals_stock_gkd_on_generated_completions(tmp_path, tokeniz
         draws = [random.random() <= 0.5 for _ in range(2 * overrides["max_steps"])]
         windows = list(zip(draws[::2], draws[1::2], strict=True))
         assert {(True, False), (False, True)} & set(windows) and len(on_policy) == sum(map(any, windows))
-    assert len(ours.directions) == len(stock.directions) == len(floor_run.directions)
-    for step, (mine, theirs, permuted) in enumerate(zip(ours.directions, stock.directions, floor_run.directions,
-                                                        strict=True), start=1):
-        floor, error = relative_error(permuted, theirs), relative_error(mine, theirs)
-        assert error <= factor * max(floor, 1e-7), f"{case} step {step}: {error:.3g} vs floor {floor:.3g}"
+    assert len(ours.directions) == len(stock.directions)
+    for step, (mine, theirs) in enumerate(zip(ours.directions, stock.directions, strict=True)):
+        assert_within_floor(relative_error(mine, theirs),
+                            {name: functools.partial(lambda n, k: relative_error(floor_run(n).directions[k],
+                                                                                 stock.directions[k]), name, step)
+                             for name in FLOOR_RUNS}, factor=factor, what=f"{case} step {step + 1}")
     if "adamw" in case:  # AdamW's update is ~lr per element, far above the parameters' FP32 spacing
-        floor, error = relative_error(floor_run.update, stock.update), relative_error(ours.update, stock.update)
-        assert error <= factor * max(floor, 1e-7), f"{case} parameters: {error:.3g} vs floor {floor:.3g}"
+        assert_within_floor(relative_error(ours.update, stock.update),
+                            {name: functools.partial(lambda n: relative_error(floor_run(n).update, stock.update), name)
+                             for name in FLOOR_RUNS}, factor=factor, what=f"{case} parameters")
     losses = [h["loss"] for h in ours.logs if "loss" in h]
     assert losses == pytest.approx([h["loss"] for h in stock.logs if "loss" in h], rel=1e-4)
 
