@@ -2,7 +2,8 @@
 (`gkd_stock_ddp_script.py`; the seams and cases of test_gkd_vs_stock_trl.py). With its defaults a swapped script
 trains as stock TRL does under DDP: each process divides its loss by the gathered `num_items_in_batch` and DDP
 averages (1/2 of the one-process step), on-policy and off-policy steps alike. Every step's clipped direction within
-2× (AdamW 3×) of stock TRL against itself with each process's rows reversed.
+2× (AdamW 3×) of the floor: stock TRL against itself with each process's rows reversed or rotated, or its completions
+padded (`tests/fixtures/floors.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.gkd_stock import CASES, relative_error
+from tests.fixtures.floors import assert_within_floor
+from tests.fixtures.gkd_stock import CASES, FLOOR_RUNS, relative_error
 from tests.fixtures.launch import free_port
 from trl_thundersync.tiny.model import save_tiny_model
 
@@ -42,7 +44,8 @@ def results(tmp_path_factory, tiny_model_path):
 
 @pytest.mark.parametrize("case", DDP_CASES)
 def test_gjsd_on_two_processes_equals_stock_gkd_on_two_processes(results, case):
-    stock, floor_run, ours = (results[case][name] for name in ("stock", "floor", "ts"))
+    stock, ours = results[case]["stock"], results[case]["ts"]
+    floor_runs = {name: results[case][name] for name in FLOOR_RUNS}
     factor = 3.0 if "adamw" in case else 2.0
     on_policy = [h for h in ours["logs"] if "thundersync/on_policy" in h]
     assert stock["update"].norm() > 0 and on_policy
@@ -51,14 +54,14 @@ def test_gjsd_on_two_processes_equals_stock_gkd_on_two_processes(results, case):
         random.seed(CASES[case].get("seed", 0))
         draws = [random.random() <= 0.5 for _ in range(2 * CASES[case]["max_steps"])]
         assert {(True, False), (False, True)} & set(zip(draws[::2], draws[1::2], strict=True))
-    assert len(ours["directions"]) == len(stock["directions"]) == len(floor_run["directions"])
-    for step, (mine, theirs, permuted) in enumerate(zip(ours["directions"], stock["directions"],
-                                                        floor_run["directions"], strict=True), start=1):
-        floor, error = relative_error(permuted, theirs), relative_error(mine, theirs)
-        assert error <= factor * max(floor, 1e-7), f"{case} step {step}: {error:.3g} vs floor {floor:.3g}"
+    assert len(ours["directions"]) == len(stock["directions"])
+    for step, (mine, theirs) in enumerate(zip(ours["directions"], stock["directions"], strict=True)):
+        floors = {name: (lambda run=run, k=step, b=theirs: relative_error(run["directions"][k], b))
+                  for name, run in floor_runs.items()}
+        assert_within_floor(relative_error(mine, theirs), floors, factor=factor, what=f"{case} step {step + 1}")
     if "adamw" in case:
-        floor, error = relative_error(floor_run["update"], stock["update"]), relative_error(ours["update"],
-                                                                                             stock["update"])
-        assert error <= factor * max(floor, 1e-7), f"{case} parameters: {error:.3g} vs floor {floor:.3g}"
+        assert_within_floor(relative_error(ours["update"], stock["update"]),
+                            {name: (lambda run=run: relative_error(run["update"], stock["update"]))
+                             for name, run in floor_runs.items()}, factor=factor, what=f"{case} parameters")
     losses = [h["loss"] for h in ours["logs"] if "loss" in h]
     assert losses == pytest.approx([h["loss"] for h in stock["logs"] if "loss" in h], rel=1e-4)

@@ -27,6 +27,7 @@ from benchmarks.parity import (
     reward_parity,
     run_trainer,
 )
+from tests.fixtures.floors import assert_within_floor, grpo_floor_runs
 from tests.fixtures.learner_work import assert_content_release
 from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
@@ -160,17 +161,17 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
 
 
 def test_normalize_then_sum_within_twice_the_permuted_floor(tmp_path, tokenizer, tiny_model_path):
-    """3 SGD steps: ThunderSync's Δθ is as close to TRL's as TRL with each group's members permuted (×2)."""
+    """3 SGD steps: ThunderSync's Δθ is as close to TRL's as TRL with each group's members permuted or its batch
+    padded (×2, `tests/fixtures/floors.py`)."""
     kw = dict(OBJECTIVE, max_steps=3, max_grad_norm=0.5, optim="sgd", learning_rate=1e-2)
     initial = torch.cat([p.detach().reshape(-1) for p in load_model(tiny_model_path).parameters()])
     ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, rewards=REWARDS, **kw)
     delta = ref.params - initial
-    floor = max(relative_error(run_trainer(GRPOTrainer, GRPOConfig, tmp_path / order, tokenizer, tiny_model_path,
-                                           rewards=REWARDS, member_order=order, **kw).params - initial, delta)
-                for order in ("reverse", "rotate"))
     got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
                       rewards=REWARDS, release="content", **kw)
-    assert 0 < floor and relative_error(got.params - initial, delta) <= 2 * floor
+    floor = {name: (lambda run=run: relative_error(run().params - initial, delta))
+             for name, run in grpo_floor_runs(tmp_path, tokenizer, tiny_model_path, rewards=REWARDS, **kw).items()}
+    assert_within_floor(relative_error(got.params - initial, delta), floor, largest=1e-5, what="Δθ")
 
 
 class _NoVLLM:
