@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh Debian/Ubuntu machine: the bubblewrap sandbox, a virtualenv, the package with its test
 # and deepspeed extras. torch is pinned first so a CPU machine never resolves a multi-GB CUDA build; DeepSpeed builds
-# no ops at install (DS_BUILD_OPS=0: the few it needs are JIT-compiled on first use). Safe to re-run.
+# no ops at install (DS_BUILD_OPS=0: the few it needs are JIT-compiled on first use). Every dependency is installed at
+# the exact version in constraints/dev.txt, so every machine tests the same code (the package's own ranges in
+# pyproject.toml stay open for users; scripts/check_latest_deps.sh tries the latest allowed). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bwrap >/dev/null 2>&1; then
@@ -13,7 +15,8 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e ".[test,deepspeed]"
+DS_BUILD_OPS=0 .venv/bin/pip install -q --disable-pip-version-check -c constraints/dev.txt torch==2.13.0 \
+  -e ".[test,deepspeed]"
 echo "setup: ready (.venv, bubblewrap $(bwrap --version 2>/dev/null | cut -d' ' -f2))"
 # Real vLLM in its own venv (.venv-vllm) where this machine can run it; says why not otherwise, never fails here.
 bash scripts/setup_vllm.sh

