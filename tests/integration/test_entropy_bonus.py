@@ -94,6 +94,7 @@ def test_entropy_bonus_changes_the_direction_and_a_global_normalizer_is_caught(t
     assert relative_error(wrong.directions[0], ref.directions[0]) > 100 * TOL
 
 
+@pytest.mark.exactness
 def test_permuted_floor_and_parameters_after_three_steps_match_trl(tmp_path, tokenizer, tiny_model_path):
     """SGD over three steps with clipping; every step's direction within TOL or twice TRL's own floor (its members
     permuted, its batch padded: `tests/fixtures/floors.py`)."""

@@ -17,7 +17,7 @@ from tests.fixtures.learner_work import assert_content_release
 from tests.fixtures.timing_stress import delayed
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 TOL = 1e-5
 
 

@@ -38,7 +38,7 @@ from trl_thundersync import ThunderSyncGKDConfig, ThunderSyncGKDTrainer
 from trl_thundersync.errors import NoScoredTokensError, TeacherScoringError, UnsupportedOptionError
 from trl_thundersync.tiny.model import save_tiny_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tests.fixtures.gkd_stock import CASES, FLOOR_RUNS, relative_error
 from tests.fixtures.launch import free_port
 from trl_thundersync.tiny.model import save_tiny_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 SCRIPT = Path(__file__).parents[1] / "fixtures" / "gkd_stock_ddp_script.py"
 DDP_CASES = ("beta0.5", "accumulation", "clipping", "mixed_lmbda", "mixed_lmbda_accumulation_seed3", "adamw_3steps")
 

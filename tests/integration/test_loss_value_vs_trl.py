@@ -34,7 +34,7 @@ from tests.fixtures.sampler_logprobs import _NoVLLM, rollout_with_sampler_logpro
 from tests.fixtures.tools import env_reward, replay_rollout_func
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 TOL = 1e-5
 
 # each also with the shared-prefix backward (full passes, logged, where it refuses the options)

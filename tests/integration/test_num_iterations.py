@@ -72,6 +72,7 @@ def test_num_iterations_sgd_matches_trl(case, tmp_path, tokenizer, tiny_model_pa
         assert max(h.get("clip_ratio/region_mean", 0.0) for h in ref.trainer.state.log_history) > 0
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("case", ["mu2_dapo_clipping", "mu2_ga2_bnpo_beta", "mu3_grpo"])
 def test_num_iterations_adamw_within_twice_the_floor(case, tmp_path, tokenizer, tiny_model_path):
     """AdamW amplifies rounding on near-zero coordinates; the floor is stock TRL against itself with each group's

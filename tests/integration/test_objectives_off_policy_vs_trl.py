@@ -160,6 +160,7 @@ def test_off_policy_mask_without_sampler_logprobs_masks_nothing(tmp_path, tokeni
     assert trainer.last_off_policy_dropped == ()
 
 
+@pytest.mark.exactness
 def test_normalize_then_sum_within_twice_the_permuted_floor(tmp_path, tokenizer, tiny_model_path):
     """3 SGD steps: ThunderSync's Δθ is as close to TRL's as TRL with each group's members permuted or its batch
     padded (×2, `tests/fixtures/floors.py`)."""

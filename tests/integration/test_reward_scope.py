@@ -27,7 +27,7 @@ from tests.fixtures.floors import assert_within_floor, grpo_floor_runs
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import RewardFunctionError, RewardScopeError
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 
 # 2 groups of 4 per batch, 3 SGD steps (linear in the gradient, so Δθ compares the directions themselves)
 THREE_SGD_STEPS = dict(max_steps=3, optim="sgd", learning_rate=1e-2, num_generations=4,

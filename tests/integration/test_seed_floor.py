@@ -13,7 +13,7 @@ from benchmarks.parity import reward_len
 from benchmarks.seed_floor import displacement_errors
 from tests.fixtures.floors import FP32_SPACING
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exactness]  # the exactness layer (scripts/kernel_passes.sh)
 
 
 def test_adamw_gap_to_permuted_floor_is_the_backward_seed(tmp_path, tokenizer, tiny_model_path):
