@@ -123,3 +123,8 @@ class ServerBaseWeightsError(StalePolicyError):
 class UnknownLossTypeError(ConfigurationError):
     """`loss_type` names no entry of the loss-type table (`streaming/loss_types.py`); the message lists the
     supported ones."""
+
+
+class MemoryPlanError(ConfigurationError):
+    """The run's memory plan cannot fit its budget or the memory available, or the model changed after the plan
+    (`trl_thundersync.memory`); the message names the fields that would make it fit."""

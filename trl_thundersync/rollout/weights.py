@@ -39,7 +39,7 @@ def unwrap_model(model: Any) -> nn.Module:
     return model
 
 
-def _is_peft_model(model: nn.Module) -> bool:
+def is_peft_model(model: nn.Module) -> bool:
     try:
         from peft import PeftModel
     except ImportError:  # peft is a dependency, but a plain model must not need it
@@ -49,7 +49,7 @@ def _is_peft_model(model: nn.Module) -> bool:
 
 def _transformers_model(model: nn.Module) -> nn.Module:
     """The underlying `transformers` model: the policy itself, or the model inside a PeftModel (LoRA layers in it)."""
-    return model.get_base_model() if _is_peft_model(model) else model
+    return model.get_base_model() if is_peft_model(model) else model
 
 
 def base_config(model: Any) -> Any:
@@ -74,7 +74,7 @@ def policy_state_dict(model: Any) -> dict[str, torch.Tensor]:
     variants, prompt learning, trainable-token wrappers), which cannot be expressed as `W + ΔW` here.
     """
     model = unwrap_model(model)
-    if not _is_peft_model(model):
+    if not is_peft_model(model):
         return {name: _fp32_clone(t) for name, t in model.state_dict().items()}
     return {name: _fp32_clone(t) for name, t in _merged_lora_tensors(model, merged_dtype=torch.float32)}
 
@@ -107,7 +107,7 @@ def policy_tensors(model: Any, *, specs: bool = False) -> Iterator[tuple[Any, ..
     would be streamed, without computing anything (the metadata announced before the broadcast).
     """
     model = unwrap_model(model)
-    if not _is_peft_model(model):
+    if not is_peft_model(model):
         named = list(model.named_parameters())
         if specs:
             return iter([(name, p.dtype, tuple(p.shape)) for name, p in named])

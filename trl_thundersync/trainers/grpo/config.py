@@ -8,6 +8,7 @@ from typing import get_args
 from trl import GRPOConfig
 
 from ...errors import ConfigurationError, UnsupportedOptionError
+from ...memory.budget import parse_budget
 from ...streaming.loss_types import SUPPORTED_LOSS_TYPES, loss_type
 from ...types import AgentProtocol, ReleasePoint, RewardScope, Schedule
 from ..agent_config import PAPER_AGENT_FIELDS as PAPER_AGENT_FIELDS  # re-exported: moved to agent_config
@@ -41,6 +42,8 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             Cap on GRPO groups holding gradient statistics at once.
         max_buffered_trajectories (`int`, *optional*):
             Cap on trajectories holding a score-gradient buffer at once (`release="content"` / `"turn"`).
+        memory_budget (`str` or `int`, *optional*, defaults to `"auto"`):
+            Bytes the streamed state of one learner process may take; the caps left at None are chosen from it.
         coalesce_turns (`bool`, *optional*, defaults to `True`):
             Whether, under `release="turn"`, turns of one trajectory that are ready together are learned as one pass.
         adaptive_turn_release (`bool`, *optional*, defaults to `True`):
@@ -160,6 +163,15 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
             "= every trajectory of the batch may hold one."
         },
     )
+    memory_budget: str | None = field(
+        default="auto",
+        metadata={
+            "help": "Bytes the streamed state (group statistics, release buffers) of one learner process may take "
+            "('2GB', '512MiB' or a number); the caps left at None are chosen from it. 'auto': every group open, "
+            "release buffers up to max(25% of the planned sync bytes, 256 MiB), else release='reward'. None: no "
+            "budget. See docs/memory.md."
+        },
+    )
     coalesce_turns: bool = field(
         default=True,
         metadata={
@@ -229,6 +241,10 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         if self.max_buffered_trajectories is not None and self.max_buffered_trajectories < 1:
             raise ConfigurationError(
                 f"max_buffered_trajectories={self.max_buffered_trajectories} must be ≥ 1 (or None for no cap)")
+        try:
+            parse_budget(self.memory_budget)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
         if self.shared_prefix_min_prompt_tokens < 1:
             raise ConfigurationError(
                 f"shared_prefix_min_prompt_tokens={self.shared_prefix_min_prompt_tokens} must be ≥ 1 (1: every group "

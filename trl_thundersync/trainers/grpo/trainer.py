@@ -23,10 +23,12 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
 from ...errors import UnsupportedOptionError
+from ...memory.plan import MemoryPlan
 from ...rollout.agent_setup import make_agent_engine
 from ...rollout.batches import as_rollout_engine
 from ...rollout.engine import RolloutEngine, TurnGenerator, engine_step_metrics
 from ...rollout.trl_batch import TRLBatchEngine
+from ...rollout.weights import is_peft_model
 from ...streaming.barrier import close_grpo_batch
 from ...streaming.grading import grading_workers
 from ...streaming.learner import BatchTotals, GRPOBatchLearner
@@ -41,7 +43,7 @@ from ...trace.recorder import build_step_trace
 from ...types import Rollout, RolloutRequest, SamplingParams
 from ..lifecycle import PublishCallback, StepRecord, StreamingLifecycle, step_timing_metrics, trajectory_seed
 from ..rollout_setup import RolloutTarget, build_turn_generator, check_turn_generator
-from . import iterations, metrics
+from . import iterations, memory, metrics
 from .backward import (
     BatchModels,
     group_backward,
@@ -106,6 +108,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
                 "rollout_engine='embedded_server' (ThunderSync's server engine)"
             )
         refuse_dropped_generation_fields(args, self._uses_trl_generation())
+        self.memory_plan = self._settle_memory(args)  # caps from memory_budget, written into args; refuses a misfit
         self.settings = self._build_settings(args)  # what the helpers read, fixed for the run
         # the barrier's cross-process operations (a test may hand in a failing one)
         self.collectives = accelerator_collectives(self.accelerator, self._learner_placement)
@@ -123,6 +126,21 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         self._scope_probe = ScopeProbe(plain_reward_functions(self.reward_funcs, num_user_rewards))  # once per run
         self._environment_rewards = tuple(range(num_user_rewards, len(self.reward_funcs)))  # TRL's get_reward wrappers
         self.add_callback(PublishCallback(self))
+
+    def _settle_memory(self, args) -> MemoryPlan:
+        """The run's memory plan (`memory.py`): logged, its caps written into `args`, a misfit refused."""
+        sequence_level = self.importance_sampling_level == "sequence"
+        spec = memory.memory_spec(
+            self.model, args, batch_size=self._train_batch_size_local(), num_generations=self.num_generations,
+            release=release_in_effect(args, self._agentic(), self.beta, sequence_level), beta=self.beta,
+            peft=is_peft_model(self.model), sharded=memory.is_sharded(self.accelerator),
+            entropy_bonus=self._entropy_bonus_enabled, router_aux=self.aux_loss_enabled,
+            num_reward_functions=len(self.reward_funcs))
+        plan, caps = memory.settle_memory(spec, args, self.accelerator.device, logger.info)
+        chosen = (caps.max_open_groups, caps.max_buffered_trajectories, caps.release)
+        if chosen != (spec.max_open_groups, spec.max_buffered_trajectories, spec.release):
+            logger.warning("memory plan: %s (memory_budget=%r)", caps.reason, args.memory_budget)
+        return plan
 
     def _build_settings(self, args) -> GRPOSettings:
         """The run's `GRPOSettings`, from TRL's resolved attributes (once, at the end of `__init__`)."""
@@ -183,6 +201,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             self.use_vllm = built_with
 
     def _run_logical_batch(self, model, rows: list[dict]) -> OpenBatch:
+        memory.check_trainable(self.model, self.memory_plan)  # before any rollout: the caps fit the planned model
         placement = self._learner_placement()  # first: publication and the engine's start read its full weights
         version = self.state.global_step
         if version != self.policy_version:
@@ -430,6 +449,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         for name, value in step_timing_metrics(timing).items():
             m[name].append(value)
         m["thundersync/policy_version"].append(float(self.policy_version))
+        for name, value in memory.memory_metrics(self.memory_plan, self.args.schedule).items():
+            m[name].append(value)
         for name, value in engine_step_metrics(self._engine).items():  # e.g. the servers' `rollout/...`
             m[name].append(value)
 

@@ -1,0 +1,120 @@
+"""The memory plan (`trl_thundersync/memory`): its lines and totals, the caps chosen from a budget, the fit check,
+and the command that prints a plan from a model config without loading weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from trl_thundersync.errors import MemoryPlanError
+from trl_thundersync.memory import check_fits, choose_caps, parse_budget, plan_memory
+from trl_thundersync.memory.__main__ import main as plan_command
+from trl_thundersync.memory.available import pending_bytes
+from trl_thundersync.memory.budget import AUTO_FLOOR
+from trl_thundersync.memory.plan import MemorySpec
+from trl_thundersync.streaming.batch_metrics import streamed_state_bytes
+
+P = 1000
+SPEC = MemorySpec(total_params=P, trainable_params=P, param_bytes=4, optimizer="adamw_torch", batch_size=16,
+                  num_generations=8, release="content", max_open_groups=None, max_buffered_trajectories=None)
+
+
+def chosen(spec, budget) -> tuple:
+    caps = choose_caps(spec, budget)
+    return caps.max_open_groups, caps.max_buffered_trajectories, caps.release
+
+
+def lines(plan) -> dict[str, int]:
+    return {line.name: line.bytes for line in plan.lines}
+
+
+def test_every_line_and_each_schedules_total():
+    plan = plan_memory(SPEC)
+    assert lines(plan) == {"weights": 4 * P, "gradients": 4 * P, "optimizer state": 8 * P,
+                           "group statistics": 4 * (2 * 2 + 1) * P, "release buffers": 4 * 16 * P}
+    assert (plan.total("trl"), plan.total("sync"), plan.total("thundersync")) == (16 * P, 36 * P, 100 * P)
+    # one source of truth with the logged bound (`thundersync/stats_bound_mb`)
+    assert plan.total("thundersync") - plan.total("trl") == streamed_state_bytes(
+        P, batch_size=16, num_generations=8, open_groups=2, release="content", beta=0.0, max_buffered=None,
+        micro_batches=1, router=False, entropy=False, objective_functions=0, off_policy_mask=False)
+    assert "thundersync/sync = 2.78x" in plan.table()
+
+
+def test_caps_reference_model_lora_sharding_and_optional_terms():
+    capped = plan_memory(replace(SPEC, max_open_groups=1, max_buffered_trajectories=3))
+    assert lines(capped)["group statistics"] == 4 * 3 * P and lines(capped)["release buffers"] == 4 * 3 * P
+    assert "release buffers" not in lines(plan_memory(replace(SPEC, release="reward")))
+    assert lines(plan_memory(replace(SPEC, beta=0.1)))["reference model"] == 4 * P
+    lora = plan_memory(replace(SPEC, total_params=10 * P, trainable_params=P, beta=0.1, peft=True))
+    assert "reference model" not in lines(lora) and lines(lora)["weights"] == 40 * P
+    assert lines(plan_memory(replace(SPEC, sharded=True, beta=0.1)))["sharded replica"] == 2 * 4 * P
+    assert lines(plan_memory(replace(SPEC, optimizer="sgd")))["optimizer state"] == 0
+    turn = plan_memory(replace(SPEC, release="turn", beta=0.1, entropy_bonus=True, micro_batches=2))
+    assert lines(turn)["release buffers"] == 4 * 3 * 16 * P and lines(turn)["optional terms"] == 4 * 2 * P
+
+
+def test_auto_budget_keeps_small_models_uncapped_and_caps_large_ones_at_a_quarter_of_sync():
+    assert chosen(SPEC, "auto") == (None, None, "content")
+    large = replace(SPEC, total_params=42_874_112, trainable_params=42_874_112)  # the issue's 42.9 M model
+    caps = choose_caps(large, "auto")
+    room = max(0.25 * plan_memory(replace(large, release="reward")).total("sync"), AUTO_FLOOR)
+    assert caps.max_open_groups is None and caps.max_buffered_trajectories == int(room // (4 * 42_874_112)) == 2
+    assert "max_buffered_trajectories=2" in caps.reason
+    assert choose_caps(replace(large, max_buffered_trajectories=5), "auto").max_buffered_trajectories == 5  # user's
+    assert chosen(large, None) == (None, None, "content")
+
+
+def test_a_budget_in_bytes_chooses_groups_then_buffers_and_falls_back_to_reward_release():
+    one_group = 4 * 3 * P
+    assert chosen(SPEC, one_group + 4 * P) == (1, 1, "content")
+    assert chosen(SPEC, one_group + 4 * P - 1) == (1, None, "reward")
+    assert chosen(SPEC, 4 * 5 * P + 4 * 7 * P) == (None, 7, "content")  # both groups, then 7 buffers
+    with pytest.raises(MemoryPlanError, match=r"memory_budget=11,999 bytes cannot hold .* 1 open group.*peft_config"):
+        choose_caps(SPEC, one_group - 1)
+    with pytest.raises(MemoryPlanError, match="lower max_open_groups"):
+        choose_caps(replace(SPEC, max_open_groups=2), one_group)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), (None, None), (2_000_000, 2_000_000),
+                                             ("2GB", 2 * 10**9), ("512MiB", 512 * 2**20), (" 1.5 gib", 1.5 * 2**30)])
+def test_budget_forms(value, expected):
+    assert parse_budget(value) == expected
+
+
+@pytest.mark.parametrize("value", ["lots", "2 parsecs", 0, -1, True, "-3GB"])
+def test_bad_budgets_are_refused_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"memory_budget="):
+        parse_budget(value)
+
+
+def test_the_fit_check_counts_what_is_still_to_allocate_and_names_the_fields():
+    plan = plan_memory(replace(SPEC, beta=0.1))  # weights and the reference are resident when the trainer is built
+    assert pending_bytes(plan, "thundersync") == plan.total("thundersync") - 8 * P
+    check_fits(plan, "thundersync", pending_bytes(plan, "thundersync"))
+    with pytest.raises(MemoryPlanError, match=r"needs .* MB more on cpu \(gradients .*release buffers .*max_open_groups"
+                                              r", max_buffered_trajectories"):
+        check_fits(plan, "thundersync", pending_bytes(plan, "thundersync") - 1)
+    check_fits(plan, "sync", pending_bytes(plan, "sync"))  # sync holds no release buffer
+    with pytest.raises(MemoryPlanError, match="even stock TRL's gradients and optimizer state do not fit"):
+        check_fits(plan, "sync", 4 * P)
+
+
+def test_the_command_prints_a_plan_from_a_config_without_weights(tmp_path, capsys):
+    config = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=512,
+                  tie_word_embeddings=True, dtype="bfloat16")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "run.yaml").write_text("per_device_train_batch_size: 4\nnum_generations: 2\nrelease: reward\n")
+    assert plan_command(["--model", str(tmp_path), "--config", str(tmp_path / "run.yaml")]) == 0
+    out = capsys.readouterr().out
+    full = int(out.split(" parameters")[0].split(": ")[-1].replace(",", ""))
+    assert f"{full:,} trainable, 2 B each; 4 trajectories per process, groups of 2" in out
+    assert "release buffers" not in out and "group statistics" in out  # release read from the YAML
+    assert plan_command(["--model", str(tmp_path / "config.json"), "--lora_r", "4", "--release", "content",
+                         "--dtype", "float32"]) == 0
+    lora = capsys.readouterr().out
+    # rank 4 on every linear layer but the tied head: q 64→64, k/v 64→32, o 64→64, MLP 64→128 ×2, 128→64
+    adapter = 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 128) + (128 + 64))
+    assert f"{full + adapter:,} parameters, {adapter:,} trainable, 4 B each" in lora and "release buffers" in lora

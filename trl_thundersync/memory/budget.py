@@ -1,0 +1,103 @@
+"""The caps of a run's streamed state, chosen from a memory budget (`memory_budget`), and the budget's parsing.
+
+A budget is the bytes one learner process may hold for the streamed state (group statistics, release buffers,
+optional terms; `plan.py`). Caps the user set (`max_open_groups`, `max_buffered_trajectories`) are kept; the ones
+left at None are chosen from the budget:
+
+- a number of bytes (or a string such as "2GB", "512MiB"): the most open groups whose statistics fit (at least one,
+  else the run is refused naming the field), then as many release buffers as the rest holds;
+- "auto" (the default): every group may be open, as under `sync`, and release buffers take at most
+  max(25% of the run's planned `sync` bytes, 256 MiB): a run plans at most a quarter more than `sync`, and a small
+  model keeps every buffer it needs;
+- None: no budget (every group open, a buffer for every trajectory of the batch).
+
+Where no release buffer fits, `release="content"`/`"turn"` falls back to `"reward"`: the same update, learned at
+each trajectory's reward instead of its end (the overlap of the reward's lag is what is given up). Admission stays
+exact with any cap (`streaming/release.py`, `streaming/learner.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from ..errors import MemoryPlanError
+from .plan import MemorySpec, buffer_vectors, plan_memory
+
+AUTO_FRACTION = 0.25  # "auto": release buffers up to this share of the run's planned sync bytes...
+AUTO_FLOOR = 256 * 2**20  # ...or this many bytes, whichever is larger
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def parse_budget(value) -> int | str | None:
+    """`memory_budget` as bytes (int), "auto" or None; a ValueError naming the accepted forms otherwise."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"memory_budget={value!r}: expected a number of bytes, a string like '2GB', 'auto' or None")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory_budget={value!r}: expected a number of bytes, a string like '2GB' or '512MiB' "
+                             "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), 'auto' or None")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    if number <= 0:
+        raise ValueError(f"memory_budget={value!r} must be positive")
+    return int(number * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The caps a run streams under, and why."""
+
+    max_open_groups: int | None  # None: every group of the batch
+    max_buffered_trajectories: int | None  # None: every trajectory of the batch
+    release: str  # the release point (content/turn fall back to reward where no buffer fits)
+    reason: str  # one line for the log: the budget and what it chose
+
+
+def choose_caps(spec: MemorySpec, budget: int | str | None) -> Caps:
+    """The caps of `spec` under `budget` (module docstring); `spec` carries the user's caps (None: to choose)."""
+    groups = spec.batch_size // spec.num_generations
+    if budget is None:
+        return Caps(spec.max_open_groups, spec.max_buffered_trajectories, spec.release, "memory_budget=None: no caps")
+    base = replace(spec, release="reward")  # the streamed state without release buffers
+
+    def streamed(open_groups: int) -> int:
+        plan = plan_memory(replace(base, max_open_groups=open_groups))
+        return plan.total("sync") - plan.total("trl")
+
+    if budget == "auto":
+        open_groups = spec.max_open_groups
+        sync_total = plan_memory(replace(base, max_open_groups=open_groups)).total("sync")
+        room, said = max(AUTO_FRACTION * sync_total, AUTO_FLOOR), "auto: 25% of sync's planned bytes, at least 256 MiB"
+    else:
+        open_groups = spec.max_open_groups or _most_groups(streamed, groups, budget)
+        if streamed(open_groups) > budget:
+            field = "max_open_groups" if spec.max_open_groups else "memory_budget"
+            raise MemoryPlanError(
+                f"memory_budget={budget:,} bytes cannot hold the statistics of {open_groups} open group(s) "
+                f"({streamed(open_groups):,} bytes of streamed state): raise memory_budget, lower {field}, or train "
+                "fewer parameters (peft_config)")
+        room, said = budget - streamed(open_groups), f"{budget:,} bytes"
+    caps_groups = None if open_groups is None or open_groups >= groups else open_groups
+    if spec.release == "reward" or spec.max_buffered_trajectories is not None:
+        return Caps(caps_groups, spec.max_buffered_trajectories, spec.release, f"memory_budget {said}: caps as set")
+    per_buffer = 4 * spec.trainable_params * buffer_vectors(spec)
+    buffers = int(room // per_buffer)
+    if buffers >= spec.batch_size:
+        return Caps(caps_groups, None, spec.release, f"memory_budget {said}: every trajectory may hold a buffer")
+    if buffers == 0:
+        return Caps(caps_groups, None, "reward",
+                    f"memory_budget {said}: no release buffer of {per_buffer:,} bytes fits; release='reward'")
+    return Caps(caps_groups, buffers, spec.release,
+                f"memory_budget {said}: max_buffered_trajectories={buffers} ({per_buffer:,} bytes each)")
+
+
+def _most_groups(streamed, groups: int, budget: int) -> int:
+    """The most open groups (≥ 1) whose streamed state fits `budget`."""
+    fitting = [k for k in range(1, groups + 1) if streamed(k) <= budget]
+    return fitting[-1] if fitting else 1

@@ -1,0 +1,85 @@
+"""The GRPO trainer's memory plan: built once the model is in hand, before the settings and the first rollout.
+
+`settle_memory` reads the model's parameter counts and the run's fields into a `MemorySpec`, chooses the caps left
+at None from `memory_budget` (writing them into the config, as the fields the learner reads), logs the plan, and
+refuses a run whose pending bytes exceed the memory free on its device (`trl_thundersync.memory`). `check_trainable`
+refuses a model whose trainable parameters changed after the plan (a PEFT adapter added, layers unfrozen), since
+every cap was sized for the planned count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from accelerate.utils import DistributedType
+
+from ...errors import MemoryPlanError
+from ...memory.available import check_fits, free_bytes, peak_resident_bytes
+from ...memory.budget import Caps, choose_caps, parse_budget
+from ...memory.plan import MemoryPlan, MemorySpec, plan_memory
+
+
+def trainable_count(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, release: str, beta: float, peft: bool,
+                sharded: bool, entropy_bonus: bool, router_aux: bool, num_reward_functions: int) -> MemorySpec:
+    """The spec of one learner process of this run (its caps as the config holds them)."""
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    return MemorySpec(
+        total_params=sum(p.numel() for p in params), trainable_params=sum(p.numel() for p in trainable),
+        param_bytes=(trainable or params)[0].element_size(), optimizer=str(getattr(args.optim, "value", args.optim)),
+        batch_size=batch_size, num_generations=num_generations, release=release,
+        max_open_groups=args.max_open_groups, max_buffered_trajectories=args.max_buffered_trajectories, beta=beta,
+        peft=peft, sharded=sharded, micro_batches=args.steps_per_generation, entropy_bonus=entropy_bonus,
+        router_aux=router_aux, off_policy_mask=args.off_policy_mask_threshold is not None,
+        objective_functions=num_reward_functions if args.multi_objective_aggregation == "normalize_then_sum" else 0)
+
+
+def is_sharded(accelerator) -> bool:
+    """ZeRO-3 or FSDP full shard: each rank gathers a replica of θ_k (docs/several-processes.md)."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return True
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return plugin is not None and getattr(plugin, "zero_stage", 0) == 3
+
+
+def settle_memory(spec: MemorySpec, args: Any, device, log) -> tuple[MemoryPlan, Caps]:
+    """Choose the caps from `args.memory_budget`, write them into `args`, log the plan (`log`: one call with the
+    whole text), and refuse a run that cannot fit the memory free on `device` now."""
+    budget = parse_budget(args.memory_budget)
+    if args.schedule == "sync":  # the learner runs after every reward is known: no release buffer is ever held
+        caps = replace(choose_caps(replace(spec, release="reward"), budget), release=spec.release)
+    else:
+        caps = choose_caps(spec, budget)
+    if caps.max_open_groups != args.max_open_groups:
+        args.max_open_groups = caps.max_open_groups
+    if caps.max_buffered_trajectories != args.max_buffered_trajectories:
+        args.max_buffered_trajectories = caps.max_buffered_trajectories
+    if caps.release != spec.release:
+        args.release = caps.release
+    plan = plan_memory(replace(spec, max_open_groups=caps.max_open_groups, release=caps.release,
+                               max_buffered_trajectories=caps.max_buffered_trajectories), device=str(device))
+    log(f"{plan.table()}\n  {caps.reason}")
+    check_fits(plan, args.schedule, free_bytes(device))
+    return plan, caps
+
+
+def check_trainable(model, plan: MemoryPlan) -> None:
+    """MemoryPlanError when the model's trainable parameters are not the planned ones."""
+    now = trainable_count(model)
+    if now != plan.spec.trainable_params:
+        raise MemoryPlanError(
+            f"the model has {now:,} trainable parameters, the memory plan was made for "
+            f"{plan.spec.trainable_params:,}: its caps and buffers no longer fit the model. Add the PEFT adapter "
+            "(peft_config) or freeze/unfreeze parameters before building the trainer")
+
+
+def memory_metrics(plan: MemoryPlan, schedule: str) -> dict[str, float]:
+    """This process's planned bytes for `schedule` (a prediction: activations and the framework not included) and
+    its measured peak so far (`memory.available.peak_resident_bytes`), in MiB, logged each batch side by side."""
+    return {"thundersync/memory_plan_mb": plan.total(schedule) / 2**20,
+            "thundersync/peak_memory_mb": peak_resident_bytes(plan.device) / 2**20}
