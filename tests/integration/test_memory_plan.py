@@ -45,6 +45,8 @@ def test_the_smallest_budgets_stream_stock_trls_update(buffers, release, tmp_pat
     assert log["thundersync/stats_peak_mb"] <= log["thundersync/memory_plan_mb"]
     assert log["thundersync/peak_memory_mb"] > 0 and log.get("thundersync/buffered_peak", 0) <= buffers
     assert got.trainer.memory_plan.total("thundersync") == pytest.approx(log["thundersync/memory_plan_mb"] * 2**20)
+    trace = got.trainer.last_trace  # the step trace records both too
+    assert trace.plan_bytes == got.trainer.memory_plan.total("thundersync") and trace.peak_memory_bytes > 0
 
 
 def test_a_run_that_cannot_fit_is_refused_before_its_first_rollout(tmp_path, tokenizer, tiny_model_path,

@@ -117,13 +117,14 @@ def learner_events(work: Sequence[WorkItem], context_tokens: dict[int, int],
 def build_step_trace(*, step: int, schedule: str, timing: BatchTiming, work: Sequence[WorkItem],
                      rollouts: Sequence[Rollout | ScoredRollout], optimizer_end: float, publish_end: float,
                      stats_bytes: int = 0, flops_of: FlopCounter | None = None,
-                     peak_flops_per_s: float = 0.0) -> StepTrace:
+                     peak_flops_per_s: float = 0.0, plan_bytes: int = 0, peak_memory_bytes: int = 0) -> StepTrace:
     """One optimizer step as a `StepTrace`, for GRPO and distillation alike: the rollout lane (trajectories, turns,
     tool calls, and the reward interval of `ScoredRollout`s), the teacher lane (from the items' `TeacherInterval`s),
     the learner items with their FLOPs (`flops_of(tokens)`: one pass over a context of that many tokens,
     `streaming.flops`; None: no estimate), the barrier (from the last learner item or the rollout end, whichever is
     later, to `optimizer_end`) and the publication (`optimizer_end` → `publish_end`, absent when nothing was
-    published)."""
+    published). `plan_bytes` (the memory plan, a prediction) and `peak_memory_bytes` (measured) are recorded as
+    given."""
     context = {}
     for item in rollouts:
         r = item.rollout if isinstance(item, ScoredRollout) else item
@@ -136,7 +137,8 @@ def build_step_trace(*, step: int, schedule: str, timing: BatchTiming, work: Seq
         events.append(TraceEvent("publish", "publish", optimizer_end, publish_end, policy_version=step + 1))
     return StepTrace(step=step, schedule=schedule, start=timing.start, rollout_end=timing.rollout_end,
                      learner_end=learner_end, barrier_end=optimizer_end, publish_end=publish_end,
-                     events=tuple(events), stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s)
+                     events=tuple(events), stats_bytes=stats_bytes, peak_flops_per_s=peak_flops_per_s,
+                     plan_bytes=plan_bytes, peak_memory_bytes=peak_memory_bytes)
 
 
 def flop_metrics(trace: StepTrace, processes: int) -> dict[str, float]:

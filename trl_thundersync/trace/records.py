@@ -64,6 +64,8 @@ class StepTrace:
     events: tuple[TraceEvent, ...]
     stats_bytes: int = 0  # peak gradient-statistics memory of the step
     peak_flops_per_s: float = 0.0  # device peak used for MFU (0: unknown)
+    plan_bytes: int = 0  # the run's memory plan for its schedule, a prediction (`trl_thundersync.memory`; 0: none)
+    peak_memory_bytes: int = 0  # measured: the process's peak resident set so far (GPU: peak allocated; 0: unknown)
 
     @property
     def wall(self) -> float:

@@ -23,6 +23,7 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
 from ...errors import UnsupportedOptionError
+from ...memory.available import peak_resident_bytes
 from ...memory.plan import MemoryPlan
 from ...rollout.agent_setup import make_agent_engine
 from ...rollout.batches import as_rollout_engine
@@ -423,7 +424,9 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
         return build_step_trace(step=step.version, schedule=self.args.schedule, timing=step.timing,
                                 work=step.totals.work, rollouts=step.items, optimizer_end=optimizer_end,
                                 publish_end=publish_end, stats_bytes=step.totals.peak_stats_bytes,
-                                flops_of=self._flops_of, peak_flops_per_s=self.args.peak_flops_per_s or 0.0)
+                                flops_of=self._flops_of, peak_flops_per_s=self.args.peak_flops_per_s or 0.0,
+                                plan_bytes=self.memory_plan.total(self.args.schedule),
+                                peak_memory_bytes=peak_resident_bytes(self.memory_plan.device))
 
     def _publish_due(self, global_step: int) -> bool:
         """`PublishCallback`: θ goes out after the last pass over a generation batch (`num_iterations`)."""
