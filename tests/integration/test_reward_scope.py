@@ -112,13 +112,17 @@ class CountingLen:
 
 
 def test_auto_trains_a_per_sample_reward_exactly_as_trajectory_scope(tmp_path, tokenizer, tiny_model_path):
+    """The same update up to FP32 rounding: which of a group's members wait together for the learner (and so share a
+    padded pass) depends on timing, so two runs need not round alike (it differed under AVX2 kernels on a loaded
+    machine); the displacement is compared against the architecture's 1e-5."""
+    initial = flat(load_model(tiny_model_path))
     runs = {}
     for scope in ("auto", "trajectory"):
         reward = CountingLen()
         trainer = make(tmp_path / scope, tokenizer, tiny_model_path, [reward], max_steps=2, reward_scope=scope)
         trainer.train()
         runs[scope] = (flat(trainer.model), reward.sizes)
-    assert torch.equal(runs["auto"][0], runs["trajectory"][0])
+    assert relative_error(runs["auto"][0] - initial, runs["trajectory"][0] - initial) <= 1e-5
     assert runs["trajectory"][1] == [1] * 8  # 2 steps × 4 trajectories, one at a time
     assert runs["auto"][1] == [1, 1, 2] + [1] * 6  # + one probe call on the first group, once per run
 
