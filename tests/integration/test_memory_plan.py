@@ -32,9 +32,10 @@ def trainable(model_path) -> int:
 
 @pytest.mark.parametrize("buffers, release", [(1, "content"), (0, "reward")])
 def test_the_smallest_budgets_stream_stock_trls_update(buffers, release, tmp_path, tokenizer, tiny_model_path):
-    """One open group of two (4·3·P bytes), plus one release buffer (4·P) or none (content release falls back to
-    reward release): the caps the budget chose are in effect, and the batch direction is TRL's."""
-    budget = 4 * 3 * trainable(tiny_model_path) + 4 * trainable(tiny_model_path) * buffers
+    """One open group of two (4·4·P bytes: the batch accumulator, G1, G2, a pass's H_i), plus one release buffer
+    (4·P) or none (content release falls back to reward release): the caps the budget chose are in effect, and the
+    batch direction is TRL's."""
+    budget = 4 * 4 * trainable(tiny_model_path) + 4 * trainable(tiny_model_path) * buffers
     ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **TWO_GROUPS)
     got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
                       memory_budget=budget, **TWO_GROUPS)

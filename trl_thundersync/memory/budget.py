@@ -6,9 +6,10 @@ left at None are chosen from the budget:
 
 - a number of bytes (or a string such as "2GB", "512MiB"): the most open groups whose statistics fit (at least one,
   else the run is refused naming the field), then as many release buffers as the rest holds;
-- "auto" (the default): every group may be open, as under `sync`, and release buffers take at most
-  max(25% of the run's planned `sync` bytes, 256 MiB): a run plans at most a quarter more than `sync`, and a small
-  model keeps every buffer it needs;
+- "auto" (the default): what thundersync holds beyond `sync` (the G1, G2 of its open groups, its release buffers)
+  takes at most max(25% of the run's planned `sync` bytes, 384 MiB): the most open groups that fit (at least one),
+  then as many release buffers as the rest holds. A small model keeps every group and buffer it needs; a large one
+  plans at most a quarter more than `sync`, beyond the one open group it always keeps;
 - None: no budget (every group open, a buffer for every trajectory of the batch).
 
 Where no release buffer fits, `release="content"`/`"turn"` falls back to `"reward"`: the same update, learned at
@@ -24,8 +25,8 @@ from dataclasses import dataclass, replace
 from ..errors import MemoryPlanError
 from .plan import MemorySpec, buffer_vectors, plan_memory
 
-AUTO_FRACTION = 0.25  # "auto": release buffers up to this share of the run's planned sync bytes...
-AUTO_FLOOR = 256 * 2**20  # ...or this many bytes, whichever is larger
+AUTO_FRACTION = 0.25  # "auto": what thundersync holds beyond sync, up to this share of the run's planned sync bytes...
+AUTO_FLOOR = 384 * 2**20  # ...or this many bytes, whichever is larger
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
           "gib": 2**30, "tib": 2**40}
 
@@ -66,23 +67,24 @@ def choose_caps(spec: MemorySpec, budget: int | str | None) -> Caps:
         return Caps(spec.max_open_groups, spec.max_buffered_trajectories, spec.release, "memory_budget=None: no caps")
     base = replace(spec, release="reward")  # the streamed state without release buffers
 
-    def streamed(open_groups: int) -> int:
+    def beyond(open_groups: int, schedule: str) -> int:  # bytes thundersync holds beyond `schedule`, no buffer
         plan = plan_memory(replace(base, max_open_groups=open_groups))
-        return plan.total("sync") - plan.total("trl")
+        return plan.total("thundersync") - plan.total(schedule)
 
     if budget == "auto":
-        open_groups = spec.max_open_groups
-        sync_total = plan_memory(replace(base, max_open_groups=open_groups)).total("sync")
-        room, said = max(AUTO_FRACTION * sync_total, AUTO_FLOOR), "auto: 25% of sync's planned bytes, at least 256 MiB"
+        room = max(AUTO_FRACTION * plan_memory(replace(base, max_open_groups=1)).total("sync"), AUTO_FLOOR)
+        said = f"auto ({room / 2**20:,.0f} MiB beyond sync: 25% of its planned bytes, at least 384 MiB)"
+        open_groups = spec.max_open_groups or _most_groups(lambda k: beyond(k, "sync"), groups, room)
+        room = max(0, room - beyond(open_groups, "sync"))
     else:
-        open_groups = spec.max_open_groups or _most_groups(streamed, groups, budget)
-        if streamed(open_groups) > budget:
+        open_groups = spec.max_open_groups or _most_groups(lambda k: beyond(k, "trl"), groups, budget)
+        if beyond(open_groups, "trl") > budget:
             field = "max_open_groups" if spec.max_open_groups else "memory_budget"
             raise MemoryPlanError(
                 f"memory_budget={budget:,} bytes cannot hold the statistics of {open_groups} open group(s) "
-                f"({streamed(open_groups):,} bytes of streamed state): raise memory_budget, lower {field}, or train "
-                "fewer parameters (peft_config)")
-        room, said = budget - streamed(open_groups), f"{budget:,} bytes"
+                f"({beyond(open_groups, 'trl'):,} bytes of streamed state): raise memory_budget, lower {field}, or "
+                "train fewer parameters (peft_config)")
+        room, said = budget - beyond(open_groups, "trl"), f"{budget:,} bytes"
     caps_groups = None if open_groups is None or open_groups >= groups else open_groups
     if spec.release == "reward" or spec.max_buffered_trajectories is not None:
         return Caps(caps_groups, spec.max_buffered_trajectories, spec.release, f"memory_budget {said}: caps as set")
@@ -97,7 +99,7 @@ def choose_caps(spec: MemorySpec, budget: int | str | None) -> Caps:
                 f"memory_budget {said}: max_buffered_trajectories={buffers} ({per_buffer:,} bytes each)")
 
 
-def _most_groups(streamed, groups: int, budget: int) -> int:
-    """The most open groups (≥ 1) whose streamed state fits `budget`."""
-    fitting = [k for k in range(1, groups + 1) if streamed(k) <= budget]
+def _most_groups(cost, groups: int, budget: float) -> int:
+    """The most open groups (≥ 1) whose `cost(k)` fits `budget`."""
+    fitting = [k for k in range(1, groups + 1) if cost(k) <= budget]
     return fitting[-1] if fitting else 1

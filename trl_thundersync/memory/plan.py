@@ -9,13 +9,19 @@ What a learner process holds (P_t trainable parameters, P all parameters, w byte
 | optimizer state          | 2·P_t·w (Adam family), P_t·w (Lion), 0 (SGD)     | all three                  |
 | reference model          | P·w (β ≠ 0 without PEFT)                         | all three                  |
 | sharded replica          | 4·P, twice with a reference (ZeRO-3 / FSDP2)     | sync, thundersync          |
-| group statistics         | 4·(2k+1)·P_t: G1, G2 of k open groups + batch    | sync, thundersync          |
+| batch accumulator        | 4·P_t: the batch direction (FP32)                | sync, thundersync          |
+| group statistics         | 4·2k·P_t: G1, G2 of k open groups                | thundersync (sync: below)  |
+| source gradient          | 4·P_t: the pass's H_i, before it folds into them | thundersync (sync: below)  |
 | release buffers          | 4·m·P_t: m trajectories waiting for their reward | thundersync (content/turn) |
 | optional terms           | router, entropy bonus, normalize_then_sum, mask  | sync, thundersync          |
 
-`sync` is this package's schedule="sync": the same learner, run after the batch closed, so it holds the group
-statistics but no release buffer (every reward is known). The streamed lines come from
-`streaming/batch_metrics.streamed_state_bytes`, the function the logged `thundersync/stats_bound_mb` comes from.
+`sync` is this package's schedule="sync": the same learner, run after the batch closed, so it holds no release
+buffer (every reward is known), and with `batch_group_members` (the default, on a replicated placement with
+`num_iterations=1`) it learns each group as one pass at its reward, advantage-weighted, into the batch accumulator:
+no group statistics either (`group_passes`). Otherwise its open groups hold G1, G2 as thundersync's do. The
+streamed lines come from `streaming/batch_metrics.streamed_state_bytes`, the function the logged
+`thundersync/stats_bound_mb` comes from.
+
 Not planned: activations of a learner pass, the shared prefix's activations (`thundersync/prefix_peak_mb` measures
 them), the framework's own memory and the rollout side. Every figure is a prediction; the trainer logs the measured
 peak beside it.
@@ -52,6 +58,7 @@ class MemorySpec:
     router_aux: bool = False
     objective_functions: int = 0  # normalize_then_sum: K reward functions (0: off)
     off_policy_mask: bool = False
+    group_passes: bool = True  # sync learns each group in one pass at its reward (no G1, G2; module docstring)
 
 
 @dataclass(frozen=True)
@@ -118,8 +125,11 @@ def plan_memory(spec: MemorySpec, device: str = "cpu") -> MemoryPlan:
         router=spec.router_aux, entropy=spec.entropy_bonus, objective_functions=spec.objective_functions,
         off_policy_mask=spec.off_policy_mask)
     group_bytes = 4 * (2 * open_groups + 1) * p_t
-    lines.append(PlanLine("group statistics", group_bytes, "streamed",
-                          f"4 B x (2 x {open_groups} open groups + 1) x trainable"))
+    lines.append(PlanLine("batch accumulator", 4 * p_t, "streamed", "4 B x trainable"))
+    member_by_member = "thundersync" if spec.group_passes else "streamed"
+    lines.append(PlanLine("group statistics", group_bytes - 4 * p_t, member_by_member,
+                          f"4 B x 2 x {open_groups} open groups x trainable"))
+    lines.append(PlanLine("source gradient", 4 * p_t, member_by_member, "4 B x trainable: one pass's H_i"))
     release = 4 * buffer_vectors(spec) * buffered * p_t
     if release:
         lines.append(PlanLine("release buffers", release, "thundersync",

@@ -167,9 +167,9 @@ class ThunderSyncGRPOConfig(GRPOConfig, RolloutFields, AgentLoopFields):
         default="auto",
         metadata={
             "help": "Bytes the streamed state (group statistics, release buffers) of one learner process may take "
-            "('2GB', '512MiB' or a number); the caps left at None are chosen from it. 'auto': every group open, "
-            "release buffers up to max(25% of the planned sync bytes, 256 MiB), else release='reward'. None: no "
-            "budget. See docs/memory.md."
+            "('2GB', '512MiB' or a number); the caps left at None are chosen from it. 'auto': beyond sync, open "
+            "groups then release buffers up to max(25% of the planned sync bytes, 384 MiB); no buffer: "
+            "release='reward'. None: no budget. See docs/memory.md."
         },
     )
     coalesce_turns: bool = field(

@@ -25,8 +25,10 @@ def trainable_count(model) -> int:
 
 
 def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, release: str, beta: float, peft: bool,
-                sharded: bool, entropy_bonus: bool, router_aux: bool, num_reward_functions: int) -> MemorySpec:
-    """The spec of one learner process of this run (its caps as the config holds them)."""
+                sharded: bool, replicated: bool, entropy_bonus: bool, router_aux: bool,
+                num_reward_functions: int) -> MemorySpec:
+    """The spec of one learner process of this run (its caps as the config holds them); `replicated`: the learner
+    placement runs per-source passes on the whole model (one process, DDP), so a group ready at once is one pass."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     return MemorySpec(
@@ -36,7 +38,13 @@ def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, rele
         max_open_groups=args.max_open_groups, max_buffered_trajectories=args.max_buffered_trajectories, beta=beta,
         peft=peft, sharded=sharded, micro_batches=args.steps_per_generation, entropy_bonus=entropy_bonus,
         router_aux=router_aux, off_policy_mask=args.off_policy_mask_threshold is not None,
-        objective_functions=num_reward_functions if args.multi_objective_aggregation == "normalize_then_sum" else 0)
+        objective_functions=num_reward_functions if args.multi_objective_aggregation == "normalize_then_sum" else 0,
+        group_passes=args.batch_group_members and args.num_iterations == 1 and replicated)
+
+
+def is_replicated(accelerator) -> bool:
+    """Neither DeepSpeed nor FSDP: the placement is `ReplicatedPlacement` (`trainers/placement`)."""
+    return accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
 
 
 def is_sharded(accelerator) -> bool:
@@ -50,11 +58,11 @@ def is_sharded(accelerator) -> bool:
 def settle_memory(spec: MemorySpec, args: Any, device, log) -> tuple[MemoryPlan, Caps]:
     """Choose the caps from `args.memory_budget`, write them into `args`, log the plan (`log`: one call with the
     whole text), and refuse a run that cannot fit the memory free on `device` now."""
-    budget = parse_budget(args.memory_budget)
-    if args.schedule == "sync":  # the learner runs after every reward is known: no release buffer is ever held
-        caps = replace(choose_caps(replace(spec, release="reward"), budget), release=spec.release)
+    if args.schedule == "sync":  # the learner runs after every reward is known: nothing to choose for it
+        caps = Caps(spec.max_open_groups, spec.max_buffered_trajectories, spec.release,
+                    "schedule='sync' holds no release buffer: caps as set")
     else:
-        caps = choose_caps(spec, budget)
+        caps = choose_caps(spec, parse_budget(args.memory_budget))
     if caps.max_open_groups != args.max_open_groups:
         args.max_open_groups = caps.max_open_groups
     if caps.max_buffered_trajectories != args.max_buffered_trajectories:

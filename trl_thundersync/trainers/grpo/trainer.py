@@ -135,6 +135,7 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             self.model, args, batch_size=self._train_batch_size_local(), num_generations=self.num_generations,
             release=release_in_effect(args, self._agentic(), self.beta, sequence_level), beta=self.beta,
             peft=is_peft_model(self.model), sharded=memory.is_sharded(self.accelerator),
+            replicated=memory.is_replicated(self.accelerator),
             entropy_bonus=self._entropy_bonus_enabled, router_aux=self.aux_loss_enabled,
             num_reward_functions=len(self.reward_funcs))
         plan, caps = memory.settle_memory(spec, args, self.accelerator.device, logger.info)
