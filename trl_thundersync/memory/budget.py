@@ -89,7 +89,7 @@ def choose_caps(spec: MemorySpec, budget: int | str | None) -> Caps:
     if spec.release == "reward" or spec.max_buffered_trajectories is not None:
         return Caps(caps_groups, spec.max_buffered_trajectories, spec.release, f"memory_budget {said}: caps as set")
     per_buffer = 4 * spec.trainable_params * buffer_vectors(spec)
-    buffers = int(room // per_buffer)
+    buffers = int(room // per_buffer) if per_buffer else spec.batch_size  # nothing trainable: buffers cost nothing
     if buffers >= spec.batch_size:
         return Caps(caps_groups, None, spec.release, f"memory_budget {said}: every trajectory may hold a buffer")
     if buffers == 0:

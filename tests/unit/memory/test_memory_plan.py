@@ -130,3 +130,15 @@ def test_the_command_prints_a_plan_from_a_config_without_weights(tmp_path, capsy
     # rank 4 on every linear layer but the tied head: q 64→64, k/v 64→32, o 64→64, MLP 64→128 ×2, 128→64
     adapter = 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 128) + (128 + 64))
     assert f"{full + adapter:,} parameters, {adapter:,} trainable, 4 B each" in lora and "release buffers" in lora
+
+
+def test_zero3_partitioned_parameters_and_nothing_trainable():
+    """DeepSpeed ZeRO-3 partitions parameters when the model is built (`numel()` 0, `ds_numel` the real count)."""
+    import torch
+
+    from trl_thundersync.trainers.grpo.memory import numel
+
+    partitioned = torch.nn.Parameter(torch.empty(0))
+    partitioned.ds_numel = 1234
+    assert numel(partitioned) == 1234 and numel(torch.nn.Parameter(torch.empty(3, 4))) == 12
+    assert chosen(replace(SPEC, trainable_params=0), 1000) == (None, None, "content")  # buffers cost nothing

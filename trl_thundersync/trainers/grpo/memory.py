@@ -20,8 +20,13 @@ from ...memory.budget import Caps, choose_caps, parse_budget
 from ...memory.plan import MemoryPlan, MemorySpec, plan_memory
 
 
+def numel(param) -> int:
+    """Elements of a parameter, also when DeepSpeed ZeRO-3 has partitioned it (its `numel()` is then 0)."""
+    return getattr(param, "ds_numel", None) or param.numel()
+
+
 def trainable_count(model) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return sum(numel(p) for p in model.parameters() if p.requires_grad)
 
 
 def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, release: str, beta: float, peft: bool,
@@ -32,7 +37,7 @@ def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, rele
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     return MemorySpec(
-        total_params=sum(p.numel() for p in params), trainable_params=sum(p.numel() for p in trainable),
+        total_params=sum(map(numel, params)), trainable_params=sum(map(numel, trainable)),
         param_bytes=(trainable or params)[0].element_size(), optimizer=str(getattr(args.optim, "value", args.optim)),
         batch_size=batch_size, num_generations=num_generations, release=release,
         max_open_groups=args.max_open_groups, max_buffered_trajectories=args.max_buffered_trajectories, beta=beta,
