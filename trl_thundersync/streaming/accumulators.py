@@ -54,6 +54,7 @@ class GroupStatistics:
     rewards: list[float] = field(default_factory=list)  # in arrival order, NaN for unscorable members
     shift: float | None = None  # c: the first scorable reward
     buckets: dict[int, _BucketStats] = field(default_factory=dict)
+    folded: bool = False  # `fold` consumed G1 and G2 in place
 
     @property
     def complete(self) -> bool:
@@ -98,13 +99,24 @@ class GroupStatistics:
 
         A non-finite scale (a group with a single scorable member has σ = NaN under Bessel's correction, as in
         TRL, whose advantages then become NaN and are zeroed) contributes nothing.
+
+        The fold consumes G1 and G2: it computes (G1 − offset·G2)·scale in their own buffers (the same FP32
+        operations in the same order as out of place, so the same bits), because at the sizes users train two
+        parameter-sized temporaries at every group close were the run's peak (issue 40). A second fold raises.
         """
         if not self.complete:
             raise ValueError(f"group {self.group} folded with {len(self.rewards)}/{self.size} members")
+        if self.folded:
+            raise ValueError(f"group {self.group} was folded already (the fold consumes its statistics)")
+        self.folded = True
         if not math.isfinite(scale) or self.shift is None:
             return {}
         offset = self.mean - self.shift
-        return {b: (s.g1 - offset * s.g2) * scale for b, s in self.buckets.items()}
+        out = {}
+        for bucket, stats in self.buckets.items():
+            stats.g2.mul_(offset)
+            out[bucket] = stats.g1.sub_(stats.g2).mul_(scale)
+        return out
 
     def free(self) -> None:
         self.buckets.clear()
@@ -129,17 +141,29 @@ class BatchAccumulator:
             store[bucket] = torch.zeros(self.num_params, dtype=torch.float32, device=self.device)
         return store[bucket]
 
+    def _take(self, store: dict[int, torch.Tensor], bucket: int, vector: torch.Tensor) -> None:
+        """Add `vector` into the bucket's sum. The first vector of a bucket is adopted, not copied into zeros: every
+        caller hands over a vector it no longer uses (a group's consumed fold, a pass's fresh gradient), and one
+        parameter-sized allocation less at the sizes users train is what decided the run's peak (issue 40)."""
+        if bucket in store:
+            store[bucket].add_(vector)
+        elif (vector.dtype == torch.float32 and vector.device == self.device and vector.is_contiguous()
+              and vector.untyped_storage().nbytes() == 4 * self.num_params == 4 * vector.numel()):  # owns its memory
+            store[bucket] = vector
+        else:
+            self._buffer(store, bucket).add_(vector)
+
     def add_policy(self, per_bucket: dict[int, torch.Tensor]) -> None:
         for bucket, vector in per_bucket.items():
-            self._buffer(self.policy, bucket).add_(vector)
+            self._take(self.policy, bucket, vector)
 
     def add_free(self, vector: torch.Tensor, bucket: int = 0) -> None:
-        self._buffer(self.free_terms, bucket).add_(vector)
+        self._take(self.free_terms, bucket, vector)
 
     def add_offset(self, per_bucket: dict[int, torch.Tensor]) -> None:
         """normalize_then_sum: Σ H_i of scorable rows, multiplied by −μ_B at the barrier (`objectives.py`)."""
         for bucket, vector in per_bucket.items():
-            self._buffer(self.offset_terms, bucket).add_(vector)
+            self._take(self.offset_terms, bucket, vector)
 
     def add_final(self, vector: torch.Tensor, advantage: float, bucket: int = 0) -> None:
         """A_i H_i of one trajectory whose advantage is already final (off-policy masking decided at the barrier)."""

@@ -131,7 +131,7 @@ class ObjectiveGroupStatistics:
         return float(nanstd(torch.tensor(list(self.normalized().values()), dtype=torch.float32)))
 
     def fold(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Per bucket: Σ_i R_i H_i and Q = Σ_{i scorable} H_i."""
+        """Per bucket: Σ_i R_i H_i and Q = Σ_{i scorable} H_i. Consumes the per-function statistics (in place)."""
         if not self.complete:
             raise ValueError(f"group {self.group} folded with {len(self.rewards)}/{self.size} members")
         means, stds = self.function_stats()
@@ -142,7 +142,8 @@ class ObjectiveGroupStatistics:
                 coefficient = self.weights[k] / (stds[k] + EPS)
                 if not (math.isfinite(coefficient) and math.isfinite(means[k])):
                     continue  # TRL: r̃_ik = NaN for every member, skipped by nansum
-                out.add_(stats.g1 - (means[k] - self.shifts[k]) * stats.g2, alpha=coefficient)
+                stats.g2.mul_(means[k] - self.shifts[k])  # in place, as GroupStatistics.fold: no temporaries
+                out.add_(stats.g1.sub_(stats.g2), alpha=coefficient)
             weighted[bucket] = out
         return weighted, dict(self.scorable_sum)
 

@@ -82,3 +82,41 @@ def test_buckets_are_kept_apart_and_memory_is_reported():
     direction = acc.direction({0: 1.0, 1: 0.5})
     assert torch.allclose(direction, torch.tensor([-0.5, 0.25, 1.0]))
     assert stats_memory_bytes(1000, 4) == 4 * 9 * 1000
+
+
+def test_fold_consumes_its_statistics_in_place_with_the_same_bits():
+    """Issue 40: the fold was the run's peak at 43 M parameters (two P-sized temporaries per group close). In place,
+    it must give the very bits of the out-of-place formula, in G1's own buffer, and refuse a second fold."""
+    torch.manual_seed(0)
+    H = torch.randn(4, 1000)
+    rewards = [3.0, -1.5, 0.25, 7.0]
+    g = GroupStatistics(0, 4, 1000)
+    for r, h in zip(rewards, H, strict=True):
+        g.add(r, h)
+    g1, g2 = g.buckets[0].g1.clone(), g.buckets[0].g2.clone()
+    scale = 1.0 / (g.std + 1e-4)
+    expected = (g1 - (g.mean - g.shift) * g2) * scale
+    pointer = g.buckets[0].g1.data_ptr()
+    folded = g.fold(scale)[0]
+    assert torch.equal(folded, expected)
+    assert folded.data_ptr() == pointer  # no new parameter-sized buffer
+    with pytest.raises(ValueError, match="folded already"):
+        g.fold(scale)
+
+
+def test_accumulator_adopts_a_handed_over_vector_and_copies_a_view():
+    acc = BatchAccumulator(6)
+    fresh = torch.arange(6, dtype=torch.float32)
+    acc.add_policy({0: fresh})
+    assert acc.policy[0] is fresh  # adopted: no zeros buffer beside it
+    acc.add_policy({0: torch.ones(6)})
+    assert torch.equal(fresh, torch.arange(6, dtype=torch.float32) + 1)
+    backing = torch.zeros(12)
+    view = backing[:6]
+    acc.add_free(view, 1)
+    assert acc.free_terms[1].data_ptr() != view.data_ptr()  # a view into a larger buffer is copied, never adopted
+    acc.add_free(torch.ones(6), 1)
+    assert torch.equal(backing, torch.zeros(12))
+    half = torch.ones(6, dtype=torch.float64)
+    acc.add_offset({2: half})
+    assert acc.offset_terms[2].dtype == torch.float32

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...errors import NonFiniteGradientError, UnsupportedOptionError
+from ...streaming.gradient_sinks import all_finite
 from . import StreamingTarget
 from .replicated import trainable_parameters
 
@@ -80,7 +81,7 @@ def check_deepspeed(accelerator: Any, args: Any = None) -> None:
 def refuse_non_finite_anywhere(accelerator: Any, local: torch.Tensor, label: str) -> None:
     """Every rank refuses the step when any rank's share holds NaN/inf (one scalar all-reduce, before the engine's
     collective: no rank is left waiting in the engine's reduction)."""
-    bad = torch.tensor(0.0 if bool(torch.isfinite(local).all()) else 1.0, device=local.device)
+    bad = torch.tensor(0.0 if all_finite(local) else 1.0, device=local.device)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad, reduction="sum")
     if float(bad) > 0:

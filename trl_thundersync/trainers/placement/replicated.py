@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import NonFiniteGradientError
+from ...streaming.gradient_sinks import all_finite
 from ...streaming.source import write_flat_grads
 from . import StreamingTarget
 
@@ -20,7 +21,7 @@ def trainable_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
 
 def refuse_non_finite(direction: torch.Tensor, label: str) -> None:
     """The step is refused, loudly, when the reduced batch direction holds NaN or inf."""
-    if not torch.isfinite(direction).all():
+    if not all_finite(direction):  # one reduction: no parameter-sized mask at the barrier
         raise NonFiniteGradientError(f"the batch direction of {label} contains NaN/inf; the step is refused")
 
 
