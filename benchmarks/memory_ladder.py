@@ -12,10 +12,11 @@ generation memory is counted), one learner process. Each run is its own process,
 - `thundersync`: ThunderSync with its defaults (content release, `memory_budget="auto"`);
 - `thundersync/no-budget`: the same with `memory_budget=None` (every trajectory may hold a release buffer).
 
-Printed per run: parameters, peak RSS, its ratio to sync's, the plan's total for the run (a prediction; activations
-and the framework are not in it), how far the peak grew over the resident set before `train()` (the model is resident
-by then) beside the plan's bytes still to allocate then (gradients, optimizer state, streamed state: the prediction of
-that growth), the caps the budget chose, and the final parameters' relative distance to sync's (the same update).
+Printed per run: parameters, peak RSS, its ratio to sync's, the plan's peak for the run (a prediction, with the
+framework line measured before training) and its ratio to the measured peak, how far the peak grew over the
+resident set before `train()` (the model is resident by then) beside the plan's bytes still to allocate then
+(gradients, optimizer state, streamed state: the prediction of that growth), the caps the budget chose, and the
+final parameters' relative distance to sync's (the same update).
 """
 
 from __future__ import annotations
@@ -103,13 +104,15 @@ def _compare(rows: list[dict], folder: Path) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'size':>5} {'run':<22} {'params':>12} {'peak RSS MB':>12} {'x sync':>7} {'plan MB':>8} "
-             f"{'grown MB':>9} {'planned growth MB':>18} {'caps (groups, buffers, release)':<32} {'Δθ vs sync':>10}"]
+             f"{'plan/peak':>9} {'grown MB':>9} {'planned growth MB':>18} {'caps (groups, buffers, release)':<32} "
+             f"{'Δθ vs sync':>10}"]
     for r in rows:
         plan = f"{r['plan_total'] / 2**20:8.0f}" if r["plan_total"] else f"{'-':>8}"
+        ratio = f"{r['plan_total'] / r['peak_rss']:9.2f}" if r["plan_total"] else f"{'-':>9}"
         pending = f"{r['plan_pending'] / 2**20:18.0f}" if r["plan_pending"] else f"{'-':>18}"
         grown = (r["peak_rss"] - r["rss_before_train"]) / 2**20
         lines.append(f"{r['size']:>5} {r['kind']:<22} {r['num_params']:>12,} {r['peak_rss'] / 2**20:12.0f} "
-                     f"{r['peak_over_sync']:7.2f} {plan} {grown:9.0f} {pending} {str(r['caps'] or '-'):<32} "
+                     f"{r['peak_over_sync']:7.2f} {plan} {ratio} {grown:9.0f} {pending} {str(r['caps'] or '-'):<32} "
                      f"{r['params_rel_to_sync']:10.1e}")
     return "\n".join(lines)
 

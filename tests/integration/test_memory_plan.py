@@ -20,6 +20,7 @@ from benchmarks.parity import (
 )
 from trl_thundersync import ThunderSyncGRPOConfig, ThunderSyncGRPOTrainer
 from trl_thundersync.errors import MemoryPlanError
+from trl_thundersync.memory.available import pending_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.exactness]
 TOL = 1e-5
@@ -32,10 +33,10 @@ def trainable(model_path) -> int:
 
 @pytest.mark.parametrize("buffers, release", [(1, "content"), (0, "reward")])
 def test_the_smallest_budgets_stream_stock_trls_update(buffers, release, tmp_path, tokenizer, tiny_model_path):
-    """One open group of two (4·4·P bytes: the batch accumulator, G1, G2, a pass's H_i), plus one release buffer
-    (4·P) or none (content release falls back to reward release): the caps the budget chose are in effect, and the
-    batch direction is TRL's."""
-    budget = 4 * 4 * trainable(tiny_model_path) + 4 * trainable(tiny_model_path) * buffers
+    """One open group of two (4·3·P bytes: the batch accumulator, G1, G2), plus one release buffer (4·P) or none
+    (content release falls back to reward release): the caps the budget chose are in effect, and the batch direction
+    is TRL's."""
+    budget = 4 * 3 * trainable(tiny_model_path) + 4 * trainable(tiny_model_path) * buffers
     ref = run_trainer(GRPOTrainer, GRPOConfig, tmp_path / "trl", tokenizer, tiny_model_path, **TWO_GROUPS)
     got = run_trainer(ThunderSyncGRPOTrainer, ThunderSyncGRPOConfig, tmp_path / "ts", tokenizer, tiny_model_path,
                       memory_budget=budget, **TWO_GROUPS)
@@ -48,14 +49,20 @@ def test_the_smallest_budgets_stream_stock_trls_update(buffers, release, tmp_pat
     assert got.trainer.memory_plan.total("thundersync") == pytest.approx(log["thundersync/memory_plan_mb"] * 2**20)
     trace = got.trainer.last_trace  # the step trace records both too
     assert trace.plan_bytes == got.trainer.memory_plan.total("thundersync") and trace.peak_memory_bytes > 0
+    planned = {line.name: line.bytes for line in got.trainer.memory_plan.lines}
+    assert planned["framework"] > 0 and planned["activations"] > 0  # measured before training; the passes
 
 
 def test_a_run_that_cannot_fit_is_refused_before_its_first_rollout(tmp_path, tokenizer, tiny_model_path,
                                                                     monkeypatch):
     calls = []
-    gradients_and_adam = 12 * trainable(tiny_model_path)  # what stock TRL still allocates: it would fit
-    monkeypatch.setattr(grpo_memory, "free_bytes", lambda device: gradients_and_adam)
-    with pytest.raises(MemoryPlanError, match=r"the memory plan needs \S+ MB more on cpu \(gradients .*group "
+    fitted = ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len],
+                                    args=cpu_config(ThunderSyncGRPOConfig, tmp_path, **TWO_GROUPS),
+                                    train_dataset=prompt_dataset(), processing_class=tokenizer,
+                                    rollout_func=scripted_rollout_func(tokenizer, calls=calls))
+    trl_needs = pending_bytes(fitted.memory_plan, "trl")  # what stock TRL still allocates: it would fit
+    monkeypatch.setattr(grpo_memory, "free_bytes", lambda device: trl_needs)
+    with pytest.raises(MemoryPlanError, match=r"the memory plan needs \S+ MB more on cpu \(optimizer state .*group "
                                               r"statistics .*set memory_budget \(or lower max_open_groups"):
         ThunderSyncGRPOTrainer(model=load_model(tiny_model_path), reward_funcs=[reward_len],
                                args=cpu_config(ThunderSyncGRPOConfig, tmp_path, **TWO_GROUPS),

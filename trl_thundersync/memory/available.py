@@ -16,7 +16,7 @@ import torch
 from ..errors import MemoryPlanError
 from .plan import MemoryPlan, human_bytes
 
-RESIDENT = ("weights", "reference model")  # plan lines already allocated when the trainer is built
+RESIDENT = ("framework", "weights", "reference model")  # plan lines already allocated when the trainer is built
 
 
 def free_bytes(device: torch.device | str) -> int:
@@ -37,7 +37,8 @@ def check_fits(plan: MemoryPlan, schedule: str, free: int) -> None:
     need = pending_bytes(plan, schedule)
     if need <= free:
         return
-    lines = ", ".join(f"{line.name} {human_bytes(line.bytes)}" for line in plan.lines if line.name not in RESIDENT)
+    lines = ", ".join(f"{line.name} {human_bytes(line.bytes)}" for line in plan.lines
+                      if line.name not in RESIDENT and line.bytes)
     floor = pending_bytes(plan, "trl")
     fix = ("even stock TRL's gradients and optimizer state do not fit: train fewer parameters (peft_config) or use "
            "a larger device" if floor > free else
@@ -45,6 +46,11 @@ def check_fits(plan: MemoryPlan, schedule: str, free: int) -> None:
            "buffer), or train fewer parameters (peft_config)")
     raise MemoryPlanError(f"the memory plan needs {human_bytes(need)} more on {plan.device} ({lines}) but "
                           f"{human_bytes(free)} are free: {fix}")
+
+
+def current_resident_bytes() -> int:
+    """This process's resident set now."""
+    return psutil.Process().memory_info().rss
 
 
 def peak_resident_bytes(device: torch.device | str) -> int:

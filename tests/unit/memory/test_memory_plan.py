@@ -30,18 +30,93 @@ def lines(plan) -> dict[str, int]:
     return {line.name: line.bytes for line in plan.lines}
 
 
-def test_every_line_and_each_schedules_total():
+def test_every_line_and_each_schedules_peak():
     plan = plan_memory(SPEC)
-    assert lines(plan) == {"weights": 4 * P, "gradients": 4 * P, "optimizer state": 8 * P, "batch accumulator": 4 * P,
-                           "group statistics": 4 * 2 * 2 * P, "source gradient": 4 * P, "release buffers": 4 * 16 * P}
-    # sync learns each group in one pass at its reward: the batch accumulator, no G1/G2, no buffer
-    assert (plan.total("trl"), plan.total("sync"), plan.total("thundersync")) == (16 * P, 20 * P, 104 * P)
-    assert plan_memory(replace(SPEC, group_passes=False)).total("sync") == 40 * P  # member by member: G1, G2, H_i
-    # one source of truth with the logged bound (`thundersync/stats_bound_mb`), which does not count H_i
-    assert plan.total("thundersync") - plan.total("trl") - 4 * P == streamed_state_bytes(
+    assert lines(plan) == {"framework": 0, "weights": 4 * P, "optimizer state": 8 * P, "gradients": 4 * P,
+                           "batch accumulator": 4 * P, "pass gradients": 8 * P, "activations": 0,
+                           "batch direction": 4 * P, "group statistics": 4 * 2 * 2 * P, "release buffers": 4 * 16 * P,
+                           "activations (TRL)": 0}
+    # stock TRL holds its lines at once; a streamed schedule the lines held always plus its larger phase: the passes
+    # (pass gradients, statistics, buffers) or the barrier (direction and param.grad). sync learns each group in one
+    # pass at its reward: the batch accumulator, no G1/G2, no buffer
+    assert (plan.total("trl"), plan.total("sync"), plan.total("thundersync")) == (16 * P, 24 * P, 104 * P)
+    assert plan_memory(replace(SPEC, group_passes=False)).total("sync") == 40 * P  # member by member: G1, G2
+    # one source of truth with the logged bound (`thundersync/stats_bound_mb`): beyond stock TRL, thundersync holds
+    # the streamed state, the pass gradients, and param.grad only at the barrier
+    assert plan.total("thundersync") - plan.total("trl") == streamed_state_bytes(
         P, batch_size=16, num_generations=8, open_groups=2, release="content", beta=0.0, max_buffered=None,
-        micro_batches=1, router=False, entropy=False, objective_functions=0, off_policy_mask=False)
-    assert "thundersync/sync = 5.20x" in plan.table()
+        micro_batches=1, router=False, entropy=False, objective_functions=0, off_policy_mask=False) + 8 * P - 4 * P
+    assert "thundersync/sync = 4.33x" in plan.table()
+
+
+def test_phases_measured_framework_activations_and_the_cpu_heap():
+    plan = plan_memory(replace(SPEC, release="reward", framework_bytes=100 * P, activation_bytes=3 * P,
+                               trl_activation_bytes=7 * P, pass_tokens=64, cpu_heap=True))
+    got = lines(plan)
+    assert got["framework"] == 100 * P and got["activations"] == 3 * P and got["allocator (CPU)"] == 4 * P
+    # sync: always 100 + 4 + 8 + 4 (accumulator) + 4 (heap); passes 8 + 3 > barrier 4 + 4
+    assert plan.total("sync") == 131 * P and plan.total("thundersync") == 147 * P  # + G1, G2 of two groups
+    assert plan.total("trl") == (100 + 4 + 8 + 4 + 7) * P
+    bare = plan_memory(replace(SPEC, release="reward", param_bytes=2, optimizer="sgd"))
+    # BF16 without optimizer state: the barrier (4 B direction + 2 B param.grad) is below the passes (2 + 4 B)
+    assert bare.total("sync") == (2 + 4) * P + 6 * P
+    assert "not measured" in plan_memory(SPEC).table() and "64 tokens" in plan.table()
+    assert pending_bytes(plan, "sync") == plan.total("sync") - 104 * P  # the framework is resident already
+
+
+def test_activation_estimate_matches_what_autograd_saves():
+    """The closed form of `memory/activations.py` against the bytes `saved_tensors_hooks` sees in real Qwen3 passes
+    (SDPA, FP32), within 10%, for two shapes and two lengths."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from trl_thundersync.memory.activations import ModelShape, pass_activation_bytes
+
+    for hidden, intermediate, heads, kv, layers, length in ((64, 128, 4, 2, 2, 24), (96, 384, 6, 3, 3, 40)):
+        config = Qwen3Config(vocab_size=256, hidden_size=hidden, intermediate_size=intermediate,
+                             num_attention_heads=heads, num_key_value_heads=kv, head_dim=16, num_hidden_layers=layers,
+                             tie_word_embeddings=True, attn_implementation="sdpa")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).train()
+        saved: dict[int, int] = {}
+
+        def pack(tensor, saved=saved):
+            base = tensor._base if tensor._base is not None else tensor
+            saved[id(base)] = base.numel() * base.element_size()
+            return tensor
+
+        ids = torch.randint(0, 256, (2, length))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        parameters = {id(p) for p in model.parameters()}
+        measured = sum(n for key, n in saved.items() if key not in parameters)
+        planned = pass_activation_bytes(ModelShape.from_config(config), 2 * length, 0, 4)
+        assert abs(planned - measured) <= 0.10 * measured, (hidden, planned, measured)
+    assert pass_activation_bytes(None, 100, 10, 4) == 0
+
+
+def test_the_trainer_measures_the_framework_on_the_cpu_only():
+    from trl_thundersync.trainers.grpo.memory import framework_bytes, longest_prompt
+
+    assert framework_bytes([], "cpu") > 0 and framework_bytes([], "cuda:0") == 0 and framework_bytes([], None) == 0
+    assert longest_prompt(None, None) == 0
+
+
+def test_longest_prompt_reads_plain_and_chat_prompts(tmp_path):
+    from transformers import AutoTokenizer
+
+    from trl_thundersync.tiny.model import save_tiny_model
+    from trl_thundersync.trainers.grpo.memory import longest_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "m"))
+    plain = [{"prompt": "a b"}, {"prompt": "a b c d e f g"}]
+    assert longest_prompt(plain, tokenizer) == len(tokenizer("a b c d e f g")["input_ids"])
+    chat = [{"prompt": [{"role": "user", "content": "hello there"}]}]
+    rendered = tokenizer.apply_chat_template(chat[0]["prompt"], add_generation_prompt=True, tokenize=True)
+    rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    assert longest_prompt(chat, tokenizer) == len(rendered) > 0
+    assert longest_prompt([{"text": "no prompt"}], tokenizer) == 0
+    assert longest_prompt(plain * 100, tokenizer, rows=1) == len(tokenizer("a b")["input_ids"])
 
 
 def test_caps_reference_model_lora_sharding_and_optional_terms():
@@ -59,31 +134,35 @@ def test_caps_reference_model_lora_sharding_and_optional_terms():
 
 def test_auto_budget_keeps_small_models_uncapped_and_large_ones_within_a_quarter_of_sync():
     assert chosen(SPEC, "auto") == (None, None, "content")
-    # 8.2 M (the ladder's 10m): 384 MiB beyond sync holds both groups' G1, G2 and H_i (20·P), 7 buffers of 4·P
+    # 8.2 M (the ladder's 10m): 384 MiB beyond sync holds both groups' G1, G2 (16·P), then 8 buffers of 4·P
     ten = replace(SPEC, total_params=8_164_608, trainable_params=8_164_608)
-    assert chosen(ten, "auto") == (None, (AUTO_FLOOR - 20 * 8_164_608) // (4 * 8_164_608), "content")
-    assert chosen(ten, "auto")[1] == 7
-    # the issue's 42.9 M model: one open group's G1, G2 and H_i (12·P = 514 MB) exceed 384 MiB; kept anyway, with
-    # no buffer: reward release
+    assert chosen(ten, "auto") == (None, (AUTO_FLOOR - 16 * 8_164_608) // (4 * 8_164_608), "content")
+    assert chosen(ten, "auto")[1] == 8
+    # the issue's 42.9 M model: one open group's G1, G2 (8·P = 343 MB) fit 384 MiB, two do not; no buffer fits
+    # beside them: reward release
     large = replace(SPEC, total_params=42_874_112, trainable_params=42_874_112)
     caps = choose_caps(large, "auto")
     assert (caps.max_open_groups, caps.max_buffered_trajectories, caps.release) == (1, None, "reward")
     assert "no release buffer" in caps.reason
     planned = plan_memory(replace(large, max_open_groups=1, release="reward"))
-    assert planned.total("thundersync") - planned.total("sync") == 12 * 42_874_112
+    assert planned.total("thundersync") - planned.total("sync") == 8 * 42_874_112
     # 100 M: 25% of sync's planned bytes is more than the floor, yet one group's G1, G2 do not fit: kept anyway
     huge = replace(SPEC, total_params=94_918_272, trainable_params=94_918_272)
+    assert AUTO_FLOOR < 0.25 * plan_memory(replace(huge, max_open_groups=1, release="reward")).total("sync")
     assert chosen(huge, "auto") == (1, None, "reward")
     assert chosen(replace(large, max_buffered_trajectories=5, max_open_groups=2), "auto") == (None, 5, "content")
     assert chosen(large, None) == (None, None, "content")
 
 
 def test_a_budget_in_bytes_chooses_groups_then_buffers_and_falls_back_to_reward_release():
-    one_group = 4 * 4 * P  # batch accumulator + G1 + G2 + H_i
+    one_group = 4 * 3 * P  # the streamed state: batch accumulator, G1, G2
     assert chosen(SPEC, one_group + 4 * P) == (1, 1, "content")
     assert chosen(SPEC, one_group + 4 * P - 1) == (1, None, "reward")
-    assert chosen(SPEC, 4 * 6 * P + 4 * 7 * P) == (None, 7, "content")  # both groups, then 7 buffers
-    with pytest.raises(MemoryPlanError, match=r"memory_budget=15,999 bytes cannot hold .* 1 open group.*peft_config"):
+    assert chosen(SPEC, 4 * 5 * P + 4 * 7 * P) == (None, 7, "content")  # both groups, then 7 buffers
+    # activations, the framework and the CPU heap are not the streamed state: the same caps with them
+    measured = replace(SPEC, framework_bytes=10**9, activation_bytes=10**8, cpu_heap=True)
+    assert chosen(measured, one_group + 4 * P) == (1, 1, "content")
+    with pytest.raises(MemoryPlanError, match=r"memory_budget=11,999 bytes cannot hold .* 1 open group.*peft_config"):
         choose_caps(SPEC, one_group - 1)
     with pytest.raises(MemoryPlanError, match="lower max_open_groups"):
         choose_caps(replace(SPEC, max_open_groups=2), one_group)
@@ -105,8 +184,8 @@ def test_the_fit_check_counts_what_is_still_to_allocate_and_names_the_fields():
     plan = plan_memory(replace(SPEC, beta=0.1))  # weights and the reference are resident when the trainer is built
     assert pending_bytes(plan, "thundersync") == plan.total("thundersync") - 8 * P
     check_fits(plan, "thundersync", pending_bytes(plan, "thundersync"))
-    with pytest.raises(MemoryPlanError, match=r"needs .* MB more on cpu \(gradients .*release buffers .*max_open_groups"
-                                              r", max_buffered_trajectories"):
+    with pytest.raises(MemoryPlanError, match=r"needs .* MB more on cpu \(optimizer state .*gradients .*release "
+                                              r"buffers .*max_open_groups, max_buffered_trajectories"):
         check_fits(plan, "thundersync", pending_bytes(plan, "thundersync") - 1)
     check_fits(plan, "sync", pending_bytes(plan, "sync"))  # sync holds no release buffer
     with pytest.raises(MemoryPlanError, match="even stock TRL's gradients and optimizer state do not fit"):
@@ -142,3 +221,69 @@ def test_zero3_partitioned_parameters_and_nothing_trainable():
     partitioned.ds_numel = 1234
     assert numel(partitioned) == 1234 and numel(torch.nn.Parameter(torch.empty(3, 4))) == 12
     assert chosen(replace(SPEC, trainable_params=0), 1000) == (None, None, "content")  # buffers cost nothing
+
+
+def test_the_papers_layout_moves_the_streamed_state_to_the_host_and_shards_the_optimizer():
+    """Planned only (issue 40, the paper's §4.3): 4 ranks, ZeRO-1 FP32 moments, the FP32 streamed state on the host,
+    each pass's gradients staged there parameter by parameter."""
+    spec = replace(SPEC, param_bytes=2, release="reward", optimizer_shards=4, optimizer_state_bytes=4,
+                   host_state=True, largest_param=P // 10)
+    plan = plan_memory(spec)
+    where = {line.name: line.where for line in plan.lines}
+    assert {name for name, w in where.items() if w == "host"} == {"batch accumulator", "batch direction",
+                                                                    "group statistics"}
+    got = lines(plan)
+    assert got["optimizer state"] == 2 * 4 * P // 4 and got["gradients"] == 4 * P // 4
+    assert got["pass gradients"] == 2 * (P // 10) * 2
+    # the device: weights + optimizer shard + the larger phase (staging 0.4 P or the step's shard P)
+    assert plan.total("sync") == plan.total("thundersync") == 2 * P + 2 * P + P
+    assert plan.total("thundersync", "host") == 4 * P + 4 * 2 * 2 * P  # accumulator, G1 and G2 of both groups
+    assert plan.total("sync", "host") == 4 * P + 4 * P  # accumulator, and the direction at the barrier
+    assert "[host]" in plan.table() and "peak (host)" in plan.table()
+    # "auto" bounds what thundersync holds beyond sync on the host: one group's G1, G2 (8 P) fit 384 MiB
+    assert chosen(spec, "auto") == (None, None, "reward")
+    big = replace(spec, total_params=100_000_000, trainable_params=100_000_000)
+    assert chosen(big, "auto") == (1, None, "reward")
+
+
+def test_gradient_checkpointing_keeps_one_layer_and_each_layers_input():
+    from trl_thundersync.memory.activations import ModelShape
+
+    shape = ModelShape(hidden=64, layers=10, intermediate=128, query_width=64, kv_width=32, vocab=100)
+    layer = 6.1 * 64 + 4 * (64 + 32 + 128)
+    assert shape.per_token_elements() == pytest.approx(10 * layer + 3.3 * 64)
+    assert shape.per_token_elements(checkpointed=True) == pytest.approx(10 * 64 + layer + 3.3 * 64)
+
+
+def test_shared_prefixes_one_for_sync_one_per_open_group_for_thundersync():
+    plan = plan_memory(replace(SPEC, release="reward", prefix_bytes=5 * P))
+    got = lines(plan)
+    assert got["shared prefix"] == 5 * P and got["open prefixes"] == 5 * P  # two groups open: one more prompt
+    assert plan.total("sync") == 24 * P + 5 * P and plan.total("thundersync") == 24 * P + 16 * P + 10 * P
+    assert "open prefixes" not in lines(plan_memory(replace(SPEC, release="reward", prefix_bytes=5 * P,
+                                                            max_open_groups=1)))
+
+
+def test_the_trainers_spec_plans_a_shared_prefix_only_for_long_prompts(tmp_path):
+    from types import SimpleNamespace
+
+    from trl_thundersync.memory.activations import ModelShape, prefix_bytes
+    from trl_thundersync.tiny.model import build_tiny_model, build_tiny_tokenizer
+    from trl_thundersync.trainers.grpo.memory import memory_spec
+
+    model = build_tiny_model(build_tiny_tokenizer())
+    args = SimpleNamespace(batch_group_members=True, num_iterations=1, max_completion_length=32,
+                           batch_group_max_tokens=2048, per_device_train_batch_size=8, gradient_checkpointing=False,
+                           shared_prefix=True, shared_prefix_min_prompt_tokens=256, optim="adamw_torch",
+                           max_open_groups=None, max_buffered_trajectories=None, steps_per_generation=1,
+                           off_policy_mask_threshold=None, multi_objective_aggregation="sum_then_normalize")
+    common = dict(batch_size=16, num_generations=8, release="reward", beta=0.0, peft=False, sharded=False,
+                  replicated=True, entropy_bonus=False, router_aux=False, num_reward_functions=1, device="cpu")
+    short = memory_spec(model, args, prompt_tokens=100, **common)
+    long = memory_spec(model, args, prompt_tokens=300, **common)
+    assert short.prefix_bytes == 0 and short.pass_tokens == 8 * 132
+    shape = ModelShape.from_config(model.config)
+    assert long.prefix_bytes == prefix_bytes(shape, 300, 4) > 0
+    assert long.pass_tokens == 8 * 32  # members forward their completions over the prefix
+    assert long.trl_activation_bytes > short.trl_activation_bytes  # TRL forwards the prompt with every member
+    assert long.framework_bytes > 0 and long.cpu_heap

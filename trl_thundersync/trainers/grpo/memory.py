@@ -15,9 +15,12 @@ from typing import Any
 from accelerate.utils import DistributedType
 
 from ...errors import MemoryPlanError
-from ...memory.available import check_fits, free_bytes, peak_resident_bytes
+from ...memory.activations import ModelShape, plan_passes, prefix_bytes
+from ...memory.available import check_fits, current_resident_bytes, free_bytes, peak_resident_bytes
 from ...memory.budget import Caps, choose_caps, parse_budget
 from ...memory.plan import MemoryPlan, MemorySpec, plan_memory
+
+PROMPT_SAMPLE = 64  # dataset rows whose prompts size the planned passes
 
 
 def numel(param) -> int:
@@ -31,20 +34,73 @@ def trainable_count(model) -> int:
 
 def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, release: str, beta: float, peft: bool,
                 sharded: bool, replicated: bool, entropy_bonus: bool, router_aux: bool,
-                num_reward_functions: int) -> MemorySpec:
+                num_reward_functions: int, prompt_tokens: int = 0, device=None) -> MemorySpec:
     """The spec of one learner process of this run (its caps as the config holds them); `replicated`: the learner
-    placement runs per-source passes on the whole model (one process, DDP), so a group ready at once is one pass."""
+    placement runs per-source passes on the whole model (one process, DDP), so a group ready at once is one pass.
+    `prompt_tokens`: the longest prompt the passes are planned for (`longest_prompt`); `device`: where the learner
+    runs (on the CPU the framework line is measured: the resident set now, less the weights)."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
+    param_bytes = (trainable or params)[0].element_size()
+    group_passes = args.batch_group_members and args.num_iterations == 1 and replicated
+    shape = ModelShape.from_config(getattr(model, "config", None))
+    shared = args.shared_prefix and prompt_tokens >= args.shared_prefix_min_prompt_tokens
+    checkpointed = bool(args.gradient_checkpointing)
+
+    def passes_of(prompt: int):
+        return plan_passes(shape, prompt_tokens=prompt, completion_tokens=args.max_completion_length or 0,
+                           num_generations=num_generations, group_passes=group_passes,
+                           max_pass_tokens=args.batch_group_max_tokens, trl_rows=args.per_device_train_batch_size,
+                           dtype_bytes=param_bytes, checkpointed=checkpointed)
+
+    # with a shared prefix a member's pass forwards its completion only; TRL forwards the prompt with every member
+    passes, trl_passes = passes_of(0 if shared else prompt_tokens), passes_of(prompt_tokens)
     return MemorySpec(
         total_params=sum(map(numel, params)), trainable_params=sum(map(numel, trainable)),
-        param_bytes=(trainable or params)[0].element_size(), optimizer=str(getattr(args.optim, "value", args.optim)),
+        param_bytes=param_bytes, optimizer=str(getattr(args.optim, "value", args.optim)),
         batch_size=batch_size, num_generations=num_generations, release=release,
         max_open_groups=args.max_open_groups, max_buffered_trajectories=args.max_buffered_trajectories, beta=beta,
         peft=peft, sharded=sharded, micro_batches=args.steps_per_generation, entropy_bonus=entropy_bonus,
         router_aux=router_aux, off_policy_mask=args.off_policy_mask_threshold is not None,
         objective_functions=num_reward_functions if args.multi_objective_aggregation == "normalize_then_sum" else 0,
-        group_passes=args.batch_group_members and args.num_iterations == 1 and replicated)
+        group_passes=group_passes, framework_bytes=framework_bytes(params, device), cpu_heap=on_cpu(device),
+        activation_bytes=passes.streamed_bytes, trl_activation_bytes=trl_passes.trl_bytes, pass_tokens=passes.tokens,
+        prefix_bytes=prefix_bytes(shape, prompt_tokens, param_bytes, checkpointed) if shared else 0)
+
+
+def on_cpu(device) -> bool:
+    return device is not None and str(device).split(":")[0] == "cpu"
+
+
+def framework_bytes(params, device) -> int:
+    """On a CPU learner: this process's resident set now, less its parameters' bytes (the framework, the
+    tokenizer, the data: what is resident before training and is not the model); 0 elsewhere (not measured)."""
+    if not on_cpu(device):
+        return 0
+    return max(0, current_resident_bytes() - sum(numel(p) * p.element_size() for p in params))
+
+
+def longest_prompt(dataset, tokenizer, rows: int = PROMPT_SAMPLE) -> int:
+    """Tokens of the longest prompt among the dataset's first `rows` (chat prompts through the tokenizer's chat
+    template, as TRL renders them); 0 when the dataset has no such prompts (an environment's, an iterable one)."""
+    if dataset is None or tokenizer is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return 0
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
+    longest = 0
+    for index in range(min(rows, len(dataset))):
+        prompt = dataset[index].get("prompt") if isinstance(dataset[index], dict) else None
+        try:
+            if isinstance(prompt, str):
+                ids = tokenizer(prompt)["input_ids"]
+            elif isinstance(prompt, list):
+                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            else:
+                continue
+        except Exception:  # noqa: BLE001 - a prompt the tokenizer cannot render sizes nothing; TRL reports it later
+            continue
+        longest = max(longest, len(ids))
+    return longest
 
 
 def is_replicated(accelerator) -> bool:
@@ -92,7 +148,7 @@ def check_trainable(model, plan: MemoryPlan) -> None:
 
 
 def memory_metrics(plan: MemoryPlan, schedule: str) -> dict[str, float]:
-    """This process's planned bytes for `schedule` (a prediction: activations and the framework not included) and
-    its measured peak so far (`memory.available.peak_resident_bytes`), in MiB, logged each batch side by side."""
+    """This process's planned peak for `schedule` (a prediction, with the measured framework line) and its
+    measured peak so far (`memory.available.peak_resident_bytes`), in MiB, logged each batch side by side."""
     return {"thundersync/memory_plan_mb": plan.total(schedule) / 2**20,
             "thundersync/peak_memory_mb": peak_resident_bytes(plan.device) / 2**20}

@@ -137,7 +137,8 @@ class ThunderSyncGRPOTrainer(StreamingLifecycle, GRPOTrainer):
             peft=is_peft_model(self.model), sharded=memory.is_sharded(self.accelerator),
             replicated=memory.is_replicated(self.accelerator),
             entropy_bonus=self._entropy_bonus_enabled, router_aux=self.aux_loss_enabled,
-            num_reward_functions=len(self.reward_funcs))
+            num_reward_functions=len(self.reward_funcs), device=self.accelerator.device,
+            prompt_tokens=memory.longest_prompt(self.train_dataset, self.processing_class))
         plan, caps = memory.settle_memory(spec, args, self.accelerator.device, logger.info)
         chosen = (caps.max_open_groups, caps.max_buffered_trajectories, caps.release)
         if chosen != (spec.max_open_groups, spec.max_buffered_trajectories, spec.release):
