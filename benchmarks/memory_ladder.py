@@ -16,7 +16,9 @@ Printed per run: parameters, peak RSS, its ratio to sync's, the plan's peak for 
 framework line measured before training) and its ratio to the measured peak, how far the peak grew over the
 resident set before `train()` (the model is resident by then) beside the plan's bytes still to allocate then
 (gradients, optimizer state, streamed state: the prediction of that growth), the caps the budget chose, and the
-final parameters' relative distance to sync's (the same update).
+final parameters' relative distance to sync's (the same update), and the median step time after the first step
+(TRL's logged `step_time`) beside its ratio to sync's: a scripted workload whose rollouts take no time, so it
+measures the learner's cost, not the overlap (the overlap: `python -m benchmarks`).
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ def child(kind: str, model_dir: str, steps: int, out: str) -> None:
     schedule = "sync" if kind == "sync" else "thundersync"
     params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
     torch.save(params, Path(out).with_suffix(".pt"))
+    steps_s = [row["step_time"] for row in trainer.state.log_history if "step_time" in row][1:]  # after the first
     Path(out).write_text(json.dumps({
         "kind": kind, "num_params": params.numel(), "peak_rss": peak, "rss_before_train": before,
+        "step_seconds": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
         "plan_total": plan.total(schedule) if plan else None,
         "plan_pending": pending_bytes(plan, schedule) if plan else None,
         "caps": [trainer.args.max_open_groups, trainer.args.max_buffered_trajectories, trainer.args.release]
@@ -100,12 +104,14 @@ def _compare(rows: list[dict], folder: Path) -> None:
         params = torch.load(folder / f"{row['kind'].replace('/', '-')}.pt")
         row["params_rel_to_sync"] = float((params - reference).norm() / reference.norm())
         row["peak_over_sync"] = row["peak_rss"] / sync["peak_rss"]
+        both = row.get("step_seconds") and sync.get("step_seconds")
+        row["step_over_sync"] = row["step_seconds"] / sync["step_seconds"] if both else None
 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'size':>5} {'run':<22} {'params':>12} {'peak RSS MB':>12} {'x sync':>7} {'plan MB':>8} "
              f"{'plan/peak':>9} {'grown MB':>9} {'planned growth MB':>18} {'caps (groups, buffers, release)':<32} "
-             f"{'Δθ vs sync':>10}"]
+             f"{'Δθ vs sync':>10} {'step s':>7} {'x sync':>7}"]
     for r in rows:
         plan = f"{r['plan_total'] / 2**20:8.0f}" if r["plan_total"] else f"{'-':>8}"
         ratio = f"{r['plan_total'] / r['peak_rss']:9.2f}" if r["plan_total"] else f"{'-':>9}"
@@ -113,8 +119,13 @@ def table(rows: list[dict]) -> str:
         grown = (r["peak_rss"] - r["rss_before_train"]) / 2**20
         lines.append(f"{r['size']:>5} {r['kind']:<22} {r['num_params']:>12,} {r['peak_rss'] / 2**20:12.0f} "
                      f"{r['peak_over_sync']:7.2f} {plan} {ratio} {grown:9.0f} {pending} {str(r['caps'] or '-'):<32} "
-                     f"{r['params_rel_to_sync']:10.1e}")
+                     f"{r['params_rel_to_sync']:10.1e} {_num(r.get('step_seconds'), 7, 3)} "
+                     f"{_num(r.get('step_over_sync'), 7, 2)}")
     return "\n".join(lines)
+
+
+def _num(value, width: int, digits: int) -> str:
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
 
 
 def main(argv: list[str] | None = None) -> None:
