@@ -10,7 +10,10 @@ generation memory is counted), one learner process. Each run is its own process,
 - `trl`: stock `trl.GRPOTrainer`;
 - `sync`: ThunderSync with `schedule="sync"`;
 - `thundersync`: ThunderSync with its defaults (content release, `memory_budget="auto"`);
-- `thundersync/no-budget`: the same with `memory_budget=None` (every trajectory may hold a release buffer).
+- `thundersync/no-budget`: the same with `memory_budget=None` (every trajectory may hold a release buffer);
+- `thundersync/lagging-rewards`: the defaults, with a reward function that takes 20 ms per completion, so the
+  rewards come after the completions and content release holds the buffers the budget allows (the other runs'
+  rewards come with their completions).
 
 Printed per run: parameters, peak RSS, its ratio to sync's, the plan's peak for the run (a prediction, with the
 framework line measured before training) and its ratio to the measured peak, how far the peak grew over the
@@ -32,7 +35,8 @@ import tempfile
 from pathlib import Path
 
 SIZES = {"1m": (128, 4), "10m": (384, 6), "43m": (768, 8), "100m": (1024, 10)}  # (hidden_size, layers)
-RUNS = ("trl", "sync", "thundersync", "thundersync/no-budget")
+RUNS = ("trl", "sync", "thundersync", "thundersync/no-budget", "thundersync/lagging-rewards")
+REWARD_LAG_S = 0.02  # lagging-rewards: seconds the reward function takes per completion
 
 
 def child(kind: str, model_dir: str, steps: int, out: str) -> None:
@@ -51,12 +55,13 @@ def child(kind: str, model_dir: str, steps: int, out: str) -> None:
     if kind == "trl":
         trainer_cls, args = GRPOTrainer, cpu_config(GRPOConfig, Path(out).parent / "trl", **common)
     else:
-        extra = {"sync": dict(schedule="sync"), "thundersync": {},
+        extra = {"sync": dict(schedule="sync"), "thundersync": {}, "thundersync/lagging-rewards": {},
                  "thundersync/no-budget": dict(memory_budget=None)}[kind]
         trainer_cls = ThunderSyncGRPOTrainer
         args = cpu_config(ThunderSyncGRPOConfig, Path(out).parent / kind.replace("/", "-"), **common, **extra)
     model = load_model(model_dir)
-    trainer = trainer_cls(model=model, reward_funcs=[reward_len], args=args, train_dataset=prompt_dataset(16),
+    reward = lagging_reward_len if kind == "thundersync/lagging-rewards" else reward_len
+    trainer = trainer_cls(model=model, reward_funcs=[reward], args=args, train_dataset=prompt_dataset(16),
                           processing_class=tokenizer,
                           rollout_func=scripted_rollout_func(tokenizer, max_len=24, vocab_low=10, with_eos=0.5))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -74,6 +79,20 @@ def child(kind: str, model_dir: str, steps: int, out: str) -> None:
         "plan_pending": pending_bytes(plan, schedule) if plan else None,
         "caps": [trainer.args.max_open_groups, trainer.args.max_buffered_trajectories, trainer.args.release]
         if plan else None}))
+
+
+def lagging_reward_len(completion_ids, **kwargs) -> list[float]:
+    """`reward_len`, REWARD_LAG_S per completion later: the rewards come after the completions, so content release
+    holds its buffers while they are computed."""
+    import time
+
+    from benchmarks.parity import reward_len
+
+    time.sleep(REWARD_LAG_S * len(completion_ids))
+    return reward_len(completion_ids, **kwargs)
+
+
+lagging_reward_len.__name__ = "reward_len"  # the same metric names as the other runs
 
 
 def run(sizes: list[str], steps: int, work: Path) -> list[dict]:
@@ -109,7 +128,7 @@ def _compare(rows: list[dict], folder: Path) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'size':>5} {'run':<22} {'params':>12} {'peak RSS MB':>12} {'x sync':>7} {'plan MB':>8} "
+    lines = [f"{'size':>5} {'run':<30} {'params':>12} {'peak RSS MB':>12} {'x sync':>7} {'plan MB':>8} "
              f"{'plan/peak':>9} {'grown MB':>9} {'planned growth MB':>18} {'caps (groups, buffers, release)':<32} "
              f"{'Δθ vs sync':>10} {'step s':>7} {'x sync':>7}"]
     for r in rows:
@@ -117,7 +136,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['plan_total'] / r['peak_rss']:9.2f}" if r["plan_total"] else f"{'-':>9}"
         pending = f"{r['plan_pending'] / 2**20:18.0f}" if r["plan_pending"] else f"{'-':>18}"
         grown = (r["peak_rss"] - r["rss_before_train"]) / 2**20
-        lines.append(f"{r['size']:>5} {r['kind']:<22} {r['num_params']:>12,} {r['peak_rss'] / 2**20:12.0f} "
+        lines.append(f"{r['size']:>5} {r['kind']:<30} {r['num_params']:>12,} {r['peak_rss'] / 2**20:12.0f} "
                      f"{r['peak_over_sync']:7.2f} {plan} {ratio} {grown:9.0f} {pending} {str(r['caps'] or '-'):<32} "
                      f"{r['params_rel_to_sync']:10.1e} {_num(r.get('step_seconds'), 7, 3)} "
                      f"{_num(r.get('step_over_sync'), 7, 2)}")
