@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
                     host = found["host"][2] if "host" in found else "–"
                     rows.append(f"| {name} | {training} | {layout} | {' | '.join(found['device'])} | {host} | "
                                 f"{caps.split('): ', 1)[-1]} |")
+    print("Predictions of the memory plan (nothing here is measured); 'paper' is a layout the trainer does not "
+          "build yet")
     print("\n".join(rows))
 
 
