@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .activations import ModelShape, plan_passes, prefix_bytes
+from .activations import ModelShape, plan_passes
 from .budget import choose_caps, parse_budget
 from .plan import MemorySpec, plan_memory
 
@@ -89,26 +89,21 @@ def spec_from_args(args: argparse.Namespace) -> MemorySpec:
     steps = value["steps_per_generation"] or value["gradient_accumulation_steps"]
     total, trainable, largest = parameter_counts(args.model, args.lora_r)
     dtype = args.dtype or _config_dtype(args.model)
-    shape, checkpointed = ModelShape.from_config(load_config(args.model)), bool(value["gradient_checkpointing"])
-    shared = bool(value["shared_prefix"]) and args.prompt_length >= value["shared_prefix_min_prompt_tokens"]
-
-    def passes_of(prompt: int):
-        return plan_passes(shape, prompt_tokens=prompt, completion_tokens=value["max_completion_length"],
-                           num_generations=value["num_generations"], group_passes=True,
-                           max_pass_tokens=value["batch_group_max_tokens"],
-                           trl_rows=value["per_device_train_batch_size"], dtype_bytes=DTYPE_BYTES[dtype],
-                           checkpointed=checkpointed)
-
-    passes = passes_of(0 if shared else args.prompt_length)  # a shared prefix: members forward completions only
+    passes = plan_passes(ModelShape.from_config(load_config(args.model)), prompt_tokens=args.prompt_length,
+                         completion_tokens=value["max_completion_length"], num_generations=value["num_generations"],
+                         group_passes=True, max_pass_tokens=value["batch_group_max_tokens"],
+                         trl_rows=value["per_device_train_batch_size"], dtype_bytes=DTYPE_BYTES[dtype],
+                         checkpointed=bool(value["gradient_checkpointing"]),
+                         shared_prefix_from=value["shared_prefix_min_prompt_tokens"] if value["shared_prefix"]
+                         else None)
     return MemorySpec(
         total_params=total, trainable_params=trainable, param_bytes=DTYPE_BYTES[dtype], optimizer=value["optim"],
         batch_size=value["per_device_train_batch_size"] * steps, num_generations=value["num_generations"],
         release=value["release"], max_open_groups=value["max_open_groups"],
         max_buffered_trajectories=value["max_buffered_trajectories"], beta=value["beta"],
         peft=args.lora_r is not None, sharded=args.sharded, micro_batches=steps,
-        activation_bytes=passes.streamed_bytes, trl_activation_bytes=passes_of(args.prompt_length).trl_bytes,
-        pass_tokens=passes.tokens,
-        prefix_bytes=prefix_bytes(shape, args.prompt_length, DTYPE_BYTES[dtype], checkpointed) if shared else 0,
+        activation_bytes=passes.streamed_bytes, trl_activation_bytes=passes.trl_bytes, pass_tokens=passes.tokens,
+        prefix_bytes=passes.prefix_bytes,
         optimizer_shards=args.ranks, optimizer_state_bytes=args.optimizer_state_bytes, host_state=args.host_state,
         largest_param=largest)
 

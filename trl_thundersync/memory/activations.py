@@ -69,24 +69,36 @@ def pass_activation_bytes(shape: ModelShape | None, tokens: int, scored_tokens: 
 
 @dataclass(frozen=True)
 class PassPlan:
-    """The activations planned for a run's largest passes."""
+    """The activations planned for a run's largest passes, and its shared prefix."""
 
     streamed_bytes: int  # sync / thundersync: the largest learner pass
     trl_bytes: int  # stock TRL: one micro-batch
     tokens: int  # forwarded tokens of the largest learner pass
+    prefix_bytes: int = 0  # one open group's shared prefix (0: none)
 
 
 def plan_passes(shape: ModelShape | None, *, prompt_tokens: int, completion_tokens: int, num_generations: int,
                 group_passes: bool, max_pass_tokens: int, trl_rows: int, dtype_bytes: int,
-                checkpointed: bool = False) -> PassPlan:
+                checkpointed: bool = False, shared_prefix_from: int | None = None) -> PassPlan:
     """A learner pass forwards one member (prompt + completion), or, with group passes, as many members of a group
     as fit `max_pass_tokens` (`batch_group_max_tokens`; at least one); a stock-TRL pass forwards `trl_rows` rows
-    (`per_device_train_batch_size`) of the same length."""
-    length = max(prompt_tokens + completion_tokens, 1)
-    rows = max(1, min(num_generations, max_pass_tokens // length)) if group_passes else 1
+    (`per_device_train_batch_size`) of the same length. `shared_prefix_from`: the shared prefix's minimum prompt
+    (`shared_prefix_min_prompt_tokens`; None: off); a prompt that long is forwarded once per group (`prefix_bytes`)
+    and a member's pass forwards its completion only, where TRL still forwards the prompt with every member."""
+    shared = shared_prefix_from is not None and prompt_tokens >= shared_prefix_from
+    member_prompt = 0 if shared else prompt_tokens
+
+    def rows_and_length(prompt: int) -> tuple[int, int]:
+        length = max(prompt + completion_tokens, 1)
+        return (max(1, min(num_generations, max_pass_tokens // length)) if group_passes else 1), length
+
+    rows, length = rows_and_length(member_prompt)
     streamed = pass_activation_bytes(shape, rows * length, rows * completion_tokens, dtype_bytes, checkpointed)
-    trl = pass_activation_bytes(shape, trl_rows * length, trl_rows * completion_tokens, dtype_bytes, checkpointed)
-    return PassPlan(streamed, trl, rows * length if shape is not None else 0)
+    trl_length = max(prompt_tokens + completion_tokens, 1)
+    trl = pass_activation_bytes(shape, trl_rows * trl_length, trl_rows * completion_tokens, dtype_bytes,
+                                checkpointed)
+    prefix = prefix_bytes(shape, prompt_tokens, dtype_bytes, checkpointed) if shared else 0
+    return PassPlan(streamed, trl, rows * length if shape is not None else 0, prefix)
 
 
 def prefix_bytes(shape: ModelShape | None, prompt_tokens: int, dtype_bytes: int, checkpointed: bool = False,

@@ -15,7 +15,7 @@ from typing import Any
 from accelerate.utils import DistributedType
 
 from ...errors import MemoryPlanError
-from ...memory.activations import ModelShape, plan_passes, prefix_bytes
+from ...memory.activations import ModelShape, plan_passes
 from ...memory.available import check_fits, current_resident_bytes, free_bytes, peak_resident_bytes
 from ...memory.budget import Caps, choose_caps, parse_budget
 from ...memory.plan import MemoryPlan, MemorySpec, plan_memory
@@ -43,18 +43,12 @@ def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, rele
     trainable = [p for p in params if p.requires_grad]
     param_bytes = (trainable or params)[0].element_size()
     group_passes = args.batch_group_members and args.num_iterations == 1 and replicated
-    shape = ModelShape.from_config(getattr(model, "config", None))
-    shared = args.shared_prefix and prompt_tokens >= args.shared_prefix_min_prompt_tokens
-    checkpointed = bool(args.gradient_checkpointing)
-
-    def passes_of(prompt: int):
-        return plan_passes(shape, prompt_tokens=prompt, completion_tokens=args.max_completion_length or 0,
-                           num_generations=num_generations, group_passes=group_passes,
-                           max_pass_tokens=args.batch_group_max_tokens, trl_rows=args.per_device_train_batch_size,
-                           dtype_bytes=param_bytes, checkpointed=checkpointed)
-
-    # with a shared prefix a member's pass forwards its completion only; TRL forwards the prompt with every member
-    passes, trl_passes = passes_of(0 if shared else prompt_tokens), passes_of(prompt_tokens)
+    passes = plan_passes(ModelShape.from_config(getattr(model, "config", None)), prompt_tokens=prompt_tokens,
+                         completion_tokens=args.max_completion_length or 0, num_generations=num_generations,
+                         group_passes=group_passes, max_pass_tokens=args.batch_group_max_tokens,
+                         trl_rows=args.per_device_train_batch_size, dtype_bytes=param_bytes,
+                         checkpointed=bool(args.gradient_checkpointing),
+                         shared_prefix_from=args.shared_prefix_min_prompt_tokens if args.shared_prefix else None)
     return MemorySpec(
         total_params=sum(map(numel, params)), trainable_params=sum(map(numel, trainable)),
         param_bytes=param_bytes, optimizer=str(getattr(args.optim, "value", args.optim)),
@@ -64,8 +58,8 @@ def memory_spec(model, args: Any, *, batch_size: int, num_generations: int, rele
         router_aux=router_aux, off_policy_mask=args.off_policy_mask_threshold is not None,
         objective_functions=num_reward_functions if args.multi_objective_aggregation == "normalize_then_sum" else 0,
         group_passes=group_passes, framework_bytes=framework_bytes(params, device), cpu_heap=on_cpu(device),
-        activation_bytes=passes.streamed_bytes, trl_activation_bytes=trl_passes.trl_bytes, pass_tokens=passes.tokens,
-        prefix_bytes=prefix_bytes(shape, prompt_tokens, param_bytes, checkpointed) if shared else 0)
+        activation_bytes=passes.streamed_bytes, trl_activation_bytes=passes.trl_bytes, pass_tokens=passes.tokens,
+        prefix_bytes=passes.prefix_bytes)
 
 
 def on_cpu(device) -> bool:
